@@ -1,0 +1,32 @@
+"""Command line for the local control plane."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kfp_gpu.devcluster", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build the binaries into the cache (skips present ones)")
+    b.add_argument("--with-autoscaler", action="store_true", help="also build cluster-autoscaler (-tags kwok)")
+    sub.add_parser("up", help="boot the cluster (idempotent)")
+    sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
+    sub.add_parser("status", help="print component status")
+    args = p.parse_args(argv)
+    if args.cmd == "build":
+        from .build import main as build_main
+
+        return build_main(with_autoscaler=args.with_autoscaler)
+    from . import boot
+
+    if args.cmd == "up":
+        return boot.main_up()
+    if args.cmd == "down":
+        return boot.main_down()
+    return boot.main_status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

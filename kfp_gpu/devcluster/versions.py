@@ -1,0 +1,78 @@
+"""Pinned component versions (versions.env) and cache locations."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+VERSIONS_FILE = Path(__file__).with_name("versions.env")
+
+
+def cache_dir() -> Path:
+    """Root of the build/state cache (outside the repo)."""
+    env = os.environ.get("KFP_GPU_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "kfp-gpu"
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def cluster_dir() -> Path:
+    return cache_dir() / "cluster"
+
+
+def load_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{path}: bad line {raw!r} (want KEY=value)")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+    kwok: str
+    training_operator: str
+    cluster_autoscaler: str
+
+    @classmethod
+    def load(cls) -> Versions:
+        v = load_versions()
+        return cls(
+            kubernetes=v["KUBERNETES_VERSION"],
+            etcd=v["ETCD_VERSION"],
+            kwok=v["KWOK_VERSION"],
+            training_operator=v["TRAINING_OPERATOR_VERSION"],
+            cluster_autoscaler=v.get("CLUSTER_AUTOSCALER_VERSION", ""),
+        )
+
+    @property
+    def staging(self) -> str:
+        """Version of the k8s.io staging modules (v1.34.4 -> v0.34.4)."""
+        return "v0" + self.kubernetes[2:]
+
+
+def binary_path(name: str, version: str) -> Path:
+    return bin_dir() / f"{name}-{version}"
+
+
+def binaries(v: Versions | None = None) -> dict[str, Path]:
+    """Paths of the control-plane binaries, keyed by component name."""
+    v = v or Versions.load()
+    return {
+        "etcd": binary_path("etcd", v.etcd),
+        "kube-apiserver": binary_path("kube-apiserver", v.kubernetes),
+        "kube-controller-manager": binary_path("kube-controller-manager", v.kubernetes),
+        "kube-scheduler": binary_path("kube-scheduler", v.kubernetes),
+        "kwok": binary_path("kwok", v.kwok),
+        "training-operator": binary_path("training-operator", v.training_operator),
+    }

@@ -1,0 +1,205 @@
+"""The kfp-gpu error tree.
+
+Every error carries structured fields and a ``remediation`` string a human can act on.
+Retry semantics live here, kopf-style: ``transient`` errors may be retried with back-off,
+permanent ones must not be. ``scope`` says how much of the placement space an error blocks
+(zone, region or the whole provider), which drives failover.
+
+Errors survive a trip between DAG steps: ``to_dict`` / ``from_dict`` round-trip them through JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+class Scope(str, enum.Enum):
+    """How much of the placement space an error blocks."""
+
+    NONE = "none"  # transient: nothing is blocked, retry after back-off
+    ZONE = "zone"
+    REGION = "region"
+    PROVIDER = "provider"
+
+
+class KfpGpuError(Exception):
+    """Base of every error kfp-gpu raises on purpose.
+
+    Attributes:
+        message: what went wrong, naming the object and value.
+        remediation: what the user should do about it.
+        fields: structured context (field names, amounts, zones...), JSON-serialisable.
+        transient: True when retrying the same call later may succeed.
+        scope: the placement scope this error blocks, for failover decisions.
+    """
+
+    transient: ClassVar[bool] = False
+    default_scope: ClassVar[Scope] = Scope.PROVIDER
+    exit_code: ClassVar[int] = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remediation: str = "",
+        scope: Scope | None = None,
+        **fields: Any,
+    ) -> None:
+        self.message = message
+        self.remediation = remediation
+        self.scope = scope if scope is not None else self.default_scope
+        self.fields: dict[str, Any] = dict(fields)
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.remediation:
+            text += f"\n  fix: {self.remediation}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "message": self.message,
+            "remediation": self.remediation,
+            "scope": self.scope.value,
+            "transient": self.transient,
+            "fields": self.fields,
+        }
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> KfpGpuError:
+        cls = _REGISTRY.get(str(data.get("type")), KfpGpuError)
+        err = cls.__new__(cls)
+        KfpGpuError.__init__(
+            err,
+            str(data.get("message", "")),
+            remediation=str(data.get("remediation", "")),
+            scope=Scope(str(data.get("scope", cls.default_scope.value))),
+            **dict(data.get("fields") or {}),
+        )
+        return err
+
+
+class InvalidSpec(KfpGpuError):
+    """The user's spec or input is wrong. Permanent; raised at decoration/compile time when possible."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, value: Any, allowed: str, *, remediation: str = "") -> None:
+        super().__init__(
+            f"invalid {field}={value!r}: {allowed}",
+            remediation=remediation or f"set {field} to one of the allowed values",
+            field=field,
+            value=repr(value),
+            allowed=allowed,
+        )
+        self.field = field
+        self.value = value
+
+
+class QuotaExceeded(KfpGpuError):
+    """A cloud quota is smaller than what the run needs. Permanent until the quota is raised."""
+
+    default_scope = Scope.REGION
+
+
+class CapacityUnavailable(KfpGpuError):
+    """The cloud has no stock for the requested machines (stockout). Blocks a zone by default."""
+
+    default_scope = Scope.ZONE
+
+
+class PermissionDenied(KfpGpuError):
+    """Credentials are missing or lack an IAM permission. Permanent; blocks the whole provider."""
+
+    default_scope = Scope.PROVIDER
+
+
+class NotFound(KfpGpuError):
+    """A named cloud or cluster object (region, node pool, cluster) does not exist."""
+
+    default_scope = Scope.ZONE
+
+
+class RateLimited(KfpGpuError):
+    """The API throttled us (HTTP 429, RequestLimitExceeded...). Transient: back off and retry."""
+
+    transient = True
+    default_scope = Scope.NONE
+
+
+class TransientCloudError(KfpGpuError):
+    """A 5xx or network fault that is expected to clear by itself. Transient."""
+
+    transient = True
+    default_scope = Scope.NONE
+
+
+class Preempted(KfpGpuError):
+    """Spot/preemptible capacity was reclaimed. Transient: recover from the last checkpoint."""
+
+    transient = True
+    default_scope = Scope.ZONE
+
+
+class ProvisioningTimeout(KfpGpuError):
+    """The gang was not Ready before the scale-up deadline. What this run added was rolled back."""
+
+    default_scope = Scope.ZONE
+    exit_code = 3
+
+
+class GangPlacementFailed(KfpGpuError):
+    """A partial gang was placed and did not complete within the watchdog bound."""
+
+    default_scope = Scope.ZONE
+
+
+class TrainingFailed(KfpGpuError):
+    """The training application itself failed (not a preemption)."""
+
+
+class RecoveryBudgetExhausted(KfpGpuError):
+    """More preemptions than the spec's restart budget allows."""
+
+
+class Cancelled(KfpGpuError):
+    """The step received SIGTERM/SIGINT and cleaned up. A cancelled step never exits 0."""
+
+    exit_code = 130
+
+
+class CloudError(KfpGpuError):
+    """An error from a cloud API that no table recognised. Logged verbatim; blocks the narrowest scope."""
+
+    default_scope = Scope.ZONE
+
+
+_REGISTRY: dict[str, type[KfpGpuError]] = {
+    cls.__name__: cls
+    for cls in (
+        KfpGpuError,
+        InvalidSpec,
+        QuotaExceeded,
+        CapacityUnavailable,
+        PermissionDenied,
+        NotFound,
+        RateLimited,
+        TransientCloudError,
+        Preempted,
+        ProvisioningTimeout,
+        GangPlacementFailed,
+        TrainingFailed,
+        RecoveryBudgetExhausted,
+        Cancelled,
+        CloudError,
+    )
+}
+
+
+def is_transient(err: BaseException) -> bool:
+    """True when ``err`` may succeed on retry."""
+    return isinstance(err, KfpGpuError) and err.transient

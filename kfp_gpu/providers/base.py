@@ -1,0 +1,217 @@
+"""The CapacityProvider contract: the only door between kfp-gpu and a cloud.
+
+Contract (every implementation must honour it; tests in tests/providers check it):
+
+* **Asynchronous, eventually consistent.** Mutations (``resize``, ``reserve``, ``release``) *submit*
+  and return an :class:`Operation` at once; they never wait for machines to boot. Callers observe
+  progress with ``operation()`` (cloud side) and a Kubernetes Node watch (cluster side). A read right
+  after a write may not show it yet.
+* **Idempotent by (run_id, step).** Repeating a mutation with the same ``Owner`` converges to the same
+  state instead of doing it twice: a resize is expressed as an absolute target size computed from the
+  ledger, a reservation is named from the owner, a release of something already gone is a no-op. A
+  retried pod therefore re-attaches instead of double-provisioning.
+* **Classified errors.** Every exception leaving a provider is a :class:`~kfp_gpu.errors.KfpGpuError`
+  whose ``scope`` (zone, region, provider, or none for transient) says what it blocks, mapped by the
+  provider's error -> scope table. An unrecognised cloud error becomes ``CloudError`` scoped to the
+  narrowest placement and carries the verbatim cloud message.
+* **Amounts, not booleans.** Quota answers are :class:`QuotaAmount` rows (limit, usage, free). A quota
+  that cannot be read is returned with ``status="unknown"`` and the reason; it never counts as "ok".
+* **Owned and labelled.** Everything a provider creates carries the owner labels (run id, step,
+  lease expiry) so ``list_owned`` / teardown / the janitor can always find it.
+
+SDK imports (google.cloud, boto3) happen lazily inside ``kfp_gpu/providers/<cloud>/``, never here.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+LABEL_RUN_ID = "kfp-gpu.io/run-id"
+LABEL_STEP = "kfp-gpu.io/step"
+LABEL_LEASE = "kfp-gpu.io/lease-expires"  # unix seconds, as a string (label-value safe)
+LABEL_MANAGED = "kfp-gpu.io/managed"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns a mutation: the idempotency key of every provider call."""
+
+    run_id: str
+    step: str
+    lease_expires: float  # unix seconds
+
+    @classmethod
+    def for_step(cls, run_id: str, step: str, ttl_s: float, now: float | None = None) -> Owner:
+        return cls(run_id, step, (time.time() if now is None else now) + ttl_s)
+
+    def labels(self) -> dict[str, str]:
+        """Kubernetes/GCP/AWS-safe ownership labels."""
+        return {
+            LABEL_MANAGED: "true",
+            LABEL_RUN_ID: label_safe(self.run_id),
+            LABEL_STEP: label_safe(self.step),
+            LABEL_LEASE: str(int(self.lease_expires)),
+        }
+
+    def cloud_labels(self) -> dict[str, str]:
+        """GCE/GKE resource labels (keys must be [a-z0-9_-], no dots or slashes)."""
+        return {k.split("/", 1)[1].replace(".", "_").replace("-", "_"): v for k, v in self.labels().items()}
+
+
+def label_safe(value: str) -> str:
+    """Map any run id to a valid label value (<= 63 chars, [a-z0-9-_.], alnum at both ends)."""
+    out = "".join(c if c.isalnum() or c in "-_." else "-" for c in value.lower())[:63]
+    return out.strip("-_.") or "x"
+
+
+@dataclass(frozen=True)
+class QuotaAmount:
+    """One quota, as an amount. ``free`` is None when the quota could not be read."""
+
+    metric: str
+    location: str  # region, zone, or "global"
+    limit: float | None
+    usage: float | None
+    unit: str = "gpus"  # "gpus" or "vcpus"
+    status: str = "ok"  # "ok" | "unknown"
+    reason: str = ""
+    raise_path: str = ""  # console/API path to request more
+    lead_time_days: float = 2.0  # typical approval lead time
+
+    @property
+    def free(self) -> float | None:
+        if self.status != "ok" or self.limit is None or self.usage is None:
+            return None
+        return max(0.0, self.limit - self.usage)
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """A scalable unit: a GKE node pool in one zone, or an EKS managed node group."""
+
+    pool: str
+    zone: str
+    region: str = ""
+
+
+@dataclass(frozen=True)
+class PoolState:
+    ref: PoolRef
+    size: int  # target size the cloud is converging to
+    max_size: int
+    accelerator: str  # catalog name
+    gpus_per_node: int
+    machine_type: str
+    spot: bool
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class OpStatus(str, enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A submitted cloud mutation. ``error`` is set (and classified) when ``status`` is FAILED."""
+
+    id: str
+    kind: str  # "resize" | "reserve" | "release" | "quota-request"
+    target: str
+    status: OpStatus
+    error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in (OpStatus.DONE, OpStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class ReservationRequest:
+    name: str
+    zone: str
+    accelerator: str
+    gpus_per_node: int
+    count: int
+
+
+@dataclass(frozen=True)
+class OwnedResource:
+    kind: str  # "reservation" | "pool-resize" | "capacity-reservation"...
+    name: str
+    location: str
+    labels: dict[str, str]
+
+
+@runtime_checkable
+class CapacityProvider(Protocol):
+    """See the module docstring for the contract. Every method documents what it raises."""
+
+    name: str
+
+    def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
+        """GPU quota amounts relevant to ``accelerator`` in ``region`` (regional, family and global).
+
+        Never raises for a quota it cannot read: it returns that row with status "unknown".
+        Raises: PermissionDenied (no credentials at all), NotFound (no such region).
+        """
+        ...
+
+    def pools(self, region: str) -> list[PoolState]:
+        """Scalable units of the target cluster in ``region``.
+
+        Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
+        """
+        ...
+
+    def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
+        """Set the absolute size of one pool in one zone. Idempotent: same size twice is one change.
+
+        Raises: QuotaExceeded (region), CapacityUnavailable (zone), InvalidSpec (size > max),
+        PermissionDenied, NotFound, RateLimited, TransientCloudError, CloudError.
+        """
+        ...
+
+    def operation(self, op: Operation) -> Operation:
+        """The current state of ``op``; a FAILED op carries its classified error.
+
+        Raises: RateLimited, TransientCloudError.
+        """
+        ...
+
+    def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
+        """Create (or re-attach to) a specific reservation named ``req.name``.
+
+        Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied, CloudError.
+        """
+        ...
+
+    def release(self, owner_run_id: str) -> list[str]:
+        """Delete every reservation owned by the run. Returns the names deleted; missing ones are no-ops.
+
+        Raises: PermissionDenied, TransientCloudError.
+        """
+        ...
+
+    def list_owned(self, run_id: str | None = None) -> list[OwnedResource]:
+        """Everything this provider created for ``run_id`` (or for any run when None).
+
+        Raises: PermissionDenied, TransientCloudError.
+        """
+        ...
+
+    def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
+        """File a quota increase request. Returns the request id.
+
+        Raises: PermissionDenied, InvalidSpec (value below current limit), CloudError.
+        """
+        ...
+
+    def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
+        """Map a raw SDK exception to a KfpGpuError using this provider's error -> scope table."""
+        ...

@@ -1,0 +1,284 @@
+"""ProvisioningSpec: what a run needs, validated, immutable, and JSON round-trippable.
+
+The spec travels between DAG steps as a string parameter, so ``to_json``/``from_json`` are lossless:
+``ProvisioningSpec.from_json(s.to_json()) == s`` for every valid spec. Validation runs in
+``__post_init__``; every failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the field,
+the value, the allowed values and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec
+
+SPEC_VERSION = 1
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_GCP_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")  # us-central1-a -> us-central1
+_AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-east-1
+_GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
+_AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
+
+
+class CapacityType(str, enum.Enum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+    RESERVATION = "reservation"
+    FLEX_START = "flex-start"
+
+
+class TargetKind(str, enum.Enum):
+    GKE = "gke"
+    EKS = "eks"
+    LOCAL = "local"  # the kfp_gpu.sim GKE stand-in backed by KWOK nodes
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where capacity comes from.
+
+    ``pools`` are GKE node pool names or EKS managed node group names, in priority order. For
+    ``local`` the target is the GKE stand-in (``endpoint``) driving the local control plane.
+    """
+
+    kind: TargetKind = TargetKind.LOCAL
+    cluster: str = "kfp-gpu-local"
+    project: str = "local-project"  # GCP project; ignored for EKS
+    region: str = "us-central1"
+    pools: tuple[str, ...] = ()
+    endpoint: str = ""  # API endpoint override (stand-in URL); empty means the real cloud
+    kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
+    namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        _coerce_enum(self, "kind", TargetKind, "target.kind")
+        object.__setattr__(self, "pools", tuple(self.pools))
+        if not self.cluster:
+            raise InvalidSpec("target.cluster", self.cluster, "must be the cluster name")
+        region_re = _AWS_REGION_RE if self.kind is TargetKind.EKS else _GCP_REGION_RE
+        if not region_re.match(self.region):
+            example = "us-east-1" if self.kind is TargetKind.EKS else "us-central1"
+            raise InvalidSpec("target.region", self.region, f"must look like {example!r} for {self.kind.value}")
+        for p in self.pools:
+            if not _NAME_RE.match(p):
+                raise InvalidSpec("target.pools", p, "pool names are lowercase RFC 1035 labels")
+        if not _NAME_RE.match(self.namespace):
+            raise InvalidSpec("target.namespace", self.namespace, "must be a Kubernetes namespace name")
+
+
+@dataclass(frozen=True)
+class WarmPool:
+    """Balloon capacity held just in time, released when training pods arrive or the TTL ends."""
+
+    nodes: int = 0
+    ttl_s: float = 1800.0
+    cloud_reservation: bool = False
+
+    def __post_init__(self) -> None:
+        _check_range("warm_pool.nodes", self.nodes, 0, 1024, int)
+        _check_range("warm_pool.ttl_s", self.ttl_s, 1.0, 7 * 86400.0, (int, float))
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Our own restart budget (the Training Operator keeps none for preemptions)."""
+
+    max_preemptions: int = 3
+    on_demand_after: int = 0  # fall back to on-demand after this many preemptions; 0 = never
+    app_failure_retries: int = 1  # application failures (exit 1...) retried at most this often
+
+    def __post_init__(self) -> None:
+        _check_range("recovery.max_preemptions", self.max_preemptions, 0, 1000, int)
+        _check_range("recovery.on_demand_after", self.on_demand_after, 0, 1000, int)
+        _check_range("recovery.app_failure_retries", self.app_failure_retries, 0, 10, int)
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """Inputs of the three-tier cost-risk model. ``None`` price means the catalog list price."""
+
+    price_per_gpu_hour: float | None = None
+    expected_hours: float = 1.0
+    sla_penalty_per_hour: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.price_per_gpu_hour is not None:
+            _check_range("cost.price_per_gpu_hour", self.price_per_gpu_hour, 0.0, 1000.0, (int, float))
+        _check_range("cost.expected_hours", self.expected_hours, 0.0, 10000.0, (int, float))
+        _check_range("cost.sla_penalty_per_hour", self.sla_penalty_per_hour, 0.0, 1e9, (int, float))
+
+
+@dataclass(frozen=True)
+class ProvisioningSpec:
+    accelerator: str
+    nodes: int
+    gpus_per_node: int = 8
+    capacity: CapacityType = CapacityType.ON_DEMAND
+    target: Target = field(default_factory=Target)
+    zones: tuple[str, ...] = ()  # candidate zones, priority order; empty = every zone of the region
+    reservation: str = ""  # name of a specific reservation to consume (capacity=reservation)
+    scale_up_deadline_s: float = 900.0
+    allow_zone_spread: bool = False
+    warm_pool: WarmPool = field(default_factory=WarmPool)
+    recovery: Recovery = field(default_factory=Recovery)
+    checkpoint_uri: str = ""
+    cost: CostInputs = field(default_factory=CostInputs)
+    lease_ttl_s: float = 6 * 3600.0  # ownership lease on every object we create (janitor bound)
+
+    def __post_init__(self) -> None:
+        acc = accelerators.get(self.accelerator)
+        object.__setattr__(self, "accelerator", acc.name)
+        _check_range("nodes", self.nodes, 1, 4096, int)
+        _check_range("gpus_per_node", self.gpus_per_node, 1, 16, int)
+        _coerce_enum(self, "capacity", CapacityType, "capacity")
+        object.__setattr__(self, "zones", tuple(self.zones))
+        if self.target.kind is TargetKind.EKS:
+            acc.aws_instance_for(self.gpus_per_node)
+        else:
+            acc.gce_machine_for(self.gpus_per_node)
+        self._check_zones()
+        _check_range("scale_up_deadline_s", self.scale_up_deadline_s, 0.001, 86400.0, (int, float))
+        _check_range("lease_ttl_s", self.lease_ttl_s, 60.0, 30 * 86400.0, (int, float))
+        if self.capacity is CapacityType.SPOT and self.reservation:
+            raise InvalidSpec(
+                "reservation", self.reservation, "spot capacity cannot consume a reservation",
+                remediation="drop reservation= or use capacity='reservation'",
+            )
+        if self.capacity is CapacityType.RESERVATION and not self.reservation:
+            raise InvalidSpec(
+                "reservation", self.reservation, "capacity='reservation' needs a reservation name",
+                remediation="set reservation='my-reservation' or pick another capacity type",
+            )
+        if self.recovery.on_demand_after and self.capacity is not CapacityType.SPOT:
+            raise InvalidSpec(
+                "recovery.on_demand_after", self.recovery.on_demand_after,
+                "on-demand fallback only applies to capacity='spot'",
+                remediation="set recovery.on_demand_after=0 or capacity='spot'",
+            )
+        if self.warm_pool.nodes > self.nodes:
+            raise InvalidSpec("warm_pool.nodes", self.warm_pool.nodes, f"must be <= nodes ({self.nodes})")
+        if self.checkpoint_uri and not re.match(r"^(gs://|s3://|file://|/)", self.checkpoint_uri):
+            raise InvalidSpec(
+                "checkpoint_uri", self.checkpoint_uri, "must start with gs://, s3://, file:// or /",
+            )
+
+    def _check_zones(self) -> None:
+        zone_re = _AWS_ZONE_RE if self.target.kind is TargetKind.EKS else _GCP_ZONE_RE
+        if len(set(self.zones)) != len(self.zones):
+            raise InvalidSpec("zones", list(self.zones), "zones must not repeat")
+        for z in self.zones:
+            m = zone_re.match(z)
+            if not m:
+                raise InvalidSpec("zones", z, "not a zone name (e.g. 'us-central1-a' or 'us-east-1a')")
+            if m.group(1) != self.target.region:
+                raise InvalidSpec(
+                    "zones", z, f"zone is not in target.region {self.target.region!r}",
+                    remediation=f"use zones of {self.target.region} or change target.region to {m.group(1)!r}",
+                )
+
+    # ---- derived --------------------------------------------------------------------------
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def spot(self) -> bool:
+        return self.capacity is CapacityType.SPOT
+
+    def price_per_gpu_hour(self, *, spot: bool | None = None) -> float:
+        if self.cost.price_per_gpu_hour is not None:
+            return self.cost.price_per_gpu_hour
+        price = accelerators.get(self.accelerator).price
+        return price.spot if (self.spot if spot is None else spot) else price.on_demand
+
+    def replace(self, **changes: Any) -> ProvisioningSpec:
+        """A validated copy with ``changes`` applied. Raises: InvalidSpec."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": SPEC_VERSION, **_plain(dataclasses.asdict(self))}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ProvisioningSpec:
+        """Raises: InvalidSpec naming the offending field for unknown keys, wrong types or bad values."""
+        if not isinstance(data, dict):
+            raise InvalidSpec("spec", type(data).__name__, "must be a JSON object")
+        data = dict(data)
+        version = data.pop("version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            raise InvalidSpec("version", version, f"this kfp-gpu reads spec version {SPEC_VERSION}")
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> ProvisioningSpec:
+        """Raises: InvalidSpec when ``text`` is not valid spec JSON."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise InvalidSpec(
+                "spec_json", (text or "")[:80], f"is not valid JSON ({exc})",
+                remediation="pass ProvisioningSpec.to_json() output, not a hand-edited string",
+            ) from None
+        return cls.from_dict(data)
+
+
+_NESTED: dict[str, type[Any]] = {
+    "target": Target, "warm_pool": WarmPool, "recovery": Recovery, "cost": CostInputs,
+}
+
+
+def _build(cls: type[Any], data: dict[str, Any], prefix: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise InvalidSpec(f"{prefix}{key}", data[key], f"unknown field; known: {', '.join(sorted(known))}")
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _NESTED and cls is ProvisioningSpec:
+            if not isinstance(value, dict):
+                raise InvalidSpec(f"{key}", value, "must be an object")
+            value = _build(_NESTED[key], value, f"{key}.")
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise InvalidSpec(prefix.rstrip(".") or "spec", data, str(exc)) from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_range(name: str, value: Any, lo: float, hi: float, types: type | tuple[type, ...]) -> None:
+    if isinstance(value, bool) or not isinstance(value, types):
+        want = "an integer" if types is int else "a number"
+        raise InvalidSpec(name, value, f"must be {want} in [{lo:g}, {hi:g}]")
+    if not lo <= value <= hi:
+        raise InvalidSpec(name, value, f"must be in [{lo:g}, {hi:g}]")
+
+
+def _coerce_enum(obj: Any, attr: str, enum_type: type[enum.Enum], name: str) -> None:
+    value = getattr(obj, attr)
+    try:
+        object.__setattr__(obj, attr, enum_type(value))
+    except ValueError:
+        allowed = ", ".join(repr(e.value) for e in enum_type)
+        raise InvalidSpec(name, value, f"allowed: {allowed}") from None
