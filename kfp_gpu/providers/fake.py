@@ -1,0 +1,389 @@
+"""An in-memory CapacityProvider for unit tests of steps, components and plans.
+
+Everything is observable state, so tests assert on *what happened*, not on mocks:
+
+* ``pool_states`` - the pools and their current target sizes;
+* ``quota_rows`` - the quota table ``quota()`` answers from (rows may be ``status="unknown"``);
+* ``stockout_zones`` - zones where growing a pool or reserving fails with ``CapacityUnavailable``
+  (at call time, or - with ``stockout_async=True`` - when the operation is polled, like GKE);
+* ``fail(method, exc, times=..)`` - error injection per call, optionally only for one zone/region;
+* ``operations`` - every submitted operation; they finish after ``op_polls`` calls to ``operation()``;
+* ``reservations`` - reservations with their owner labels;
+* ``calls`` - the log of *state-changing* mutations. Idempotent repeats do not appear, so
+  "resize to the same size twice" shows up as exactly one ``resize`` call.
+
+``on_call`` (optional) runs at the start of every method, outside the lock: give it a
+``threading.Barrier.wait`` to prove calls overlap, or a virtual-latency recorder.
+
+The fake is thread-safe: preflight and scale-up call it from worker threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import (
+    CapacityUnavailable,
+    CloudError,
+    InvalidSpec,
+    KfpGpuError,
+    NotFound,
+    Scope,
+)
+from kfp_gpu.providers.base import (
+    LABEL_RUN_ID,
+    Operation,
+    OpStatus,
+    OwnedResource,
+    Owner,
+    PoolRef,
+    PoolState,
+    QuotaAmount,
+    ReservationRequest,
+    label_safe,
+)
+
+
+@dataclass(frozen=True)
+class FakeCall:
+    """One state-changing mutation, as recorded in ``FakeProvider.calls``."""
+
+    method: str  # "resize" | "reserve" | "release" | "request_quota_increase"
+    target: str  # "pool@zone", reservation name, metric@region...
+    args: dict[str, Any] = field(default_factory=dict)
+    run_id: str = ""
+
+
+@dataclass
+class FakeReservation:
+    request: ReservationRequest
+    labels: dict[str, str]
+    op_id: str
+
+
+@dataclass
+class _Injected:
+    exc: BaseException
+    times: int
+    zone: str
+    region: str
+
+
+def region_of(zone: str) -> str:
+    """``us-central1-a`` -> ``us-central1``; ``us-east-1a`` -> ``us-east-1``."""
+    if zone and zone[-1].isalpha() and zone[-2:-1].isdigit():
+        return zone[:-1]  # AWS style
+    return zone.rsplit("-", 1)[0] if "-" in zone else zone
+
+
+def relevant_metrics(accelerator: str, *, spot: bool) -> set[str]:
+    """Quota metrics (GCP metric names and AWS quota codes) that govern ``accelerator``."""
+    acc = accelerators.get(accelerator)
+    out = {
+        acc.gcp_preemptible_metric if spot else acc.gcp_quota_metric,
+        accelerators.GCP_ALL_REGIONS_METRIC,
+        acc.aws_quota_spot if spot else acc.aws_quota_on_demand,
+    }
+    if acc.gcp_gpu_family:
+        out.add(acc.gcp_gpu_family)
+        out.add(accelerators.GCP_GPU_FAMILY_QUOTA_ID)
+    return out
+
+
+class FakeProvider:
+    """In-memory :class:`~kfp_gpu.providers.base.CapacityProvider`. See the module docstring."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        pools: Iterable[PoolState] = (),
+        quotas: Iterable[QuotaAmount] = (),
+        *,
+        stockout_zones: Iterable[str] = (),
+        stockout_async: bool = False,
+        regions: Iterable[str] | None = None,
+        op_polls: int = 1,
+        on_call: Callable[[str], None] | None = None,
+    ) -> None:
+        self.pool_states: dict[PoolRef, PoolState] = {p.ref: p for p in pools}
+        self.quota_rows: list[QuotaAmount] = list(quotas)
+        self.stockout_zones: set[str] = set(stockout_zones)
+        self.stockout_async = stockout_async
+        self.regions: set[str] | None = set(regions) if regions is not None else None
+        self.op_polls = op_polls
+        self.on_call = on_call
+        self.operations: dict[str, Operation] = {}
+        self.reservations: dict[str, FakeReservation] = {}
+        self.calls: list[FakeCall] = []
+        self.quota_requests: dict[str, FakeCall] = {}
+        self.owned_resizes: dict[tuple[str, PoolRef], OwnedResource] = {}
+        self._polls: dict[str, int] = {}
+        self._pending_error: dict[str, Exception] = {}
+        self._resize_ops: dict[tuple[str, str, PoolRef, int], str] = {}
+        self._injected: dict[str, list[_Injected]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+
+    # ---- test set-up helpers ---------------------------------------------------------------
+    def add_pool(
+        self,
+        pool: str,
+        zone: str,
+        *,
+        size: int = 0,
+        max_size: int = 16,
+        accelerator: str = "a100-80gb",
+        gpus_per_node: int = 8,
+        machine_type: str = "",
+        spot: bool = False,
+        labels: dict[str, str] | None = None,
+    ) -> PoolState:
+        ref = PoolRef(pool, zone, region_of(zone))
+        state = PoolState(
+            ref, size, max_size, accelerators.get(accelerator).name, gpus_per_node,
+            machine_type or f"{accelerator}-{gpus_per_node}g", spot, dict(labels or {}),
+        )
+        with self._lock:
+            self.pool_states[ref] = state
+        return state
+
+    def set_quota(
+        self, metric: str, location: str, limit: float | None, usage: float | None = 0.0, *,
+        unit: str = "gpus", status: str = "ok", reason: str = "", lead_time_days: float = 2.0,
+    ) -> QuotaAmount:
+        """Add or replace the quota row for (metric, location)."""
+        row = QuotaAmount(
+            metric, location, limit, usage, unit=unit, status=status, reason=reason,
+            raise_path=f"fake://quotas/{metric}/{location}", lead_time_days=lead_time_days,
+        )
+        with self._lock:
+            self.quota_rows = [r for r in self.quota_rows if (r.metric, r.location) != (metric, location)]
+            self.quota_rows.append(row)
+        return row
+
+    def fail(self, method: str, exc: BaseException, *, times: int = 1, zone: str = "", region: str = "") -> None:
+        """Make the next ``times`` calls of ``method`` (optionally only for ``zone``/``region``) raise ``exc``.
+
+        ``times=-1`` fails forever. Raw (non-KfpGpuError) exceptions go through :meth:`classify`.
+        """
+        with self._lock:
+            self._injected.setdefault(method, []).append(_Injected(exc, times, zone, region))
+
+    def pool(self, pool: str, zone: str) -> PoolState:
+        """Raises: NotFound when the fake has no such pool."""
+        with self._lock:
+            for ref, state in self.pool_states.items():
+                if ref.pool == pool and ref.zone == zone:
+                    return state
+        raise NotFound(f"fake pool {pool!r} in zone {zone!r} does not exist", remediation="add_pool() it")
+
+    def mutations(self, method: str | None = None) -> list[FakeCall]:
+        return [c for c in self.calls if method is None or c.method == method]
+
+    # ---- CapacityProvider ------------------------------------------------------------------
+    def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
+        """Rows of ``quota_rows`` for ``region``, its zones and ``global`` that govern ``accelerator``.
+
+        Raises: NotFound (region not in ``regions``), PermissionDenied (injected).
+        """
+        self._enter("quota", region=region)
+        self._check_region(region)
+        metrics = relevant_metrics(accelerator, spot=spot)
+        with self._lock:
+            return [
+                r for r in self.quota_rows
+                if r.metric in metrics and (r.location in (region, "global") or region_of(r.location) == region)
+            ]
+
+    def pools(self, region: str) -> list[PoolState]:
+        """Raises: NotFound (region not in ``regions``) and anything injected."""
+        self._enter("pools", region=region)
+        self._check_region(region)
+        with self._lock:
+            return [p for p in self.pool_states.values() if (p.ref.region or region_of(p.ref.zone)) == region]
+
+    def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
+        """Set the absolute size. Repeats with the same owner and size return the same operation.
+
+        Raises: NotFound, InvalidSpec (size outside [0, max]), CapacityUnavailable (stockout zone,
+        unless ``stockout_async``), and anything injected.
+        """
+        self._enter("resize", zone=ref.zone, region=ref.region or region_of(ref.zone))
+        with self._lock:
+            state = self.pool(ref.pool, ref.zone)
+            if size < 0 or size > state.max_size:
+                raise InvalidSpec(
+                    "size", size, f"pool {ref.pool!r} in {ref.zone} allows 0..{state.max_size} nodes",
+                    remediation="raise the pool's max size or ask for fewer nodes",
+                )
+            key = (owner.run_id, owner.step, state.ref, size)
+            if key in self._resize_ops:
+                return self.operations[self._resize_ops[key]]
+            growing = size > state.size
+            if growing and ref.zone in self.stockout_zones and not self.stockout_async:
+                raise _stockout(ref.zone, state)
+            op = self._new_op("resize", f"{ref.pool}@{ref.zone}")
+            self._resize_ops[key] = op.id
+            if growing and ref.zone in self.stockout_zones:
+                self._pending_error[op.id] = _stockout(ref.zone, state)
+            if size != state.size:
+                self.pool_states[state.ref] = replace(state, size=size)
+                self.calls.append(FakeCall(
+                    "resize", op.target, {"from": state.size, "to": size, "step": owner.step}, owner.run_id,
+                ))
+                self.owned_resizes[(owner.run_id, state.ref)] = OwnedResource(
+                    "pool-resize", ref.pool, ref.zone, owner.labels(),
+                )
+            else:
+                self._polls[op.id] = self.op_polls  # nothing to do: done at once
+                op = self.operations[op.id] = replace(op, status=OpStatus.DONE)
+            return op
+
+    def operation(self, op: Operation) -> Operation:
+        """Advance ``op`` one poll; it is DONE (or FAILED with its error) after ``op_polls`` polls.
+
+        Raises: NotFound (unknown id) and anything injected.
+        """
+        self._enter("operation")
+        with self._lock:
+            cur = self.operations.get(op.id)
+            if cur is None:
+                raise NotFound(f"fake operation {op.id!r} does not exist")
+            if cur.done:
+                return cur
+            self._polls[op.id] = self._polls.get(op.id, 0) + 1
+            if self._polls[op.id] >= self.op_polls:
+                err = self._pending_error.pop(op.id, None)
+                cur = replace(cur, status=OpStatus.FAILED if err else OpStatus.DONE, error=err)
+            else:
+                cur = replace(cur, status=OpStatus.RUNNING)
+            self.operations[op.id] = cur
+            return cur
+
+    def complete_all(self) -> None:
+        """Finish every pending operation (convenience for tests)."""
+        for op in list(self.operations.values()):
+            while not self.operations[op.id].done:
+                self.operation(op)
+
+    def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
+        """Create or re-attach to reservation ``req.name``.
+
+        Raises: CloudError (name taken by another run), CapacityUnavailable (stockout zone), injected errors.
+        """
+        self._enter("reserve", zone=req.zone, region=region_of(req.zone))
+        with self._lock:
+            existing = self.reservations.get(req.name)
+            if existing is not None:
+                if existing.labels.get(LABEL_RUN_ID) == owner.labels()[LABEL_RUN_ID]:
+                    return self.operations[existing.op_id]
+                raise CloudError(
+                    f"reservation {req.name!r} already exists and belongs to run "
+                    f"{existing.labels.get(LABEL_RUN_ID)!r}", scope=Scope.ZONE, zone=req.zone,
+                )
+            if req.zone in self.stockout_zones:
+                raise CapacityUnavailable(
+                    f"no {req.accelerator} capacity for reservation {req.name!r} in {req.zone}",
+                    remediation="try another zone", zone=req.zone,
+                )
+            op = self._new_op("reserve", req.name)
+            self.reservations[req.name] = FakeReservation(req, owner.labels(), op.id)
+            self.calls.append(FakeCall("reserve", req.name, {"zone": req.zone, "count": req.count}, owner.run_id))
+            return op
+
+    def release(self, owner_run_id: str) -> list[str]:
+        """Delete the run's reservations. Returns the names deleted. Raises: injected errors only."""
+        self._enter("release")
+        with self._lock:
+            names = sorted(
+                n for n, r in self.reservations.items() if r.labels.get(LABEL_RUN_ID) == label_safe(owner_run_id)
+            )
+            for n in names:
+                del self.reservations[n]
+                self.calls.append(FakeCall("release", n, {}, owner_run_id))
+            return names
+
+    def list_owned(self, run_id: str | None = None) -> list[OwnedResource]:
+        """Reservations and pool resizes owned by ``run_id`` (all runs when None). Raises: injected errors."""
+        self._enter("list_owned")
+        want = None if run_id is None else label_safe(run_id)
+        with self._lock:
+            out = [
+                OwnedResource("reservation", n, r.request.zone, dict(r.labels))
+                for n, r in sorted(self.reservations.items())
+            ]
+            out += list(self.owned_resizes.values())
+            return [o for o in out if want is None or o.labels.get(LABEL_RUN_ID) == want]
+
+    def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
+        """Record a quota request; the same (metric, region, value) returns the same id.
+
+        Raises: InvalidSpec (value not above the current limit), injected errors.
+        """
+        self._enter("request_quota_increase", region=region)
+        with self._lock:
+            for r in self.quota_rows:
+                if r.metric == metric and r.location == region and r.limit is not None and value <= r.limit:
+                    raise InvalidSpec(
+                        "value", value, f"must be above the current {metric} limit {r.limit:g} in {region}",
+                    )
+            key = f"{metric}@{region}={value:g}"
+            if key in self.quota_requests:
+                return self.quota_requests[key].args["id"]  # type: ignore[no-any-return]
+            call = FakeCall("request_quota_increase", f"{metric}@{region}",
+                            {"id": f"fake-qr-{next(self._ids)}", "value": value, "justification": justification})
+            self.quota_requests[key] = call
+            self.calls.append(call)
+            return str(call.args["id"])
+
+    def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
+        """KfpGpuErrors pass through; anything else becomes a zone-scoped CloudError."""
+        if isinstance(exc, KfpGpuError):
+            return exc
+        return CloudError(
+            f"fake provider: {type(exc).__name__}: {exc}", scope=Scope.ZONE if zone else Scope.REGION,
+            zone=zone, region=region,
+        )
+
+    # ---- internals -------------------------------------------------------------------------
+    def _enter(self, method: str, *, zone: str = "", region: str = "") -> None:
+        if self.on_call is not None:
+            self.on_call(method)
+        with self._lock:
+            queue = self._injected.get(method, [])
+            for inj in queue:
+                if inj.zone and inj.zone != zone:
+                    continue
+                if inj.region and inj.region != region:
+                    continue
+                if inj.times > 0:
+                    inj.times -= 1
+                    if inj.times == 0:
+                        queue.remove(inj)
+                raise self.classify(inj.exc, zone=zone, region=region)
+
+    def _check_region(self, region: str) -> None:
+        if self.regions is not None and region not in self.regions:
+            raise NotFound(
+                f"region {region!r} does not exist for the fake provider",
+                remediation=f"use one of {sorted(self.regions)}", region=region,
+            )
+
+    def _new_op(self, kind: str, target: str) -> Operation:
+        op = Operation(f"fake-op-{next(self._ids)}", kind, target, OpStatus.PENDING)
+        self.operations[op.id] = op
+        self._polls[op.id] = 0
+        return op
+
+
+def _stockout(zone: str, state: PoolState) -> CapacityUnavailable:
+    return CapacityUnavailable(
+        f"zone {zone} has no {state.machine_type} capacity ({state.accelerator}) right now",
+        remediation="retry later or fail over to another zone", zone=zone, pool=state.ref.pool,
+    )
