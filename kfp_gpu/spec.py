@@ -217,7 +217,8 @@ class ProvisioningSpec:
         version = data.pop("version", SPEC_VERSION)
         if version != SPEC_VERSION:
             raise InvalidSpec("version", version, f"this kfp-gpu reads spec version {SPEC_VERSION}")
-        return _build(cls, data, "")
+        spec: ProvisioningSpec = _build(cls, data, "")
+        return spec
 
     @classmethod
     def from_json(cls, text: str) -> ProvisioningSpec:
@@ -271,7 +272,7 @@ def _check_range(name: str, value: Any, lo: float, hi: float, types: type | tupl
     if isinstance(value, bool) or not isinstance(value, types):
         want = "an integer" if types is int else "a number"
         raise InvalidSpec(name, value, f"must be {want} in [{lo:g}, {hi:g}]")
-    if not lo <= value <= hi:
+    if not lo <= float(value) <= hi:  # type: ignore[arg-type,unused-ignore]
         raise InvalidSpec(name, value, f"must be in [{lo:g}, {hi:g}]")
 
 

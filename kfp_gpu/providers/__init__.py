@@ -1,0 +1,37 @@
+"""Capacity providers. ``for_target`` picks one; cloud SDKs load only inside the chosen package."""
+
+from __future__ import annotations
+
+import os
+
+from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.providers.base import CapacityProvider
+from kfp_gpu.spec import Target, TargetKind
+
+SIM_ENDPOINT_ENV = "KFP_GPU_SIM_ENDPOINT"
+
+
+def for_target(target: Target) -> CapacityProvider:
+    """The provider for ``target``. ``local`` is the GKE provider pointed at the kfp_gpu.sim stand-in.
+
+    Raises:
+        InvalidSpec: a local target with no stand-in endpoint.
+        PermissionDenied: cloud credentials are missing.
+    """
+    if target.kind is TargetKind.EKS:
+        from kfp_gpu.providers.eks import EksProvider
+
+        eks: CapacityProvider = EksProvider.from_target(target)
+        return eks
+    from kfp_gpu.providers.gke import GkeProvider
+
+    endpoint = target.endpoint
+    if target.kind is TargetKind.LOCAL:
+        endpoint = endpoint or os.environ.get(SIM_ENDPOINT_ENV, "")
+        if not endpoint:
+            raise InvalidSpec(
+                "target.endpoint", endpoint, "a local target needs the kfp_gpu.sim stand-in URL",
+                remediation=f"run `make cluster-up` (it starts the stand-in) or export {SIM_ENDPOINT_ENV}",
+            )
+    gke: CapacityProvider = GkeProvider.from_target(target, endpoint=endpoint)
+    return gke

@@ -1,0 +1,33 @@
+"""Kubernetes client loading. One place decides how a step reaches its cluster."""
+
+from __future__ import annotations
+
+import os
+
+from kubernetes import client, config
+
+from kfp_gpu.errors import PermissionDenied
+from kfp_gpu.spec import Target
+
+
+def api_client(target: Target | None = None) -> client.ApiClient:
+    """An ApiClient for ``target``: its kube context, else $KUBECONFIG / ~/.kube/config, else in-cluster.
+
+    Raises:
+        PermissionDenied: no kubeconfig and not running in a pod.
+    """
+    context = (target.kube_context if target else "") or None
+    kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    cfg = client.Configuration()
+    if os.path.exists(kubeconfig):
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        raise PermissionDenied(
+            f"no Kubernetes credentials: {kubeconfig} does not exist and this is not a pod",
+            remediation="set KUBECONFIG (make cluster-up writes ~/.cache/kfp-gpu/cluster/kubeconfig), "
+            "or run inside the cluster with the kfp-gpu service account",
+        )
+    cfg.connection_pool_maxsize = 64  # concurrent resizes and watches share one pool
+    return client.ApiClient(cfg)

@@ -1,0 +1,67 @@
+"""The step ledger: what a step created, stored in the cluster as a labelled ConfigMap.
+
+A retried pod reads its ledger and re-attaches instead of creating twice; teardown and the janitor find
+ledgers (and everything else) by the run-id label, never by task outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kfp_gpu.providers.base import LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
+
+LEDGER_LABEL = "kfp-gpu.io/ledger"
+
+
+def ledger_name(run_id: str, step: str) -> str:
+    return f"kfp-gpu-ledger-{label_safe(run_id)[:40]}-{label_safe(step)}".lower().replace("_", "-").replace(".", "-")
+
+
+def read(api: client.ApiClient, namespace: str, run_id: str, step: str) -> dict[str, Any]:
+    """The ledger of (run_id, step), or {} when the step never wrote one. Raises: ApiException (non-404)."""
+    core = client.CoreV1Api(api)
+    try:
+        cm = core.read_namespaced_config_map(ledger_name(run_id, step), namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    return dict(json.loads((cm.data or {}).get("ledger", "{}")))
+
+
+def write(api: client.ApiClient, namespace: str, owner: Owner, data: dict[str, Any]) -> None:
+    """Create or replace the ledger of ``owner``. Raises: ApiException."""
+    core = client.CoreV1Api(api)
+    body = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(
+            name=ledger_name(owner.run_id, owner.step), labels={**owner.labels(), LEDGER_LABEL: "true"},
+            annotations={"kfp-gpu.io/run-id-raw": owner.run_id},
+        ),
+        data={"ledger": json.dumps(data, sort_keys=True)},
+    )
+    try:
+        core.create_namespaced_config_map(namespace, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_config_map(body.metadata.name, namespace, body)
+
+
+def list_for_run(api: client.ApiClient, namespace: str, run_id: str | None) -> list[client.V1ConfigMap]:
+    """Every ledger of ``run_id`` (or of every run when None). Raises: ApiException."""
+    selector = f"{LEDGER_LABEL}=true"
+    if run_id is not None:
+        selector += f",{LABEL_RUN_ID}={label_safe(run_id)}"
+    return list(client.CoreV1Api(api).list_namespaced_config_map(namespace, label_selector=selector).items)
+
+
+def step_of(cm: client.V1ConfigMap) -> str:
+    return str((cm.metadata.labels or {}).get(LABEL_STEP, ""))
+
+
+def data_of(cm: client.V1ConfigMap) -> dict[str, Any]:
+    return dict(json.loads((cm.data or {}).get("ledger", "{}")))

@@ -1,0 +1,107 @@
+"""The five kfp-gpu KFP components.
+
+Each is a thin lightweight Python component: it imports kfp_gpu inside the function body (so it runs
+under kfp.local's SubprocessRunner and in the component image), parses its inputs, and hands over to
+:func:`kfp_gpu.steps.entry.run_component`, which calls the plain step function, writes the HTML report
+and the metrics, and maps errors to exit codes. All logic lives in ``kfp_gpu.steps``.
+
+Data flow: every step returns a JSON string (its ledger/result) that the next step consumes; the
+teardown exit task takes only constants and the run id and finds everything by ownership label.
+"""
+
+
+from kfp import dsl
+from kfp.dsl import HTML, Dataset, Input, Metrics, Output
+
+from kfp_gpu.image import image_for_version
+
+IMAGE = image_for_version()
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def quota_preflight(
+    spec_json: str,
+    run_id: str,
+    report: Output[HTML],
+    metrics: Output[Metrics],
+) -> str:
+    """Check cloud quota amounts and cluster headroom for the whole gang, in parallel.
+
+    Fails in seconds with the remediation and quota-request lead time when the run cannot fit.
+    Returns the ranked placements as JSON.
+    """
+    from kfp_gpu.steps.entry import run_component
+
+    return run_component("preflight", spec_json, run_id, "", report=report, metrics=metrics)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def reserve_warm_pool(
+    spec_json: str,
+    run_id: str,
+    preflight_json: str,
+    report: Output[HTML],
+    metrics: Output[Metrics],
+) -> str:
+    """Hold capacity just in time: negative-priority balloon pods and optionally a cloud reservation."""
+    from kfp_gpu.steps.entry import run_component
+
+    return run_component("warm_pool", spec_json, run_id, preflight_json, report=report, metrics=metrics)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def burst_scale_up(
+    spec_json: str,
+    run_id: str,
+    warm_pool_json: str,
+    report: Output[HTML],
+    metrics: Output[Metrics],
+) -> str:
+    """Resize every needed pool/zone concurrently and watch Nodes until the gang is Ready (all or nothing)."""
+    from kfp_gpu.steps.entry import run_component
+
+    return run_component("scale_up", spec_json, run_id, warm_pool_json, report=report, metrics=metrics)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def train_pytorchjob(
+    spec_json: str,
+    run_id: str,
+    capacity_json: str,
+    job_json: str,
+    report: Output[HTML],
+    metrics: Output[Metrics],
+    dataset: Input[Dataset] = None,
+) -> str:
+    """Launch a gang-safe Training Operator PyTorchJob on the provisioned capacity and see it through.
+
+    Recovers from spot preemption from the newest complete checkpoint within the spec's restart budget.
+    """
+    from kfp_gpu.steps.entry import run_component
+
+    return run_component(
+        "train", spec_json, run_id, capacity_json, report=report, metrics=metrics,
+        job_json=job_json, dataset_uri=dataset.uri if dataset is not None else "",
+    )
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def teardown(
+    spec_json: str,
+    run_id: str,
+    report: Output[HTML],
+    metrics: Output[Metrics],
+) -> str:
+    """Exit handler: delete everything labelled with this run id, restore pool sizes, write the cost report."""
+    from kfp_gpu.steps.entry import run_component
+
+    return run_component("teardown", spec_json, run_id, "", report=report, metrics=metrics)
+
+
+ALL = {
+    "quota_preflight": quota_preflight,
+    "reserve_warm_pool": reserve_warm_pool,
+    "burst_scale_up": burst_scale_up,
+    "train_pytorchjob": train_pytorchjob,
+    "teardown": teardown,
+}

@@ -1,0 +1,274 @@
+"""``@kfp_gpu.provisioned(spec)`` and the ``kfp_gpu.train(...)`` task factory.
+
+The decorator builds this DAG around the user's pipeline body::
+
+    ExitHandler(teardown) {
+      preflight -> warm_pool -> scale_up --+
+      user data steps ---------------------+--> train (PyTorchJob) --> user eval steps
+    }
+
+The user's body is called *inline* inside the exit handler, so user steps that do not depend on
+``train()`` have no edge to any provisioning task and start in parallel with provisioning. Only the
+tasks ``train()`` creates depend on ``scale_up``. Teardown finds everything by run-id label (exit
+tasks cannot take inputs from other tasks).
+
+Two compile targets exist: ``kfp`` (default; adds kfp-kubernetes pod labels and timeouts) and
+``vertex`` (a single-document YAML with no kubernetes platform config, which Vertex AI requires).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfp import dsl
+from kfp.dsl import base_component, graph_component
+
+from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.spec import ProvisioningSpec
+
+TARGETS = ("kfp", "vertex")
+DEFAULT_TRAINER_IMAGE = "ghcr.io/kfp-gpu/trainer:0.1.0"
+_ATTR = "_kfp_gpu"
+UNPROVISIONED = "__kfp_gpu_unprovisioned__"  # spec_json of a train() built without the decorator
+
+
+@dataclass(frozen=True)
+class JobTemplate:
+    """What the PyTorchJob runs. Travels to the train step as JSON."""
+
+    name: str = "train"
+    image: str = DEFAULT_TRAINER_IMAGE
+    command: tuple[str, ...] = ("python", "-m", "pipelines.trainer.train_lm")
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    checkpoint_every: int = 10
+    sim_duration_s: float = 2.0  # local rehearsal only: how long KWOK keeps the pods Running
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
+            raise InvalidSpec("train.name", self.name, "must be a lowercase DNS label like 'finetune'")
+        if not self.command:
+            raise InvalidSpec("train.command", self.command, "must not be empty")
+        if self.checkpoint_every < 1:
+            raise InvalidSpec("train.checkpoint_every", self.checkpoint_every, "must be >= 1 step")
+        if self.sim_duration_s < 0:
+            raise InvalidSpec("train.sim_duration_s", self.sim_duration_s, "must be >= 0 seconds")
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "name": self.name, "image": self.image, "command": list(self.command), "args": list(self.args),
+            "env": dict(self.env), "checkpoint_every": self.checkpoint_every,
+            "sim_duration_s": self.sim_duration_s,
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobTemplate:
+        """Raises: InvalidSpec when ``text`` is not a job template."""
+        try:
+            d = json.loads(text)
+            return cls(
+                name=d["name"], image=d["image"], command=tuple(d["command"]), args=tuple(d.get("args", ())),
+                env=tuple(sorted(dict(d.get("env", {})).items())), checkpoint_every=int(d["checkpoint_every"]),
+                sim_duration_s=float(d.get("sim_duration_s", 2.0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidSpec("job_json", (text or "")[:80], f"is not a kfp-gpu job template ({exc})") from None
+
+
+@dataclass
+class _Context:
+    spec: ProvisioningSpec
+    target: str
+    run_id: str
+    scale_up: dsl.PipelineTask
+    trains: list[dsl.PipelineTask] = field(default_factory=list)
+
+
+_STACK: list[_Context] = []
+
+
+def train(
+    *,
+    name: str = "train",
+    image: str = DEFAULT_TRAINER_IMAGE,
+    command: Sequence[str] = JobTemplate.command,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    dataset: Any = None,
+    after: Sequence[dsl.PipelineTask] = (),
+    checkpoint_every: int = 10,
+    sim_duration_s: float = 2.0,
+) -> dsl.PipelineTask:
+    """Create the PyTorchJob step inside a ``@kfp_gpu.provisioned`` pipeline.
+
+    It depends on burst scale-up and on its data inputs (``dataset`` artifact, ``after`` tasks) only.
+
+    Raises:
+        InvalidSpec: called outside a provisioned pipeline, or a bad job template field.
+    """
+    from kfp.dsl import pipeline_context
+
+    from kfp_gpu import components
+
+    if not _STACK and pipeline_context.Pipeline.get_default_pipeline() is not None:
+        # Being built by a @dsl.pipeline under @kfp_gpu.provisioned: that inner graph is thrown away
+        # and rebuilt by the decorator. Used without the decorator, the step refuses to run.
+        return components.train_pytorchjob(
+            spec_json=UNPROVISIONED, run_id="", capacity_json="", job_json="{}",
+        )
+    if not _STACK:
+        raise InvalidSpec(
+            "kfp_gpu.train", name, "must be called inside a pipeline decorated with @kfp_gpu.provisioned(spec)",
+            remediation="decorate the pipeline function with @kfp_gpu.provisioned(spec)",
+        )
+    ctx = _STACK[-1]
+    job = JobTemplate(
+        name=name, image=image, command=tuple(command), args=tuple(args),
+        env=tuple(sorted((env or {}).items())), checkpoint_every=checkpoint_every, sim_duration_s=sim_duration_s,
+    )
+    kwargs: dict[str, Any] = dict(
+        spec_json=ctx.spec.to_json(), run_id=ctx.run_id, capacity_json=ctx.scale_up.outputs["Output"], job_json=job.to_json(),
+    )
+    if dataset is not None:
+        kwargs["dataset"] = dataset
+    task = components.train_pytorchjob(**kwargs)
+    task.set_display_name(name)
+    task.set_caching_options(False)
+    for t in after:
+        task.after(t)
+    _platform(task, ctx.target, "train")
+    ctx.trains.append(task)
+    return task
+
+
+def provisioned(
+    spec: ProvisioningSpec, *, name: str | None = None, description: str | None = None, target: str = "kfp",
+) -> Callable[[Any], graph_component.GraphComponent]:
+    """Wrap a ``@dsl.pipeline`` (or plain pipeline function) with latency-aware GPU provisioning.
+
+    Raises:
+        InvalidSpec: ``spec`` is not a ProvisioningSpec, the target is unknown, the pipeline returns
+            outputs (an ExitHandler cannot return pipeline outputs), it already uses an ExitHandler, or it
+            never calls ``kfp_gpu.train``.
+    """
+    if not isinstance(spec, ProvisioningSpec):
+        raise InvalidSpec("spec", type(spec).__name__, "must be a kfp_gpu.ProvisioningSpec")
+    if target not in TARGETS:
+        raise InvalidSpec("target", target, f"allowed: {', '.join(TARGETS)}")
+
+    def decorate(pipeline: Any) -> graph_component.GraphComponent:
+        func, pname, pdesc = _unwrap(pipeline)
+        built = build(spec, func, name=name or pname, description=description or pdesc, target=target)
+        setattr(built, _ATTR, (spec, func, name or pname, description or pdesc))
+        return built
+
+    return decorate
+
+
+def build(
+    spec: ProvisioningSpec, func: Callable[..., Any], *, name: str, description: str | None, target: str,
+) -> graph_component.GraphComponent:
+    """Build the provisioned pipeline for one compile target. Raises: InvalidSpec (see provisioned)."""
+    from kfp_gpu import components
+
+    sig = inspect.signature(func)
+    if sig.return_annotation not in (inspect.Signature.empty, None, type(None)):
+        raise InvalidSpec(
+            "pipeline return", sig.return_annotation,
+            "a provisioned pipeline cannot return outputs (KFP ExitHandlers cannot return pipeline outputs)",
+            remediation="write results to artifacts of the final step instead of returning them",
+        )
+
+    def outer(*args: Any) -> None:
+        spec_json, run_id = spec.to_json(), dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        td = components.teardown(spec_json=spec_json, run_id=run_id)
+        td.set_display_name("kfp-gpu teardown").set_caching_options(False)
+        _platform(td, target, "teardown")
+        with dsl.ExitHandler(td, name="kfp-gpu-provisioned"):
+            pf = components.quota_preflight(spec_json=spec_json, run_id=run_id)
+            wp = components.reserve_warm_pool(spec_json=spec_json, run_id=run_id, preflight_json=pf.outputs["Output"])
+            su = components.burst_scale_up(spec_json=spec_json, run_id=run_id, warm_pool_json=wp.outputs["Output"])
+            for task, label in ((pf, "quota preflight"), (wp, "warm pool"), (su, "burst scale-up")):
+                task.set_display_name(f"kfp-gpu {label}").set_caching_options(False)
+                _platform(task, target, label)
+            ctx = _Context(spec, target, run_id, su)
+            with _pushed(ctx):
+                func(*args)
+            if not ctx.trains:
+                raise InvalidSpec(
+                    "pipeline", name, "never calls kfp_gpu.train(...), so nothing would use the GPUs",
+                    remediation="create the training step with kfp_gpu.train(...) inside the pipeline",
+                )
+
+    outer.__signature__ = sig.replace(return_annotation=inspect.Signature.empty)  # type: ignore[attr-defined,unused-ignore]
+    outer.__name__ = func.__name__
+    outer.__doc__ = func.__doc__
+    outer.__annotations__ = {k: v for k, v in func.__annotations__.items() if k != "return"}
+    try:
+        return dsl.pipeline(name=name, description=description)(outer)
+    except InvalidSpec:
+        raise
+    except Exception as exc:
+        if "ExitHandler" in str(exc) or "exit handler" in str(exc).lower():
+            raise InvalidSpec(
+                "pipeline", name, f"already uses an ExitHandler, which KFP allows only at the outermost scope ({exc})",
+                remediation="remove the pipeline's own dsl.ExitHandler; kfp-gpu's teardown is the exit handler",
+            ) from None
+        raise
+
+
+def for_target(pipeline: graph_component.GraphComponent, target: str) -> graph_component.GraphComponent:
+    """The same provisioned pipeline built for another compile target. Raises: InvalidSpec."""
+    info = getattr(pipeline, _ATTR, None)
+    if info is None:
+        raise InvalidSpec("pipeline", getattr(pipeline, "name", pipeline), "is not decorated with @kfp_gpu.provisioned")
+    if target not in TARGETS:
+        raise InvalidSpec("target", target, f"allowed: {', '.join(TARGETS)}")
+    spec, func, name, desc = info
+    built = build(spec, func, name=name, description=desc, target=target)
+    setattr(built, _ATTR, info)
+    return built
+
+
+def spec_of(pipeline: Any) -> ProvisioningSpec | None:
+    info = getattr(pipeline, _ATTR, None)
+    if info is None:
+        return None
+    spec: ProvisioningSpec = info[0]
+    return spec
+
+
+def _unwrap(pipeline: Any) -> tuple[Callable[..., Any], str, str | None]:
+    if isinstance(pipeline, graph_component.GraphComponent):
+        spec = pipeline.component_spec
+        return pipeline.pipeline_func, spec.name, spec.description
+    if isinstance(pipeline, base_component.BaseComponent):
+        raise InvalidSpec("pipeline", pipeline.name, "is a component, not a pipeline function",
+                          remediation="decorate a @dsl.pipeline function")
+    if not callable(pipeline):
+        raise InvalidSpec("pipeline", pipeline, "must be a function")
+    return pipeline, pipeline.__name__.replace("_", "-"), inspect.getdoc(pipeline)
+
+
+@contextlib.contextmanager
+def _pushed(ctx: _Context) -> Iterator[None]:
+    _STACK.append(ctx)
+    try:
+        yield
+    finally:
+        _STACK.pop()
+
+
+def _platform(task: dsl.PipelineTask, target: str, label: str) -> None:
+    """kfp target only: pod labels for the janitor/RBAC; vertex gets no kubernetes platform config."""
+    if target != "kfp":
+        return
+    from kfp import kubernetes
+
+    kubernetes.add_pod_label(task, "kfp-gpu.io/managed", "true")
+    kubernetes.add_pod_label(task, "kfp-gpu.io/component", label.replace(" ", "-"))

@@ -1,0 +1,69 @@
+"""The capacity a scale-up produced: the contract between burst_scale_up and train_pytorchjob."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfp_gpu.errors import InvalidSpec
+
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Placement:
+    pool: str
+    zone: str
+    nodes: tuple[str, ...]  # Node names Ready for this run in that pool/zone
+
+
+@dataclass(frozen=True)
+class Capacity:
+    run_id: str
+    placements: tuple[Placement, ...]
+    gpus_per_node: int
+    accelerator_label: str  # cloud.google.com/gke-accelerator value
+    spot: bool
+    timeline_json: str = ""  # kfp_gpu.timeline.Timeline JSON
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n for p in self.placements for n in p.nodes)
+
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.pool for p in self.placements))
+
+    def node_selector(self) -> dict[str, str]:
+        """Pin the job to the provisioned pool (single-pool gangs) or at least the accelerator."""
+        if len(self.pools) == 1:
+            return {"cloud.google.com/gke-nodepool": self.pools[0]}
+        return {"cloud.google.com/gke-accelerator": self.accelerator_label}
+
+    @staticmethod
+    def tolerations() -> list[dict[str, str]]:
+        return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "run_id": self.run_id,
+            "placements": [{"pool": p.pool, "zone": p.zone, "nodes": list(p.nodes)} for p in self.placements],
+            "gpus_per_node": self.gpus_per_node, "accelerator_label": self.accelerator_label,
+            "spot": self.spot, "timeline": self.timeline_json, "extra": self.extra,
+        }, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Capacity:
+        """Raises: InvalidSpec when ``text`` is not a scale-up output."""
+        try:
+            d = json.loads(text)
+            return cls(
+                run_id=str(d["run_id"]),
+                placements=tuple(Placement(p["pool"], p["zone"], tuple(p["nodes"])) for p in d["placements"]),
+                gpus_per_node=int(d["gpus_per_node"]), accelerator_label=str(d["accelerator_label"]),
+                spot=bool(d["spot"]), timeline_json=str(d.get("timeline", "")), extra=dict(d.get("extra", {})),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidSpec("capacity_json", (text or "")[:80], f"is not a burst_scale_up output ({exc})") from None

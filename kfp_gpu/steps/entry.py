@@ -1,0 +1,108 @@
+"""The one entry point every KFP component calls.
+
+It parses the spec (a malformed spec fails the step with ``InvalidSpec``, not a deep traceback), turns
+SIGTERM/SIGINT into :class:`~kfp_gpu.errors.Cancelled` raised in the step so its ``finally`` blocks clean
+up, writes the HTML report and the metrics, and maps errors to exit codes. A cancelled step never exits 0.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Protocol
+
+from kfp_gpu.errors import Cancelled, InvalidSpec, KfpGpuError
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps.result import StepResult
+
+STEPS: dict[str, str] = {
+    "preflight": "kfp_gpu.steps.preflight_step:run",
+    "warm_pool": "kfp_gpu.steps.warm_pool:run",
+    "scale_up": "kfp_gpu.steps.scale_up:run",
+    "train": "kfp_gpu.steps.train:run",
+    "teardown": "kfp_gpu.steps.teardown:run",
+}
+
+
+class _Metrics(Protocol):
+    def log_metric(self, metric: str, value: float) -> None: ...
+
+
+class _Artifact(Protocol):
+    path: str
+
+
+def resolve(step: str) -> Callable[..., StepResult]:
+    """Raises: InvalidSpec for an unknown step name."""
+    if step not in STEPS:
+        raise InvalidSpec("step", step, f"known steps: {', '.join(STEPS)}")
+    module, func = STEPS[step].split(":")
+    fn: Callable[..., StepResult] = getattr(importlib.import_module(module), func)
+    return fn
+
+
+@contextmanager
+def cancellable(step: str) -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into ``Cancelled`` in the main thread for the duration of the block."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Cancelled(f"step {step} cancelled by signal {signal.Signals(signum).name}",
+                        remediation="nothing to do: the step cleaned up what it had started", signal=signum)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_step(step: str, spec_json: str, run_id: str, upstream_json: str, **kwargs: Any) -> StepResult:
+    """Parse inputs and run one step in-process. Raises: KfpGpuError."""
+    if spec_json == "__kfp_gpu_unprovisioned__":
+        raise InvalidSpec("pipeline", "train()", "this pipeline was compiled without @kfp_gpu.provisioned(spec)",
+                          remediation="decorate the pipeline with @kfp_gpu.provisioned(spec) and recompile")
+    spec = ProvisioningSpec.from_json(spec_json)
+    if not run_id:
+        raise InvalidSpec("run_id", run_id, "must be the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+    fn = resolve(step)
+    with cancellable(step):
+        return fn(spec, run_id, upstream_json, **kwargs)
+
+
+def run_component(
+    step: str, spec_json: str, run_id: str, upstream_json: str, *,
+    report: _Artifact | None = None, metrics: _Metrics | None = None, **kwargs: Any,
+) -> str:
+    """Component body: run the step, publish its report and metrics, exit non-zero on error."""
+    try:
+        result = run_step(step, spec_json, run_id, upstream_json, **kwargs)
+    except KfpGpuError as err:
+        print(f"kfp-gpu {step} failed: {err}", file=sys.stderr)
+        print(json.dumps({"error": err.to_dict()}), file=sys.stderr)
+        if report is not None:
+            _write(report.path, _page(f"kfp-gpu {step}: failed", f"{err}"))
+        raise SystemExit(err.exit_code) from None
+    print(result.markdown)
+    if report is not None:
+        _write(report.path, result.html or _page(f"kfp-gpu {step}", result.markdown))
+    if metrics is not None:
+        for key, value in sorted(result.metrics.items()):
+            metrics.log_metric(key, float(value))
+    return result.output_json
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            f"<body><h1>{html.escape(title)}</h1><pre>{html.escape(body)}</pre></body></html>")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
