@@ -21,7 +21,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .versions import Versions, binary_path, cache_dir
+from .versions import Versions, binary_path, cache_dir, share_dir
+
+# Files copied from upstream module sources into <cache>/share/<name>-<version>/
+# so that `up` needs no Go toolchain or module cache.
+SHARED_FILES = {
+    "training-operator": (
+        "manifests/base/crds/kubeflow.org_pytorchjobs.yaml",
+        "manifests/base/webhook/manifests.yaml",
+    ),
+}
 
 
 class BuildError(RuntimeError):
@@ -121,6 +130,7 @@ def _staging_version(t: Target) -> str:
 def build_target(t: Target, log: Path) -> Path:
     out = binary_path(t.name, t.version)
     if out.exists():
+        ensure_shared(t, log)
         print(f"[build] {t.name} {t.version}: cached at {out}", flush=True)
         return out
     work = cache_dir() / "build" / f"{t.module.replace('/', '_')}-{t.version}"
@@ -146,8 +156,30 @@ def build_target(t: Target, log: Path) -> Path:
         cmd += ["-tags", ",".join(t.tags)]
     _run([*cmd, t.package], work, log)
     tmp.rename(out)
+    _copy_shared(t, work, log)
     print(f"[build] {t.name} {t.version}: done in {time.monotonic() - t0:.0f}s -> {out}", flush=True)
     return out
+
+
+def _copy_shared(t: Target, work: Path, log: Path) -> None:
+    files = SHARED_FILES.get(t.name, ())
+    if not files:
+        return
+    src = _gomodcache(work, log) / f"{_escape(t.module)}@{t.version}"
+    dst = share_dir(t.name, t.version)
+    for rel in files:
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dst / rel)
+
+
+def ensure_shared(t: Target, log: Path) -> None:
+    """Copy shared files even when the binary was already cached."""
+    if all((share_dir(t.name, t.version) / rel).exists() for rel in SHARED_FILES.get(t.name, ())):
+        return
+    work = cache_dir() / "build" / f"{t.module.replace('/', '_')}-{t.version}"
+    work.mkdir(parents=True, exist_ok=True)
+    _run(["go", "mod", "download", f"{t.module}@{t.version}"], work, log)
+    _copy_shared(t, work, log)
 
 
 _ALL: list[Target] = []

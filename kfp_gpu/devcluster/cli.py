@@ -12,7 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build the binaries into the cache (skips present ones)")
     b.add_argument("--with-autoscaler", action="store_true", help="also build cluster-autoscaler (-tags kwok)")
     sub.add_parser("up", help="boot the cluster (idempotent)")
-    sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
+    d = sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
+    d.add_argument("--purge", action="store_true", help="also delete the etcd data (cluster state)")
     sub.add_parser("status", help="print component status")
     args = p.parse_args(argv)
     if args.cmd == "build":
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "up":
         return boot.main_up()
     if args.cmd == "down":
-        return boot.main_down()
+        return boot.main_down(purge=args.purge)
     return boot.main_status()
 
 

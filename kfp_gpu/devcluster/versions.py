@@ -19,6 +19,11 @@ def bin_dir() -> Path:
     return cache_dir() / "bin"
 
 
+def share_dir(name: str, version: str) -> Path:
+    """Non-binary artifacts copied out of a module at build time (CRDs, manifests)."""
+    return cache_dir() / "share" / f"{name}-{version}"
+
+
 def cluster_dir() -> Path:
     return cache_dir() / "cluster"
 

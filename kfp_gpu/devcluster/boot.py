@@ -1,0 +1,298 @@
+"""Boot / stop / inspect the local control plane (``up``, ``down``, ``status``).
+
+Order: etcd -> kube-apiserver -> kube-controller-manager, kube-scheduler ->
+(CRDs + webhook plumbing) -> KWOK -> Training Operator v1.  Every listener is on
+127.0.0.1 except the Training Operator's webhook server, whose bind host is not
+configurable upstream (port only).  State, logs, pid files, PKI and the admin
+kubeconfig live in ``${KFP_GPU_CACHE:-~/.cache/kfp-gpu}/cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import crds, procs
+from .certs import ensure_pki
+from .procs import BootError
+from .versions import Versions, binaries, cluster_dir, share_dir
+
+STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
+WEBHOOK_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # hard-coded in training-operator v1.9
+
+# name -> (env var, default). Override e.g. KFP_GPU_APISERVER_PORT=26443.
+PORT_DEFAULTS: dict[str, tuple[str, int]] = {
+    "etcd": ("KFP_GPU_ETCD_PORT", 23790),
+    "etcd-peer": ("KFP_GPU_ETCD_PEER_PORT", 23800),
+    "apiserver": ("KFP_GPU_APISERVER_PORT", 16443),
+    "controller-manager": ("KFP_GPU_CONTROLLER_MANAGER_PORT", 16257),
+    "scheduler": ("KFP_GPU_SCHEDULER_PORT", 16259),
+    "kwok": ("KFP_GPU_KWOK_PORT", 16247),
+    "operator-metrics": ("KFP_GPU_OPERATOR_METRICS_PORT", 16080),
+    "operator-probe": ("KFP_GPU_OPERATOR_PROBE_PORT", 16081),
+    "operator-webhook": ("KFP_GPU_OPERATOR_WEBHOOK_PORT", 19443),
+}
+
+
+def ports() -> dict[str, int]:
+    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORT_DEFAULTS.items()}
+
+
+def kubeconfig_path() -> Path:
+    return cluster_dir() / "kubeconfig"
+
+
+@dataclass
+class Ctx:
+    state: Path
+    pki: Path
+    bins: dict[str, Path]
+    ports: dict[str, int]
+    versions: Versions
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    port_keys: tuple[str, ...]
+    argv: Callable[[Ctx], list[str]]
+    healthy: Callable[[Ctx], bool]
+    timeout: float = 60.0
+
+
+def _etcd(c: Ctx) -> list[str]:
+    url, peer = f"http://127.0.0.1:{c.ports['etcd']}", f"http://127.0.0.1:{c.ports['etcd-peer']}"
+    return [str(c.bins["etcd"]), "--name=kfp-gpu", f"--data-dir={c.state / 'etcd'}",
+            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
+            f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=kfp-gpu={peer}", "--unsafe-no-fsync", "--log-level=warn",
+            "--quota-backend-bytes=8589934592"]
+
+
+def _apiserver(c: Ctx) -> list[str]:
+    p = c.pki
+    return [str(c.bins["kube-apiserver"]), f"--etcd-servers=http://127.0.0.1:{c.ports['etcd']}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={c.ports['apiserver']}",
+            f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}", "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
+            "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500", "--event-ttl=1h", "--v=1"]
+
+
+def _component_auth(c: Ctx, name: str) -> list[str]:
+    kc = str(c.kubeconfig)
+    return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={c.ports[name]}", "--leader-elect=false", "--v=1"]
+
+
+def _controller_manager(c: Ctx) -> list[str]:
+    return [str(c.bins["kube-controller-manager"]), *_component_auth(c, "controller-manager"),
+            f"--service-account-private-key-file={c.pki / 'sa.key'}", f"--root-ca-file={c.pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={c.pki / 'ca.crt'}", f"--cluster-signing-key-file={c.pki / 'ca.key'}",
+            "--node-monitor-period=2s", "--kube-api-qps=200", "--kube-api-burst=400",
+            "--concurrent-gc-syncs=20", "--concurrent-job-syncs=10"]
+
+
+def _scheduler(c: Ctx) -> list[str]:
+    return [str(c.bins["kube-scheduler"]), *_component_auth(c, "scheduler"),
+            "--kube-api-qps=200", "--kube-api-burst=400"]
+
+
+def _kwok(c: Ctx) -> list[str]:
+    return [str(c.bins["kwok"]), f"--kubeconfig={c.kubeconfig}", f"--config={STAGES_FILE}",
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--cidr=10.240.0.1/12", "--node-ip=10.239.0.1", f"--server-address=127.0.0.1:{c.ports['kwok']}"]
+
+
+def _operator(c: Ctx) -> list[str]:
+    return [str(c.bins["training-operator"]), f"--kubeconfig={c.kubeconfig}", "--enable-scheme=pytorchjob",
+            f"--metrics-bind-address=127.0.0.1:{c.ports['operator-metrics']}",
+            f"--health-probe-bind-address=127.0.0.1:{c.ports['operator-probe']}",
+            f"--webhook-server-port={c.ports['operator-webhook']}", "--leader-elect=false",
+            "--controller-threads=4", "--kube-api-qps=100", "--kube-api-burst=200"]
+
+
+def _https(port_key: str, path: str) -> Callable[[Ctx], bool]:
+    return lambda c: procs.http_ok(f"https://127.0.0.1:{c.ports[port_key]}{path}", procs.insecure_ctx())
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("etcd", ("etcd", "etcd-peer"), _etcd,
+              lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['etcd']}/health")),
+    Component("kube-apiserver", ("apiserver",), _apiserver,
+              lambda c: procs.http_ok(f"https://127.0.0.1:{c.ports['apiserver']}/readyz", procs.client_ctx(c.pki)),
+              timeout=120.0),
+    Component("kube-controller-manager", ("controller-manager",), _controller_manager,
+              _https("controller-manager", "/healthz")),
+    Component("kube-scheduler", ("scheduler",), _scheduler, _https("scheduler", "/healthz")),
+    Component("kwok", ("kwok",), _kwok, lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['kwok']}/healthz")),
+    Component("training-operator", ("operator-metrics", "operator-probe", "operator-webhook"), _operator,
+              lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['operator-probe']}/readyz"), timeout=90.0),
+)
+
+
+def write_kubeconfig(c: Ctx) -> None:
+    p = c.pki
+    kc = f"""apiVersion: v1
+kind: Config
+clusters:
+- name: kfp-gpu
+  cluster:
+    server: https://127.0.0.1:{c.ports['apiserver']}
+    certificate-authority: {p / 'ca.crt'}
+users:
+- name: kfp-gpu-admin
+  user:
+    client-certificate: {p / 'admin.crt'}
+    client-key: {p / 'admin.key'}
+contexts:
+- name: kfp-gpu
+  context: {{cluster: kfp-gpu, user: kfp-gpu-admin}}
+current-context: kfp-gpu
+"""
+    c.kubeconfig.write_text(kc)
+
+
+def _ctx() -> Ctx:
+    v = Versions.load()
+    state = cluster_dir()
+    return Ctx(state=state, pki=state / "pki", bins=binaries(v), ports=ports(), versions=v)
+
+
+def _check_binaries(c: Ctx) -> None:
+    missing = [str(b) for b in c.bins.values() if not b.exists()]
+    if missing:
+        raise BootError("missing binaries (run `python -m kfp_gpu.devcluster build`):\n  " + "\n  ".join(missing))
+
+
+def _check_ports_consistent(c: Ctx) -> None:
+    f = c.state / "state.json"
+    if not f.exists():
+        return
+    old = json.loads(f.read_text()).get("ports", {})
+    if old and old != c.ports and any(procs.running_pid(c.state, x.name, c.bins[x.name]) for x in COMPONENTS):
+        raise BootError(f"a cluster is already running with ports {old}; run `down` before changing ports")
+
+
+def _ensure(c: Ctx, comp: Component) -> str:
+    """Start ``comp`` unless our instance is already running and healthy."""
+    binary, log = c.bins[comp.name], c.state / f"{comp.name}.log"
+    pid = procs.running_pid(c.state, comp.name, binary)
+    if pid is not None:
+        try:
+            procs.wait_for(comp.name, lambda: comp.healthy(c), timeout=10.0)
+            return "running"
+        except BootError:
+            print(f"[up] {comp.name} (pid {pid}) is unhealthy; restarting it", flush=True)
+            procs.stop(c.state, comp.name, binary)
+    else:
+        procs.pid_file(c.state, comp.name).unlink(missing_ok=True)
+    procs.check_ports_free(comp.name, [c.ports[k] for k in comp.port_keys])
+    new_pid = procs.start(c.state, comp.name, comp.argv(c))
+    procs.wait_for(comp.name, lambda: comp.healthy(c), comp.timeout, log,
+                   alive=lambda: procs.running_pid(c.state, comp.name, binary) == new_pid)
+    return "started"
+
+
+def _prepare_webhook_certs(c: Ctx) -> None:
+    WEBHOOK_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
+        shutil.copyfile(c.pki / src, WEBHOOK_CERT_DIR / dst)
+
+
+def _wait_default_sa(c: Ctx, timeout: float = 60.0) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(crds.api_client(c.kubeconfig))
+
+    def ok() -> bool:
+        try:
+            core.read_namespaced_service_account("default", "default")
+            return True
+        except ApiException:
+            return False
+
+    procs.wait_for("default serviceaccount", ok, timeout, c.state / "kube-controller-manager.log")
+
+
+def up() -> Ctx:
+    t0 = time.monotonic()
+    c = _ctx()
+    _check_binaries(c)
+    c.state.mkdir(parents=True, exist_ok=True)
+    _check_ports_consistent(c)
+    ensure_pki(c.pki)
+    write_kubeconfig(c)
+    _prepare_webhook_certs(c)
+    status: dict[str, str] = {}
+    for comp in COMPONENTS:
+        if comp.name == "kwok":  # CRDs + webhook plumbing must exist before the operator starts
+            api = crds.api_client(c.kubeconfig)
+            crds.install(api, share_dir("training-operator", c.versions.training_operator), c.pki,
+                         c.ports["operator-webhook"])
+        status[comp.name] = _ensure(c, comp)
+        print(f"[up] {comp.name}: {status[comp.name]} ({time.monotonic() - t0:.1f}s)", flush=True)
+    _wait_default_sa(c)
+    (c.state / "state.json").write_text(json.dumps(
+        {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
+         "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))
+    print(f"[up] cluster ready in {time.monotonic() - t0:.1f}s; KUBECONFIG={c.kubeconfig}", flush=True)
+    return c
+
+
+def down(purge: bool = False) -> None:
+    c = _ctx()
+    for comp in reversed(COMPONENTS):
+        if procs.stop(c.state, comp.name, c.bins[comp.name]):
+            print(f"[down] stopped {comp.name}", flush=True)
+    if purge:
+        shutil.rmtree(c.state / "etcd", ignore_errors=True)
+        (c.state / "state.json").unlink(missing_ok=True)
+        print("[down] purged etcd data", flush=True)
+
+
+def status() -> dict[str, str]:
+    c = _ctx()
+    out: dict[str, str] = {}
+    for comp in COMPONENTS:
+        pid = procs.running_pid(c.state, comp.name, c.bins[comp.name])
+        if pid is None:
+            out[comp.name] = "stopped"
+        else:
+            out[comp.name] = f"running pid={pid} " + ("healthy" if comp.healthy(c) else "UNHEALTHY")
+    return out
+
+
+def main_up() -> int:
+    try:
+        up()
+    except BootError as e:
+        print(f"[up] FAILED: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def main_down(purge: bool = False) -> int:
+    down(purge)
+    return 0
+
+
+def main_status() -> int:
+    st = status()
+    for k, v in st.items():
+        print(f"{k:26s} {v}")
+    print(f"kubeconfig: {kubeconfig_path()}")
+    return 0 if all("healthy" in v and "UNHEALTHY" not in v for v in st.values()) else 1
