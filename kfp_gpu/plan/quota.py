@@ -1,0 +1,156 @@
+"""Quota arithmetic: what a spec needs, per metric, compared with provider quota rows.
+
+GCP quotas count GPUs: the regional metric (``NVIDIA_A100_80GB_GPUS``; ``PREEMPTIBLE_*`` for spot,
+falling back to the standard metric when no preemptible row exists, as GCP does), the Cloud Quotas
+GPU-family quota where Compute omits the metric (H100/H200), and the project-wide
+``GPUS_ALL_REGIONS``. AWS quotas count **vCPUs** of running instances per family (P or G, on-demand
+or spot), so the need is ``nodes * instance vCPUs``.
+
+A quota row that is missing or ``status="unknown"`` yields an UNKNOWN verdict: never "ok".
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kfp_gpu import accelerators
+from kfp_gpu.providers.base import QuotaAmount
+from kfp_gpu.spec import ProvisioningSpec, TargetKind
+
+
+class Verdict(str, enum.Enum):
+    FITS = "fits"
+    UNKNOWN = "unknown"
+    SHORT = "short"
+
+
+_ORDER = {Verdict.FITS: 0, Verdict.UNKNOWN: 1, Verdict.SHORT: 2}
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict:
+    """SHORT beats UNKNOWN beats FITS; an empty set is UNKNOWN (nothing was checked)."""
+    vs = list(verdicts)
+    return max(vs, key=_ORDER.__getitem__) if vs else Verdict.UNKNOWN
+
+
+def verdict_rank(v: Verdict) -> int:
+    return _ORDER[v]
+
+
+@dataclass(frozen=True)
+class Need:
+    """An amount the run needs of one quota. ``metrics`` are alternative names, preferred first."""
+
+    metrics: tuple[str, ...]
+    location: str  # region or "global"
+    amount: float
+    unit: str  # "gpus" | "vcpus"
+
+    @property
+    def metric(self) -> str:
+        return self.metrics[0]
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    """One need compared with one quota row."""
+
+    metric: str
+    location: str
+    unit: str
+    needed: float
+    verdict: Verdict
+    limit: float | None = None
+    usage: float | None = None
+    free: float | None = None
+    reason: str = ""
+    raise_path: str = ""
+    lead_time_days: float = 0.0
+
+    @property
+    def short_by(self) -> float:
+        if self.verdict is not Verdict.SHORT or self.free is None:
+            return 0.0
+        return max(0.0, self.needed - self.free)
+
+    @property
+    def headroom(self) -> float | None:
+        """(free - needed) / needed; None when unknown."""
+        if self.free is None or self.needed <= 0:
+            return None
+        return (self.free - self.needed) / self.needed
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["verdict"] = self.verdict.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuotaCheck:
+        return cls(**{**d, "verdict": Verdict(d["verdict"])})
+
+
+def needs(spec: ProvisioningSpec, region: str) -> list[Need]:
+    """Quota needs of ``spec`` if placed in ``region``.
+
+    Raises: InvalidSpec when the accelerator has no machine shape with ``spec.gpus_per_node``.
+    """
+    acc = accelerators.get(spec.accelerator)
+    if spec.target.kind is TargetKind.EKS:
+        shape = acc.aws_instance_for(spec.gpus_per_node)
+        code = acc.aws_quota_spot if spec.spot else acc.aws_quota_on_demand
+        return [Need((code,), region, float(spec.nodes * shape.vcpus), "vcpus")]
+    gpus = float(spec.total_gpus)
+    regional: tuple[str, ...] = (acc.gcp_quota_metric,)
+    if spec.spot:
+        regional = (acc.gcp_preemptible_metric, acc.gcp_quota_metric)
+    if acc.gcp_gpu_family:
+        regional += (acc.gcp_gpu_family, accelerators.GCP_GPU_FAMILY_QUOTA_ID)
+    return [
+        Need(regional, region, gpus, "gpus"),
+        Need((accelerators.GCP_ALL_REGIONS_METRIC,), "global", gpus, "gpus"),
+    ]
+
+
+def _row_for(need: Need, rows: Sequence[QuotaAmount]) -> QuotaAmount | None:
+    for metric in need.metrics:
+        matches = [r for r in rows if r.metric == metric and r.location == need.location]
+        if matches:
+            known = [r for r in matches if r.free is not None]
+            if known:
+                return min(known, key=lambda r: r.free if r.free is not None else 0.0)
+            return matches[0]
+    return None
+
+
+def check(need: Need, rows: Sequence[QuotaAmount]) -> QuotaCheck:
+    """Compare one need with the rows the provider returned."""
+    row = _row_for(need, rows)
+    if row is None:
+        return QuotaCheck(
+            need.metric, need.location, need.unit, need.amount, Verdict.UNKNOWN,
+            reason=f"no quota row for {' / '.join(need.metrics)} in {need.location} was returned",
+        )
+    free = row.free
+    if free is None:
+        return QuotaCheck(
+            row.metric, need.location, need.unit, need.amount, Verdict.UNKNOWN, row.limit, row.usage,
+            None, row.reason or "quota could not be read", row.raise_path, row.lead_time_days,
+        )
+    verdict = Verdict.FITS if free >= need.amount else Verdict.SHORT
+    reason = "" if verdict is Verdict.FITS else f"short by {need.amount - free:g} {need.unit}"
+    return QuotaCheck(
+        row.metric, need.location, need.unit, need.amount, verdict, row.limit, row.usage, free,
+        reason, row.raise_path, row.lead_time_days,
+    )
+
+
+def evaluate(spec: ProvisioningSpec, region: str, rows: Sequence[QuotaAmount]) -> list[QuotaCheck]:
+    """Every need of ``spec`` in ``region`` checked against ``rows``.
+
+    Raises: InvalidSpec (see :func:`needs`).
+    """
+    return [check(n, rows) for n in needs(spec, region)]
