@@ -1,0 +1,340 @@
+"""The stand-in's world as a validated YAML scenario.
+
+A scenario names one project and one GKE cluster, the regions/zones it may use, the GPU node
+pools (one zone each), quota limits and usage, boot-latency distributions, stockout windows,
+injected API faults, preemption events and a simulated API round-trip time. Every validation
+failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the offending field, e.g.
+``pools[2].boot.median_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec
+
+_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class BootLatency:
+    """Seconds from Node registration to Ready. ``dist`` is ``fixed`` or ``lognormal``."""
+
+    dist: str = "fixed"
+    median_s: float = 1.0
+    sigma: float = 0.0
+    seed: int = 0
+
+    def sampler(self) -> random.Random:
+        return random.Random(self.seed)
+
+    def sample(self, rng: random.Random) -> float:
+        if self.dist == "fixed":
+            return self.median_s
+        return self.median_s * math.exp(rng.gauss(0.0, self.sigma))
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    zone: str
+    accelerator: str  # catalog name
+    gpus_per_node: int = 8
+    spot: bool = False
+    max_nodes: int = 16
+    initial_size: int = 0
+    machine_type: str = ""  # derived from the catalog when empty
+    boot: BootLatency = field(default_factory=BootLatency)
+
+    @property
+    def region(self) -> str:
+        m = _ZONE_RE.match(self.zone)
+        return m.group(1) if m else ""
+
+    @property
+    def quota_metric(self) -> str:
+        acc = accelerators.get(self.accelerator)
+        return acc.gcp_preemptible_metric if self.spot else acc.gcp_quota_metric
+
+
+@dataclass(frozen=True)
+class QuotaSpec:
+    limit: float
+    usage: float = 0.0  # consumed by things outside the simulated cluster
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    zones: tuple[str, ...]
+    quotas: dict[str, QuotaSpec] = field(default_factory=dict)  # Compute regional metrics
+    gpu_families: dict[str, float] = field(default_factory=dict)  # Cloud Quotas gpu_family -> limit
+
+
+@dataclass(frozen=True)
+class Stockout:
+    """``zone`` has no stock between ``start_s`` and ``end_s`` (seconds since server start)."""
+
+    zone: str
+    start_s: float = 0.0
+    end_s: float | None = None  # None = forever ("always")
+    accelerator: str = ""  # empty = every accelerator
+    with_details: bool = False  # use ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS
+
+    def active(self, t: float, accelerator: str) -> bool:
+        if self.accelerator and self.accelerator != accelerator:
+            return False
+        return self.start_s <= t and (self.end_s is None or t < self.end_s)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first ``count`` requests whose path matches ``path`` (regex, searched) fail with ``status``."""
+
+    path: str
+    status: int = 429
+    count: int = 1
+    method: str = ""  # empty = any method
+    reason: str = ""  # errors[].reason override
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PreemptionEvent:
+    at_s: float
+    pool: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Scenario:
+    project: str = "local-project"
+    cluster: str = "kfp-gpu-local"
+    regions: dict[str, RegionSpec] = field(default_factory=dict)
+    global_quotas: dict[str, QuotaSpec] = field(default_factory=dict)
+    pools: tuple[PoolSpec, ...] = ()
+    stockouts: tuple[Stockout, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    preemptions: tuple[PreemptionEvent, ...] = ()
+    api_latency_ms: float = 0.0
+    node_create_workers: int = 32
+
+    def pool(self, name: str) -> PoolSpec:
+        """Raises: KeyError for an unknown pool."""
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def load(path: str | Path | None = None) -> Scenario:
+    """Load and validate a scenario file; ``None`` loads the bundled ``default.yaml``.
+
+    Raises:
+        InvalidSpec: the file is missing, not YAML, or fails validation (naming the field).
+    """
+    if path is None:
+        text = resources.files("kfp_gpu.sim").joinpath("scenarios/default.yaml").read_text()
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InvalidSpec("scenario", str(path), f"cannot be read ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec("scenario", str(path), f"is not valid YAML ({exc})") from None
+    return from_dict(data or {})
+
+
+def from_dict(data: Any) -> Scenario:
+    """Build a validated :class:`Scenario` from plain data.
+
+    Raises:
+        InvalidSpec: naming the offending field (``pools[1].zone``, ``regions.us-east1.quotas.X``...).
+    """
+    d = _obj(data, "scenario", {
+        "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
+        "preemptions", "api_latency_ms", "node_create_workers",
+    })
+    regions = {
+        str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
+    }
+    gq = {str(k): _quota(v, f"global_quotas.{k}") for k, v in _obj(d.get("global_quotas", {}), "global_quotas").items()}
+    pools = tuple(_pool(p, f"pools[{i}]", regions) for i, p in enumerate(_list(d.get("pools", []), "pools")))
+    names = [p.name for p in pools]
+    for n in names:
+        if names.count(n) > 1:
+            raise InvalidSpec("pools.name", n, "pool names must be unique")
+    zones = {z for r in regions.values() for z in r.zones}
+    stockouts = []
+    for i, s in enumerate(_list(d.get("stockouts", []), "stockouts")):
+        f = f"stockouts[{i}]"
+        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details"})
+        zone = str(so.get("zone", ""))
+        if zone not in zones:
+            raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; known: {sorted(zones)}")
+        start, end = _num(so.get("start_s", 0.0), f"{f}.start_s", 0.0), so.get("end_s")
+        if so.get("window", "") == "always":
+            start, end = 0.0, None
+        elif so.get("window") not in (None, "always"):
+            raise InvalidSpec(f"{f}.window", so.get("window"), "only 'always' is allowed (or use start_s/end_s)")
+        end_f = None if end is None else _num(end, f"{f}.end_s", start)
+        acc = str(so.get("accelerator", ""))
+        if acc:
+            acc = accelerators.get(acc).name
+        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False))))
+    faults = []
+    for i, x in enumerate(_list(d.get("faults", []), "faults")):
+        f = f"faults[{i}]"
+        fo = _obj(x, f, {"path", "status", "count", "method", "reason", "message"})
+        try:
+            re.compile(str(fo.get("path", "")))
+        except re.error as exc:
+            raise InvalidSpec(f"{f}.path", fo.get("path"), f"not a regex ({exc})") from None
+        status = int(_num(fo.get("status", 429), f"{f}.status", 400))
+        if status > 599:
+            raise InvalidSpec(f"{f}.status", status, "must be an HTTP error status 400..599")
+        faults.append(Fault(
+            str(fo.get("path", "")), status, int(_num(fo.get("count", 1), f"{f}.count", 0)),
+            str(fo.get("method", "")).upper(), str(fo.get("reason", "")), str(fo.get("message", "")),
+        ))
+    events = []
+    for i, x in enumerate(_list(d.get("preemptions", []), "preemptions")):
+        f = f"preemptions[{i}]"
+        eo = _obj(x, f, {"at_s", "pool", "count"})
+        if eo.get("pool") not in names:
+            raise InvalidSpec(f"{f}.pool", eo.get("pool"), f"unknown pool; known: {names}")
+        events.append(PreemptionEvent(
+            _num(eo.get("at_s", 0.0), f"{f}.at_s", 0.0), str(eo["pool"]),
+            int(_num(eo.get("count", 1), f"{f}.count", 1)),
+        ))
+    sc = Scenario(
+        project=str(d.get("project", "local-project")), cluster=str(d.get("cluster", "kfp-gpu-local")),
+        regions=regions, global_quotas=gq, pools=pools, stockouts=tuple(stockouts), faults=tuple(faults),
+        preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
+        node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
+    )
+    _check_quota_usage(sc)
+    return sc
+
+
+def _region(name: str, data: Any) -> RegionSpec:
+    f = f"regions.{name}"
+    r = _obj(data, f, {"zones", "quotas", "gpu_families"})
+    zones = tuple(str(z) for z in _list(r.get("zones", []), f"{f}.zones"))
+    for z in zones:
+        m = _ZONE_RE.match(z)
+        if not m or m.group(1) != name:
+            raise InvalidSpec(f"{f}.zones", z, f"must be a zone of region {name} (e.g. {name}-a)")
+    quotas = {str(k): _quota(v, f"{f}.quotas.{k}") for k, v in _obj(r.get("quotas", {}), f"{f}.quotas").items()}
+    fams = {
+        str(k): _num(v, f"{f}.gpu_families.{k}", 0.0)
+        for k, v in _obj(r.get("gpu_families", {}), f"{f}.gpu_families").items()
+    }
+    return RegionSpec(name, zones, quotas, fams)
+
+
+def _quota(data: Any, f: str) -> QuotaSpec:
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return QuotaSpec(_num(data, f"{f}.limit", 0.0))
+    q = _obj(data, f, {"limit", "usage"})
+    limit = _num(q.get("limit"), f"{f}.limit", 0.0)
+    usage = _num(q.get("usage", 0.0), f"{f}.usage", 0.0)
+    if usage > limit:
+        raise InvalidSpec(f"{f}.limit", limit, f"quota limit is below its usage ({usage:g})")
+    return QuotaSpec(limit, usage)
+
+
+def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
+    p = _obj(data, f, {
+        "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
+        "machine_type", "boot",
+    })
+    name = str(p.get("name", ""))
+    if not _NAME_RE.match(name):
+        raise InvalidSpec(f"{f}.name", name, "must be a lowercase RFC 1035 label of at most 40 chars")
+    zone = str(p.get("zone", ""))
+    known = sorted(z for r in regions.values() for z in r.zones)
+    if zone not in known:
+        raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; the scenario's regions have {known}")
+    try:
+        acc = accelerators.get(str(p.get("accelerator", "")))
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"{f}.accelerator", p.get("accelerator"), exc.fields["allowed"]) from None
+    gpus = int(_num(p.get("gpus_per_node", 8), f"{f}.gpus_per_node", 1))
+    try:
+        machine = acc.gce_machine_for(gpus).name
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"{f}.gpus_per_node", gpus, exc.fields["allowed"]) from None
+    max_nodes = int(_num(p.get("max_nodes", 16), f"{f}.max_nodes", 0))
+    initial = int(_num(p.get("initial_size", 0), f"{f}.initial_size", 0))
+    if initial > max_nodes:
+        raise InvalidSpec(f"{f}.initial_size", initial, f"must be <= max_nodes ({max_nodes})")
+    return PoolSpec(
+        name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
+        str(p.get("machine_type") or machine), _boot(p.get("boot", {}), f"{f}.boot"),
+    )
+
+
+def _boot(data: Any, f: str) -> BootLatency:
+    b = _obj(data, f, {"dist", "median_s", "sigma", "seed", "value_s"})
+    dist = str(b.get("dist", "fixed"))
+    if dist not in ("fixed", "lognormal"):
+        raise InvalidSpec(f"{f}.dist", dist, "allowed: 'fixed', 'lognormal'")
+    median = _num(b.get("median_s", b.get("value_s", 1.0)), f"{f}.median_s", 0.0)
+    sigma = _num(b.get("sigma", 0.0), f"{f}.sigma", 0.0)
+    return BootLatency(dist, median, sigma, int(_num(b.get("seed", 0), f"{f}.seed", 0)))
+
+
+def _check_quota_usage(sc: Scenario) -> None:
+    """Initial pool sizes must fit into the quotas the scenario declares."""
+    for rname, region in sc.regions.items():
+        for metric, q in region.quotas.items():
+            used = q.usage + sum(
+                p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric
+            )
+            if used > q.limit:
+                raise InvalidSpec(
+                    f"regions.{rname}.quotas.{metric}.limit", q.limit,
+                    f"below the usage of the initial pool sizes ({used:g} GPUs)",
+                )
+    for metric, q in sc.global_quotas.items():
+        if metric == accelerators.GCP_ALL_REGIONS_METRIC:
+            used = q.usage + sum(p.initial_size * p.gpus_per_node for p in sc.pools)
+            if used > q.limit:
+                raise InvalidSpec(f"global_quotas.{metric}.limit", q.limit, f"below initial usage ({used:g} GPUs)")
+
+
+def _obj(data: Any, f: str, keys: set[str] | None = None) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise InvalidSpec(f, data, "must be a mapping")
+    if keys is not None:
+        for k in data:
+            if k not in keys:
+                raise InvalidSpec(f"{f}.{k}", data[k], f"unknown field; known: {', '.join(sorted(keys))}")
+    return data
+
+
+def _list(data: Any, f: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise InvalidSpec(f, data, "must be a list")
+    return data
+
+
+def _num(value: Any, f: str, lo: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSpec(f, value, f"must be a number >= {lo:g}")
+    if value < lo:
+        raise InvalidSpec(f, value, f"must be >= {lo:g}")
+    return float(value)

@@ -1,0 +1,217 @@
+"""The threaded HTTP server and its Python API.
+
+    sim = SimServer(scenario_or_path, kubeconfig=None, port=0)
+    url = sim.start()          # "http://127.0.0.1:PORT"; pass as api_endpoint to the google clients
+    sim.preempt("gke-...")     # or POST /sim/v1/preempt
+    sim.stop()
+
+Without a kubeconfig nodes live only in memory (pure HTTP tests); with one, setSize creates KWOK
+Node objects in that cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from kfp_gpu.sim import routes
+from kfp_gpu.sim import scenario as scenario_mod
+from kfp_gpu.sim.scenario import Scenario
+from kfp_gpu.sim.shapes import SimHttpError, http_error
+from kfp_gpu.sim.state import NodeBackend, SimState
+
+log = logging.getLogger(__name__)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._dispatch("PATCH")
+
+    def _dispatch(self, method: str) -> None:
+        sim = self.server.sim
+        parsed = urllib.parse.urlsplit(self.path)
+        path = urllib.parse.unquote(parsed.path)
+        query = {k: v[-1] for k, v in urllib.parse.parse_qs(parsed.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not path.startswith("/sim/") and sim.state.scenario.api_latency_ms:
+            time.sleep(sim.state.scenario.api_latency_ms / 1000.0)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+            status, payload = sim.handle(method, path, query, body if isinstance(body, dict) else {})
+        except SimHttpError as exc:
+            status, payload = exc.status, exc.body
+        except ValueError as exc:
+            status, payload = 400, http_error(400, f"Invalid JSON payload received. {exc}").body
+        except Exception as exc:  # noqa: BLE001 - a stand-in bug must still answer, as a 500
+            log.exception("sim: %s %s failed", method, path)
+            status, payload = 500, http_error(500, f"stand-in internal error: {exc!r}").body
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 256
+
+    def __init__(self, addr: tuple[str, int], sim: SimServer) -> None:
+        super().__init__(addr, _Handler)
+        self.sim = sim
+
+
+class SimServer:
+    """The GKE/Compute/Cloud Quotas stand-in.
+
+    Args:
+        scenario: a :class:`Scenario`, a path to a YAML scenario, or None for the bundled default.
+        kubeconfig: path of the cluster whose Nodes setSize drives; None keeps nodes in memory.
+        port: 0 picks a free port.
+        backend: an explicit node backend (overrides ``kubeconfig``).
+
+    Raises:
+        InvalidSpec: the scenario does not validate.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario | str | Path | None = None,
+        kubeconfig: str | Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        backend: NodeBackend | None = None,
+    ) -> None:
+        self.scenario = scenario if isinstance(scenario, Scenario) else scenario_mod.load(scenario)
+        self.kubeconfig = str(kubeconfig) if kubeconfig else None
+        if backend is None and self.kubeconfig:
+            from kfp_gpu.sim.kube import KubeBackend
+
+            backend = KubeBackend(self.kubeconfig)
+        self.backend = backend
+        self.host, self.port = host, port
+        self.state = SimState(self.scenario, backend)
+        self._httpd: _Server | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        """Serve in a background thread; returns the base URL.
+
+        Raises: OSError when the port cannot be bound.
+        """
+        self._httpd = _Server((self.host, self.port), self)
+        self.port = int(self._httpd.server_address[1])
+        t = threading.Thread(target=self._httpd.serve_forever, name="sim-http", daemon=True)
+        t.start()
+        self._threads.append(t)
+        self._schedule_preemptions()
+        log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
+                 self.scenario.cluster)
+        return self.url
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        self.state.shutdown()
+
+    def __enter__(self) -> SimServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- Python API ------------------------------------------------------------------------
+    def preempt(self, node: str) -> dict[str, Any]:
+        """Reclaim ``node`` as GCE would a spot VM. Raises: SimHttpError (404) for an unknown node."""
+        return self.state.preempt(node)
+
+    def nodes(self, pool: str) -> list[str]:
+        with self.state.lock:
+            return list(self.state.pools[pool].nodes)
+
+    def request_counts(self) -> dict[str, int]:
+        with self.state.lock:
+            return dict(self.state.routes)
+
+    def reset(self, *, requests_only: bool = False) -> None:
+        """Forget requests/fault counters; unless ``requests_only``, also delete every node and
+        reservation and restart the scenario clock."""
+        if requests_only:
+            with self.state.lock:
+                self.state.requests.clear()
+                self.state.routes.clear()
+            return
+        old = self.state
+        for p in old.pools.values():
+            for name in list(p.nodes):
+                if old.backend is not None:
+                    old.backend.delete(name)
+        old.shutdown()
+        self.state = SimState(self.scenario, self.backend)
+
+    def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/sim/v1/reset" and method == "POST":
+            self.reset(requests_only=bool(body.get("requestsOnly")))
+            return 200, {"reset": True}
+        for m_, rx, name, fn in routes.ROUTES:
+            if m_ != method:
+                continue
+            match = rx.match(path)
+            if match is None:
+                continue
+            self.state.record(method, path, name)
+            fault = self.state.injected_fault(method, path)
+            if fault is not None:
+                raise fault
+            return fn(self.state, match, query, body)
+        self.state.record(method, path, "unrouted")
+        raise http_error(404, f"The stand-in does not implement {method} {path}", reason="notFound")
+
+    def _schedule_preemptions(self) -> None:
+        for ev in self.scenario.preemptions:
+            t = threading.Thread(target=self._preempt_at, args=(ev.at_s, ev.pool, ev.count), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _preempt_at(self, at_s: float, pool: str, count: int) -> None:
+        if self._stop.wait(max(0.0, at_s - self.state.elapsed())):
+            return
+        try:
+            victims = self.state.preempt_pool(pool, count)
+            log.info("sim: scheduled preemption of %s", victims)
+        except Exception:  # noqa: BLE001
+            log.exception("sim: scheduled preemption in pool %s failed", pool)
