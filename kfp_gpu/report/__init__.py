@@ -1,0 +1,21 @@
+"""Run reports: timeline SVG, cost-risk model, HTML page and terminal renderings. Pure rendering, no I/O
+except the explicit ``write_html``."""
+
+from kfp_gpu.report.cost import CostReport, cost_report
+from kfp_gpu.report.html import PreflightRow, render_html, write_html
+from kfp_gpu.report.secrets import scan_for_secrets
+from kfp_gpu.report.terminal import gantt, progress_from_timeline, progress_line
+from kfp_gpu.report.timeline_svg import render_timeline_svg
+
+__all__ = [
+    "CostReport",
+    "PreflightRow",
+    "cost_report",
+    "gantt",
+    "progress_from_timeline",
+    "progress_line",
+    "render_html",
+    "render_timeline_svg",
+    "scan_for_secrets",
+    "write_html",
+]

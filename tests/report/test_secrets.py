@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import json
+
+from conftest import make_timeline
+
+from kfp_gpu.report import cost_report, render_html, scan_for_secrets
+from kfp_gpu.report.terminal import gantt
+from kfp_gpu.spec import ProvisioningSpec
+
+SA_KEY = json.dumps({
+    "type": "service_account", "project_id": "p", "private_key_id": "0123456789abcdef",
+    "private_key": "-----BEGIN PRIVATE KEY-----\\nMIIEv...\\n-----END PRIVATE KEY-----\\n",
+}, indent=1)
+
+
+def test_detects_each_kind() -> None:
+    cases = {
+        "aws_access_key_id = AKIAIOSFODNN7EXAMPLE": "AWS access key id",
+        "aws_secret_access_key: wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY": "AWS secret access key",
+        "-----BEGIN RSA PRIVATE KEY-----": "private key block",
+        '{"token": "eyJhbGciOiJSUzI1NiJ9.abc.def"}': "token field",
+        "Authorization: Bearer ya29.a0AfH6SMBx3xyz1234567890": "bearer token",
+        "GITHUB=ghp_abcdefghijklmnopqrstuvwxyz0123456789": "GitHub token",
+    }
+    for text, kind in cases.items():
+        found = scan_for_secrets(text)
+        assert any(kind in f for f in found), (text, found)
+        assert all("EXAMPLEKEY" not in f and "eyJhbGciOiJSUzI1NiJ9" not in f for f in found)  # redacted
+    sa = scan_for_secrets(SA_KEY)
+    assert sum("GCP service-account key" in f for f in sa) >= 2
+    assert any(f.startswith("line ") for f in sa)
+
+
+def test_ignores_placeholders_and_ordinary_yaml() -> None:
+    clean = """
+    pipelineInfo: {name: train}
+    token: '{{$.inputs.parameters['token']}}'
+    "token": "$(KFP_TOKEN)"
+    token: ${TOKEN}
+    serviceAccountName: kfp-gpu-runner
+    image: ghcr.io/kfp-gpu/kfp-gpu:0.1.0
+    command: [python, -m, kfp_gpu]
+    """
+    assert scan_for_secrets(clean) == []
+
+
+def test_reports_are_clean(spec: ProvisioningSpec) -> None:
+    tl = make_timeline(8, preempt=2)
+    cost = cost_report(spec, tl)
+    for text in (render_html(title="r", timeline=tl, cost=cost), cost.to_markdown(), gantt(tl)):
+        assert scan_for_secrets(text) == []
