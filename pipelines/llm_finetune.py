@@ -9,8 +9,6 @@ PyTorchJob waits for the GPUs. Evaluation runs after training.
 """
 
 
-import os
-
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Output
 
@@ -21,7 +19,7 @@ IMAGE = "python:3.11-slim"
 
 SPEC = ProvisioningSpec(
     accelerator="a100-80gb",
-    nodes=int(os.environ.get("KFP_GPU_NODES", "4")),
+    nodes=4,
     gpus_per_node=8,
     capacity=CapacityType.SPOT,
     target=Target(
@@ -30,13 +28,12 @@ SPEC = ProvisioningSpec(
         project="local-project",
         region="us-central1",
         pools=("a100-80gb-spot-a", "a100-80gb-spot-b"),
-        endpoint=os.environ.get("KFP_GPU_SIM_ENDPOINT", ""),
     ),
     zones=("us-central1-a", "us-central1-b"),
     scale_up_deadline_s=120,
     warm_pool=WarmPool(nodes=1, ttl_s=900),
     recovery=Recovery(max_preemptions=3, on_demand_after=2),
-    checkpoint_uri=os.environ.get("KFP_GPU_CHECKPOINT_URI", "/tmp/kfp-gpu/checkpoints/llm-finetune"),
+    checkpoint_uri="/tmp/kfp-gpu/checkpoints/llm-finetune",
     cost=CostInputs(expected_hours=2.0, sla_penalty_per_hour=500.0),
 )
 
@@ -45,9 +42,10 @@ SPEC = ProvisioningSpec(
 def prepare_data(num_docs: int, dataset: Output[Dataset]) -> None:
     """Tokenise a tiny corpus (stands in for the real data preparation step)."""
     import json
+    import os
     import time
 
-    time.sleep(float(__import__("os").environ.get("KFP_GPU_DEMO_DATA_SECONDS", "0")))
+    time.sleep(float(os.environ.get("KFP_GPU_DEMO_DATA_SECONDS", "0")))
     words = "the quick brown fox jumps over the lazy dog while gpus wait for nobody".split()
     docs = [" ".join(words[(i + j) % len(words)] for j in range(12)) for i in range(num_docs)]
     with open(dataset.path, "w") as f:

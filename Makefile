@@ -1,0 +1,58 @@
+# kfp-gpu. Two commands on a fresh machine: `make demo` and `make test`. Everything else is set up by them.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export KFP_GPU_CACHE ?= $(HOME)/.cache/kfp-gpu
+export KUBECONFIG := $(KFP_GPU_CACHE)/cluster/kubeconfig
+PYTEST_ARGS ?=
+
+.PHONY: venv lint cluster-build cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev]'
+	$(BIN)/pip install -q --no-deps torch==2.9.1 || $(BIN)/pip install -q torch
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check kfp_gpu tests pipelines bench
+	$(BIN)/mypy kfp_gpu
+
+cluster-build: venv
+	$(BIN)/python -m kfp_gpu.devcluster build
+
+cluster-up: venv
+	$(BIN)/python -m kfp_gpu.devcluster up
+
+cluster-down: venv
+	$(BIN)/python -m kfp_gpu.devcluster down
+
+cluster-status: venv
+	$(BIN)/python -m kfp_gpu.devcluster status
+
+# The whole suite, integration tier included: it boots (or reuses) the local control plane first.
+test: venv lint cluster-up
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+demo: venv cluster-up
+	$(BIN)/kfp-gpu demo
+
+components: venv
+	$(BIN)/kfp-gpu components
+	$(BIN)/kfp-gpu compile pipelines/llm_finetune.py -o pipelines/llm_finetune.yaml --target kfp
+	$(BIN)/kfp-gpu compile pipelines/llm_finetune.py -o pipelines/llm_finetune.vertex.yaml --target vertex
+
+bench: venv cluster-up
+	$(BIN)/python -m bench.run --full
+
+bench-quick: venv cluster-up
+	$(BIN)/python -m bench.run --quick
+
+clean: cluster-down
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,193 @@
+"""kfp-gpu command line: compile | components | preflight | run | demo | gc | submit | quota | dev-cluster."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kfp_gpu.errors import InvalidSpec, KfpGpuError
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise InvalidSpec("--param", p, "must be key=value")
+        k, v = p.split("=", 1)
+        out[k] = v
+    return out
+
+
+def cmd_compile(a: argparse.Namespace) -> int:
+    from kfp_gpu.compile import compile_pipeline, dag_edges
+
+    out = compile_pipeline(a.pipeline_file, a.output, target=a.target, name=a.pipeline)
+    print(f"compiled {a.pipeline_file} for {a.target} -> {out}")
+    for task, deps in sorted(dag_edges(out).items()):
+        print(f"  {task:<22} after {', '.join(deps) or '(start)'}")
+    return 0
+
+
+def cmd_components(a: argparse.Namespace) -> int:
+    from kfp_gpu.component_docs import write_all
+
+    for p in write_all(Path(a.root)):
+        print(f"wrote {p}")
+    return 0
+
+
+def cmd_preflight(a: argparse.Namespace) -> int:
+    from kfp_gpu.compile import load_pipeline
+    from kfp_gpu.dsl import spec_of
+    from kfp_gpu.providers import for_target
+    from kfp_gpu.steps.preflight import run_preflight
+
+    spec = spec_of(load_pipeline(a.pipeline_file, a.pipeline))
+    assert spec is not None
+    result = run_preflight(spec, for_target(spec.target))
+    print(result.to_markdown())
+    return 0 if result.ok else 4
+
+
+def cmd_gc(a: argparse.Namespace) -> int:
+    from kfp_gpu.steps.janitor import collect
+
+    report = collect(namespace=a.namespace, dry_run=a.dry_run, endpoint=a.endpoint)
+    print(report)
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from kfp_gpu.demo import main as demo_main
+
+    return demo_main(nodes=a.nodes, keep=a.keep)
+
+
+def cmd_submit(a: argparse.Namespace) -> int:
+    import tempfile
+
+    from kfp_gpu.compile import compile_pipeline, load_pipeline
+
+    name = load_pipeline(a.pipeline_file, a.pipeline).name
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = compile_pipeline(a.pipeline_file, Path(tmp) / "pipeline.yaml",
+                               target="vertex" if a.vertex else "kfp", name=a.pipeline)
+        if a.vertex:
+            from kfp_gpu.submit.vertex import submit_vertex
+
+            if not a.pipeline_root:
+                raise InvalidSpec("--pipeline-root", a.pipeline_root, "Vertex needs a gs:// pipeline root",
+                                  remediation="pass --pipeline-root gs://BUCKET/pipeline-root")
+            res = submit_vertex(str(pkg), project=a.project, region=a.region, pipeline_root=a.pipeline_root,
+                                params=_params(a.param))
+        else:
+            from kfp_gpu.submit.kfp_backend import submit_kfp
+
+            if not a.kfp_host:
+                raise InvalidSpec("--kfp-host", a.kfp_host, "required unless --vertex",
+                                  remediation="pass --kfp-host http://ml-pipeline-ui.kubeflow:80")
+            res = submit_kfp(str(pkg), a.kfp_host, pipeline_name=name, experiment=a.experiment,
+                             params=_params(a.param))
+    print(f"submitted: {res}")
+    return 0
+
+
+def cmd_quota(a: argparse.Namespace) -> int:
+    from kfp_gpu.compile import load_pipeline
+    from kfp_gpu.dsl import spec_of
+    from kfp_gpu.providers import for_target
+
+    if a.quota_cmd == "plan":
+        from kfp_gpu.quota_plan import plan_from_file
+
+        spec = spec_of(load_pipeline(a.pipeline_file, None))
+        assert spec is not None
+        print(plan_from_file(a.schedule, for_target(spec.target), file_requests=a.file))
+        return 0
+    from kfp_gpu.steps.preflight import request_increase
+
+    spec = spec_of(load_pipeline(a.pipeline_file, None))
+    assert spec is not None
+    rid = request_increase(spec, for_target(spec.target), a.metric, a.region, a.value, a.justification)
+    print(f"quota request filed: {rid}")
+    return 0
+
+
+def cmd_dev_cluster(a: argparse.Namespace) -> int:
+    from kfp_gpu.devcluster.__main__ import main as dc_main
+
+    return int(dc_main([a.action]) or 0)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kfp-gpu", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="compile a provisioned pipeline to YAML")
+    c.add_argument("pipeline_file")
+    c.add_argument("-o", "--output", required=True)
+    c.add_argument("--target", choices=["kfp", "vertex"], default="kfp")
+    c.add_argument("--pipeline", default=None, help="pipeline name when the file defines several")
+    c.set_defaults(fn=cmd_compile)
+    c = sub.add_parser("components", help="regenerate components/*/component.yaml, READMEs and docs")
+    c.add_argument("--root", default=".")
+    c.set_defaults(fn=cmd_components)
+    c = sub.add_parser("preflight", help="quota + cluster preflight for a pipeline's spec")
+    c.add_argument("pipeline_file")
+    c.add_argument("--pipeline", default=None)
+    c.set_defaults(fn=cmd_preflight)
+    c = sub.add_parser("gc", help="janitor: delete kfp-gpu objects whose lease expired")
+    c.add_argument("--namespace", default="default")
+    c.add_argument("--dry-run", action="store_true")
+    c.add_argument("--endpoint", default="", help="cloud stand-in endpoint for the local target")
+    c.set_defaults(fn=cmd_gc)
+    c = sub.add_parser("demo", help="run the example pipeline end to end on the local GKE")
+    c.add_argument("--nodes", type=int, default=4)
+    c.add_argument("--keep", action="store_true", help="leave the local cluster running")
+    c.set_defaults(fn=cmd_demo)
+    c = sub.add_parser("submit", help="submit to Kubeflow Pipelines or Vertex AI Pipelines")
+    c.add_argument("pipeline_file")
+    c.add_argument("--pipeline", default=None)
+    c.add_argument("--kfp-host", default="")
+    c.add_argument("--experiment", default=None)
+    c.add_argument("--param", action="append", default=[])
+    c.add_argument("--vertex", action="store_true")
+    c.add_argument("--project", default="")
+    c.add_argument("--region", default="us-central1")
+    c.add_argument("--pipeline-root", default="")
+    c.set_defaults(fn=cmd_submit)
+    c = sub.add_parser("quota", help="quota increase requests and planning")
+    qs = c.add_subparsers(dest="quota_cmd", required=True)
+    r = qs.add_parser("request", help="file one quota increase request")
+    r.add_argument("pipeline_file")
+    r.add_argument("--metric", required=True)
+    r.add_argument("--region", required=True)
+    r.add_argument("--value", type=float, required=True)
+    r.add_argument("--justification", required=True)
+    r = qs.add_parser("plan", help="which quotas to raise by when, for a schedule of runs")
+    r.add_argument("pipeline_file")
+    r.add_argument("--schedule", required=True)
+    r.add_argument("--file", action="store_true", help="file the requests through the provider")
+    c.set_defaults(fn=cmd_quota)
+    c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
+    c.add_argument("action", choices=["up", "down", "status", "build"])
+    c.set_defaults(fn=cmd_dev_cluster)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except KfpGpuError as err:
+        print(f"kfp-gpu: {err.message}", file=sys.stderr)
+        if err.remediation:
+            print(f"  fix: {err.remediation}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
