@@ -1,0 +1,452 @@
+"""EksProvider: EC2/EKS/Service Quotas behind the CapacityProvider contract.
+
+Design choices:
+
+* **Quota** = Service Quotas ``get_service_quota`` (falling back to the AWS default value when the
+  account has no applied value) for the family code (P/G, on-demand/spot), counted in **vCPUs**.
+  **Usage** = vCPUs of ``pending``/``running`` instances of that family from ``describe_instances``
+  (exact and current; CloudWatch ``AWS/Usage`` lags by minutes and needs another permission).
+  A part that cannot be read turns the row ``unknown`` with the reason; missing credentials raise.
+* **Scaling** = ``eks.update_nodegroup_config(scalingConfig=...)`` with an absolute desired size and
+  a ``clientRequestToken`` derived from the owner (AWS dedups retries). ``maxSize`` is checked here
+  (moto does not). Progress is polled with ``describe_nodegroup``: status plus health issues, which
+  is where launch failures (``InsufficientInstanceCapacity``...) surface after the update succeeded.
+* **Reservations** = EC2 capacity reservations tagged with the owner labels and a ``Name`` tag, ending
+  at the owner's lease expiry (so a forgotten one expires on its own). Capacity Block offerings are
+  looked up with :meth:`EksProvider.capacity_block_offerings`.
+* **Fail fast**: botocore retries are off (``max_attempts=1``) with short timeouts; our own
+  back-off (:mod:`kfp_gpu.plan.backoff`) decides what to retry, from the error table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
+from kfp_gpu.providers.base import (
+    LABEL_MANAGED,
+    LABEL_RUN_ID,
+    Operation,
+    OpStatus,
+    OwnedResource,
+    Owner,
+    PoolRef,
+    PoolState,
+    QuotaAmount,
+    ReservationRequest,
+    label_safe,
+)
+from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
+
+log = logging.getLogger(__name__)
+
+FAIL_FAST: dict[str, Any] = {
+    "retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 5, "read_timeout": 20,
+}
+ClientFactory = Callable[[str, str], Any]  # (service, region) -> botocore client
+
+_IAM_PREFIX = {"ec2": "ec2", "eks": "eks", "service-quotas": "servicequotas", "autoscaling": "autoscaling"}
+_P_CODES = {accelerators.AWS_QUOTA_P_ON_DEMAND, accelerators.AWS_QUOTA_P_SPOT}
+_SPOT_CODES = {accelerators.AWS_QUOTA_P_SPOT, accelerators.AWS_QUOTA_G_SPOT}
+_INSTANCES: dict[str, accelerators.MachineShape] = {}
+_ACC_OF: dict[str, str] = {}
+for _name in accelerators.names():
+    for _shape in accelerators.get(_name).aws_instances:
+        _INSTANCES[_shape.name] = _shape
+        _ACC_OF[_shape.name] = _name
+LEAD_TIME_DAYS = {"P": 3.0, "G": 1.0}  # typical approval times seen for GPU vCPU quota increases
+_NG_STATUS = {"ACTIVE": OpStatus.DONE, "UPDATING": OpStatus.RUNNING, "CREATING": OpStatus.RUNNING,
+              "DEGRADED": OpStatus.FAILED, "CREATE_FAILED": OpStatus.FAILED}
+_CR_STATUS = {"active": OpStatus.DONE, "pending": OpStatus.RUNNING, "failed": OpStatus.FAILED,
+              "cancelled": OpStatus.DONE, "expired": OpStatus.DONE, "payment-pending": OpStatus.RUNNING}
+
+
+def _token(*parts: object) -> str:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).hexdigest()[:48]
+
+
+def _tags(d: dict[str, str]) -> list[dict[str, str]]:
+    return [{"Key": k, "Value": v} for k, v in d.items()]
+
+
+def _untag(tags: list[dict[str, str]] | None) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in tags or []}
+
+
+def known_regions() -> set[str]:
+    """Every EC2 region botocore knows (offline data, all partitions)."""
+    import boto3
+
+    s = boto3.session.Session()
+    out: set[str] = set()
+    for partition in s.get_available_partitions():
+        out.update(s.get_available_regions("ec2", partition_name=partition))
+    return out
+
+
+class EksProvider:
+    """CapacityProvider for one EKS cluster. See the module docstring."""
+
+    name = "eks"
+
+    def __init__(
+        self,
+        cluster: str,
+        region: str,
+        *,
+        client_factory: ClientFactory | None = None,
+        endpoint_url: str = "",
+        profile: str = "",
+    ) -> None:
+        self.cluster = cluster
+        self.region = region
+        self.endpoint_url = endpoint_url
+        self.profile = profile
+        self._factory = client_factory or self._default_factory
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_target(cls, target: Any) -> EksProvider:
+        """Build from a :class:`kfp_gpu.spec.Target` (kind=eks)."""
+        return cls(target.cluster, target.region, endpoint_url=target.endpoint)
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def _default_factory(self, service: str, region: str) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(profile_name=self.profile or None)
+        return session.client(
+            service, region_name=region, config=Config(**FAIL_FAST), endpoint_url=self.endpoint_url or None,
+        )
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        key = (service, region or self.region)
+        with self._lock:
+            if key not in self._clients:
+                self._clients[key] = self._factory(*key)
+            return self._clients[key]
+
+    def _call(self, service: str, op: str, *, region: str = "", zone: str = "", what: str = "", **kw: Any) -> Any:
+        client = self.client(service, region or self.region)
+        try:
+            return getattr(client, op)(**kw)
+        except Exception as exc:
+            api = client.meta.method_to_api_mapping.get(op, op)
+            raise classify(
+                exc, zone=zone, region=region or self.region, action=f"{_IAM_PREFIX.get(service, service)}:{api}",
+                what=what,
+            ) from exc
+
+    def _check_region(self, region: str) -> None:
+        if region not in known_regions():
+            raise NotFound(
+                f"{region!r} is not an AWS region", remediation="use a region such as 'us-east-1'",
+                scope=Scope.REGION, region=region,
+            )
+
+    def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
+        """Map a botocore exception through :data:`kfp_gpu.providers.eks.errors.ERROR_TABLE`."""
+        return classify(exc, zone=zone, region=region)
+
+    # ---- quota -----------------------------------------------------------------------------
+    def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
+        """The vCPU quota row (limit from Service Quotas, usage from running instances).
+
+        Raises: PermissionDenied (no credentials at all), NotFound (not an AWS region).
+        """
+        self._check_region(region)
+        acc = accelerators.get(accelerator)
+        code = acc.aws_quota_spot if spot else acc.aws_quota_on_demand
+        family = "P" if code in _P_CODES else "G"
+        raise_path = (
+            f"https://{region}.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code} "
+            f"or `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+            f"--desired-value <vCPUs> --region {region}` or `kfp-gpu quota request`"
+        )
+        with ThreadPoolExecutor(2) as pool:
+            f_limit = pool.submit(self._quota_limit, code, region)
+            f_usage = pool.submit(self._family_usage, family, code in _SPOT_CODES, region)
+            limit, usage = f_limit.result(), f_usage.result()
+        for r in (limit, usage):
+            if isinstance(r, PermissionDenied) and r.fields.get("credentials_missing"):
+                raise r
+        lim = limit if isinstance(limit, float) else None
+        use = usage if isinstance(usage, float) else None
+        reasons = [str(r.message) for r in (limit, usage) if isinstance(r, KfpGpuError)]
+        return [QuotaAmount(
+            code, region, lim, use, unit="vcpus", status="unknown" if reasons else "ok",
+            reason="; ".join(reasons), raise_path=raise_path, lead_time_days=LEAD_TIME_DAYS[family],
+        )]
+
+    def _quota_limit(self, code: str, region: str) -> float | KfpGpuError:
+        try:
+            resp = self._call("service-quotas", "get_service_quota", region=region, ServiceCode="ec2", QuotaCode=code)
+        except NotFound:
+            try:
+                resp = self._call("service-quotas", "get_aws_default_service_quota", region=region,
+                                  ServiceCode="ec2", QuotaCode=code)
+            except KfpGpuError as exc:
+                return exc
+        except KfpGpuError as exc:
+            return exc
+        return float(resp["Quota"]["Value"])
+
+    def _family_usage(self, family: str, spot: bool, region: str) -> float | KfpGpuError:
+        patterns = ["p*"] if family == "P" else ["g*", "vt*"]
+        filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]},
+                   {"Name": "instance-type", "Values": patterns}]
+        try:
+            pager = self.client("ec2", region).get_paginator("describe_instances")
+            instances = [
+                i for page in pager.paginate(Filters=filters) for r in page.get("Reservations", [])
+                for i in r.get("Instances", [])
+            ]
+            instances = [i for i in instances if (i.get("InstanceLifecycle") == "spot") == spot]
+            return float(sum(self._vcpus(i, region) for i in instances))
+        except KfpGpuError as exc:
+            return exc
+        except Exception as exc:
+            return classify(exc, region=region, action="ec2:DescribeInstances")
+
+    def _vcpus(self, inst: dict[str, Any], region: str) -> int:
+        cpu = inst.get("CpuOptions") or {}
+        if cpu.get("CoreCount"):
+            return int(cpu["CoreCount"]) * int(cpu.get("ThreadsPerCore", 1))
+        itype = str(inst["InstanceType"])
+        if itype in _INSTANCES:
+            return _INSTANCES[itype].vcpus
+        resp = self._call("ec2", "describe_instance_types", region=region, InstanceTypes=[itype])
+        return int(resp["InstanceTypes"][0]["VCpuInfo"]["DefaultVCpus"])
+
+    def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
+        """File a Service Quotas increase for ``metric`` (an ec2 quota code) to ``value`` vCPUs.
+
+        A pending request for the same quota is returned instead of filing a second one. AWS has no
+        justification field; it is logged (attach it to a support case for large asks).
+
+        Raises: InvalidSpec (value not above the current limit), PermissionDenied, NotFound, CloudError.
+        """
+        self._check_region(region)
+        current = self._quota_limit(metric, region)
+        if isinstance(current, KfpGpuError):
+            raise current
+        if value <= current:
+            raise InvalidSpec("value", value, f"must be above the current {metric} limit {current:g} vCPUs in {region}")
+        log.info("quota request %s %s -> %g: %s", metric, region, value, justification)
+        try:
+            resp = self._call("service-quotas", "request_service_quota_increase", region=region,
+                              ServiceCode="ec2", QuotaCode=metric, DesiredValue=float(value))
+        except CloudError as exc:
+            if exc.fields.get("code") != "ResourceAlreadyExistsException":
+                raise
+            hist = self._call("service-quotas", "list_requested_service_quota_change_history_by_quota",
+                              region=region, ServiceCode="ec2", QuotaCode=metric, Status="PENDING")
+            pending = hist.get("RequestedQuotas", [])
+            if not pending:
+                raise
+            return str(pending[0]["Id"])
+        return str(resp["RequestedQuota"]["Id"])
+
+    # ---- node groups -----------------------------------------------------------------------
+    def _nodegroup(self, name: str, region: str) -> dict[str, Any]:
+        what = f"EKS node group {name!r} of cluster {self.cluster!r} in {region}"
+        resp = self._call("eks", "describe_nodegroup", region=region, what=what,
+                          clusterName=self.cluster, nodegroupName=name)
+        return dict(resp["nodegroup"])
+
+    def pools(self, region: str) -> list[PoolState]:
+        """GPU managed node groups of the cluster. Zone = the AZ of its subnets, or the region when
+        it spans several. Non-GPU node groups are skipped.
+
+        Raises: NotFound (no such region or cluster), PermissionDenied, RateLimited, TransientCloudError.
+        """
+        self._check_region(region)
+        names: list[str] = []
+        kw: dict[str, Any] = {}
+        while True:
+            resp = self._call("eks", "list_nodegroups", region=region, clusterName=self.cluster,
+                              what=f"EKS cluster {self.cluster!r} in {region}", **kw)
+            names += resp.get("nodegroups", [])
+            if not resp.get("nextToken"):
+                break
+            kw["nextToken"] = resp["nextToken"]
+        with ThreadPoolExecutor(max(1, min(8, len(names)))) as ex:
+            groups = list(ex.map(lambda n: self._nodegroup(n, region), names))
+        subnets = sorted({s for g in groups for s in g.get("subnets", [])})
+        az: dict[str, str] = {}
+        if subnets:
+            try:
+                resp = self._call("ec2", "describe_subnets", region=region, SubnetIds=subnets)
+                az = {s["SubnetId"]: s["AvailabilityZone"] for s in resp.get("Subnets", [])}
+            except (NotFound, CloudError) as exc:
+                log.warning("cannot map node group subnets to zones: %s", exc)
+        out = []
+        for g in groups:
+            itype = next((t for t in g.get("instanceTypes") or [] if t in _INSTANCES), None)
+            if itype is None:
+                continue
+            zones = sorted({az[s] for s in g.get("subnets", []) if s in az})
+            sc = g.get("scalingConfig", {})
+            out.append(PoolState(
+                PoolRef(g["nodegroupName"], zones[0] if len(zones) == 1 else region, region),
+                int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), _ACC_OF[itype],
+                _INSTANCES[itype].gpus, itype, g.get("capacityType") == "SPOT", dict(g.get("labels") or {}),
+            ))
+        return out
+
+    def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
+        """Set the node group's desired size (absolute). Same size again is a no-op.
+
+        Raises: InvalidSpec (size above maxSize or negative), NotFound, PermissionDenied
+        (eks:UpdateNodegroupConfig), RateLimited, TransientCloudError, CloudError.
+        """
+        region = ref.region or self.region
+        ng = self._nodegroup(ref.pool, region)
+        sc = ng.get("scalingConfig", {})
+        max_size = int(sc.get("maxSize", 0))
+        if size < 0 or size > max_size:
+            raise InvalidSpec(
+                "size", size, f"node group {ref.pool!r} allows 0..{max_size} nodes (scalingConfig.maxSize)",
+                remediation=f"aws eks update-nodegroup-config --cluster-name {self.cluster} --nodegroup-name "
+                f"{ref.pool} --scaling-config maxSize=<n>, or ask for fewer nodes",
+            )
+        target = f"{ref.pool}@{ref.zone}"
+        if int(sc.get("desiredSize", -1)) == size:
+            return Operation(f"{region}|{ref.pool}|{size}|noop", "resize", target, OpStatus.DONE)
+        scaling = {"minSize": min(int(sc.get("minSize", 0)), size), "maxSize": max_size, "desiredSize": size}
+        resp = self._call(
+            "eks", "update_nodegroup_config", region=region, zone=ref.zone, what=f"resize {target} to {size}",
+            clusterName=self.cluster, nodegroupName=ref.pool, scalingConfig=scaling,
+            clientRequestToken=_token(owner.run_id, owner.step, self.cluster, ref.pool, size),
+        )
+        upd = resp.get("update", {})
+        status = {"Failed": OpStatus.FAILED, "Successful": OpStatus.RUNNING}.get(upd.get("status"), OpStatus.PENDING)
+        return Operation(f"{region}|{ref.pool}|{size}|{upd.get('id', '')}", "resize", target, status)
+
+    def operation(self, op: Operation) -> Operation:
+        """Poll a resize (node group status + health issues) or a reservation (its state).
+
+        Raises: RateLimited, TransientCloudError, NotFound, PermissionDenied.
+        """
+        if op.done:
+            return op
+        if op.kind == "reserve":
+            region, cr_id = op.id.split("|", 1)
+            cr = self._call("ec2", "describe_capacity_reservations", region=region,
+                            CapacityReservationIds=[cr_id])["CapacityReservations"][0]
+            status = _CR_STATUS.get(cr.get("State", ""), OpStatus.RUNNING)
+            err = CloudError(f"capacity reservation {op.target} failed") if status is OpStatus.FAILED else None
+            return Operation(op.id, op.kind, op.target, status, err)
+        region, pool, _size, _upd = op.id.split("|", 3)
+        ng = self._nodegroup(pool, region)
+        issues = (ng.get("health") or {}).get("issues") or []
+        zone = op.target.split("@", 1)[-1]
+        if issues:
+            return Operation(op.id, op.kind, op.target, OpStatus.FAILED, self._issue_error(issues[0], zone, region))
+        return Operation(op.id, op.kind, op.target, _NG_STATUS.get(ng.get("status", ""), OpStatus.RUNNING))
+
+    def _issue_error(self, issue: dict[str, Any], zone: str, region: str) -> KfpGpuError:
+        code, msg = str(issue.get("code", "")), str(issue.get("message", ""))
+        for known in ERROR_TABLE:
+            if known in msg or known == code:
+                cls, scope, fix = ERROR_TABLE[known]
+                return cls(f"node group launch failed: {code}: {msg}", remediation=fix, scope=scope,
+                           zone=zone, region=region, code=known)
+        return CloudError(f"node group health issue {code}: {msg}", scope=Scope.ZONE, zone=zone, code=code)
+
+    # ---- reservations ----------------------------------------------------------------------
+    def _reservations(self, region: str, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        filters = [*filters, {"Name": "state", "Values": ["pending", "active", "payment-pending"]}]
+        resp = self._call("ec2", "describe_capacity_reservations", region=region, Filters=filters)
+        return list(resp.get("CapacityReservations", []))
+
+    def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
+        """Create (or re-attach to) capacity reservation ``req.name`` ending at the owner's lease.
+
+        Raises: CapacityUnavailable (InsufficientInstanceCapacity), QuotaExceeded, PermissionDenied
+        (ec2:CreateCapacityReservation), CloudError (name taken by another run).
+        """
+        region = req.zone[:-1]
+        shape = accelerators.get(req.accelerator).aws_instance_for(req.gpus_per_node)
+        labels = owner.labels()
+        for cr in self._reservations(region, [{"Name": "tag:Name", "Values": [req.name]}]):
+            other = _untag(cr.get("Tags")).get(LABEL_RUN_ID)
+            if other != labels[LABEL_RUN_ID]:
+                raise CloudError(f"capacity reservation {req.name!r} belongs to run {other!r}", zone=req.zone)
+            status = _CR_STATUS.get(cr.get("State", ""), OpStatus.RUNNING)
+            return Operation(f"{region}|{cr['CapacityReservationId']}", "reserve", req.name, status)
+        resp = self._call(
+            "ec2", "create_capacity_reservation", region=region, zone=req.zone,
+            what=f"reserve {req.count} x {shape.name} in {req.zone}",
+            InstanceType=shape.name, InstancePlatform="Linux/UNIX", AvailabilityZone=req.zone,
+            InstanceCount=req.count, InstanceMatchCriteria="targeted", EndDateType="limited",
+            EndDate=dt.datetime.fromtimestamp(owner.lease_expires, tz=dt.timezone.utc),
+            ClientToken=_token(owner.run_id, owner.step, req.name),
+            TagSpecifications=[{"ResourceType": "capacity-reservation",
+                                "Tags": _tags({"Name": req.name, **labels})}],
+        )
+        cr = resp["CapacityReservation"]
+        status = _CR_STATUS.get(cr.get("State", ""), OpStatus.RUNNING)
+        return Operation(f"{region}|{cr['CapacityReservationId']}", "reserve", req.name, status)
+
+    def release(self, owner_run_id: str) -> list[str]:
+        """Cancel every capacity reservation tagged with the run id. Already-gone ones are skipped.
+
+        Raises: PermissionDenied (ec2:CancelCapacityReservation), TransientCloudError.
+        """
+        run = label_safe(owner_run_id)
+        out = []
+        for cr in self._reservations(self.region, [{"Name": f"tag:{LABEL_RUN_ID}", "Values": [run]}]):
+            try:
+                self._call("ec2", "cancel_capacity_reservation", CapacityReservationId=cr["CapacityReservationId"])
+            except NotFound:
+                continue
+            out.append(_untag(cr.get("Tags")).get("Name", cr["CapacityReservationId"]))
+        return out
+
+    def list_owned(self, run_id: str | None = None) -> list[OwnedResource]:
+        """Live capacity reservations kfp-gpu created (for ``run_id`` when given).
+
+        Raises: PermissionDenied, TransientCloudError.
+        """
+        flt = ({"Name": f"tag:{LABEL_RUN_ID}", "Values": [label_safe(run_id)]} if run_id is not None
+               else {"Name": "tag-key", "Values": [LABEL_MANAGED]})
+        return [
+            OwnedResource("capacity-reservation", _untag(cr.get("Tags")).get("Name", cr["CapacityReservationId"]),
+                          cr.get("AvailabilityZone", ""), _untag(cr.get("Tags")))
+            for cr in self._reservations(self.region, [flt])
+        ]
+
+    def capacity_block_offerings(
+        self, accelerator: str, gpus_per_node: int, count: int, hours: int,
+        *, start: dt.datetime | None = None, end: dt.datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """EC2 Capacity Block offerings for ``count`` instances for ``hours`` hours, cheapest first.
+
+        Raises: InvalidSpec (no such instance shape), PermissionDenied
+        (ec2:DescribeCapacityBlockOfferings), CloudError.
+        """
+        shape = accelerators.get(accelerator).aws_instance_for(gpus_per_node)
+        kw: dict[str, Any] = {"InstanceType": shape.name, "InstanceCount": count, "CapacityDurationHours": hours}
+        if start is not None:
+            kw["StartDateRange"] = start
+        if end is not None:
+            kw["EndDateRange"] = end
+        resp = self._call("ec2", "describe_capacity_block_offerings", **kw)
+        offers = [
+            {"id": o.get("CapacityBlockOfferingId"), "zone": o.get("AvailabilityZone"),
+             "instance_type": o.get("InstanceType"), "count": o.get("InstanceCount"),
+             "start": str(o.get("StartDate", "")), "end": str(o.get("EndDate", "")),
+             "upfront_fee": float(o.get("UpfrontFee", "nan")), "currency": o.get("CurrencyCode", "USD")}
+            for o in resp.get("CapacityBlockOfferings", [])
+        ]
+        return sorted(offers, key=lambda o: o["upfront_fee"])
