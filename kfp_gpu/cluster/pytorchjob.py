@@ -1,0 +1,237 @@
+"""The Training Operator v1 PyTorchJob the train step runs: manifest, create-or-attach, delete.
+
+The manifest is a plain dict (the kubeflow-training SDK models are not needed). Gang safety:
+``runPolicy.schedulingPolicy.minAvailable`` = nodes (honoured by a gang scheduler when the operator runs
+with one), one Master + (nodes - 1) Workers each asking for the node's GPUs, pinned to the provisioned
+pool by node selector *and* to the exact gang nodes by node affinity. ``restartPolicy: Never`` and
+``backoffLimit: 0`` leave every restart decision to kfp-gpu's own budget (the operator does not count
+preemptions, see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kfp_gpu.dsl import JobTemplate
+from kfp_gpu.providers.base import label_safe
+from kfp_gpu.steps.capacity import Capacity
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
+JOB_LABEL = "kfp-gpu.io/job"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
+GPU_RESOURCE = "nvidia.com/gpu"
+ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"
+ENV_RESUME_STEP = "KFP_GPU_RESUME_STEP"
+ENV_RUN_ID = "KFP_GPU_RUN_ID"
+ENV_DATASET_URI = "KFP_GPU_DATASET_URI"
+
+
+def job_name(run_id: str, template: str) -> str:
+    """Deterministic, DNS-1035-safe job name from the run id and template name (<= 50 chars).
+
+    The operator derives pod and service names (``<job>-worker-12``) from it, so it stays short.
+    """
+    digest = hashlib.sha1(f"{run_id}/{template}".encode()).hexdigest()[:8]
+    stem = "".join(c if c.isalnum() else "-" for c in label_safe(run_id).lower())[:20].strip("-")
+    name = f"{stem}-{digest}-{label_safe(template)[:20]}".lower().replace("_", "-").replace(".", "-")
+    if not name[0].isalpha():
+        name = "r" + name
+    return name.strip("-")[:50].rstrip("-")
+
+
+def manifest(
+    name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
+    checkpoint_uri: str, resume_step: int, run_id: str, dataset_uri: str = "",
+    gang_nodes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The PyTorchJob body for one attempt."""
+    env = [{"name": k, "value": v} for k, v in template.env]
+    env += [
+        {"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri},
+        {"name": ENV_RESUME_STEP, "value": str(resume_step)},
+        {"name": ENV_RUN_ID, "value": run_id},
+        {"name": ENV_DATASET_URI, "value": dataset_uri},
+    ]
+    job_labels = {**labels, JOB_LABEL: name}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "nodeSelector": capacity.node_selector(),
+        "tolerations": capacity.tolerations(),
+        "containers": [{
+            "name": "pytorch",  # the operator requires this container name
+            "image": template.image,
+            "command": list(template.command),
+            "args": list(template.args),
+            "env": env,
+            "resources": {"limits": {GPU_RESOURCE: str(capacity.gpus_per_node)}},
+        }],
+    }
+    if gang_nodes:
+        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(gang_nodes)},
+            ]}],
+        }}}
+    annotations = {SIM_DURATION_ANNOTATION: f"{template.sim_duration_s:g}s"}
+
+    def replica(count: int) -> dict[str, Any]:
+        return {
+            "replicas": count, "restartPolicy": "Never",
+            "template": {"metadata": {"labels": dict(job_labels), "annotations": dict(annotations)},
+                         "spec": pod_spec},
+        }
+
+    specs: dict[str, Any] = {"Master": replica(1)}
+    if nodes > 1:
+        specs["Worker"] = replica(nodes - 1)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+        "metadata": {"name": name, "labels": job_labels,
+                     "annotations": {"kfp-gpu.io/run-id-raw": run_id, "kfp-gpu.io/resume-step": str(resume_step)}},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0,
+                          "schedulingPolicy": {"minAvailable": nodes}},
+            "pytorchReplicaSpecs": specs,
+        },
+    }
+
+
+def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The job, or None when it does not exist. Raises: ApiException (non-404)."""
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name)
+        return obj
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create the job, or return the existing one of that name (re-attach). Returns (job, created).
+
+    Raises: ApiException.
+    """
+    name = body["metadata"]["name"]
+    existing = get(api, namespace, name)
+    if existing is not None and not existing["metadata"].get("deletionTimestamp"):
+        return existing, False
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body)
+        return obj, True
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        again = get(api, namespace, name)
+        if again is None:
+            raise
+        return again, False
+
+
+def delete(api: client.ApiClient, namespace: str, name: str) -> bool:
+    """Foreground-delete the job (its pods go first). False when it was already gone. Raises: ApiException."""
+    try:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name,
+            body=client.V1DeleteOptions(propagation_policy="Foreground"))
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+def conditions(job: Mapping[str, Any]) -> dict[str, str]:
+    """Condition type -> reason for every condition with status True."""
+    out: dict[str, str] = {}
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("status") == "True":
+            out[str(c.get("type"))] = str(c.get("reason") or c.get("message") or "")
+    return out
+
+
+def force_delete_pods(api: client.ApiClient, namespace: str, names: Sequence[str]) -> list[str]:
+    """Delete pods with grace 0 (pods stuck Terminating on a vanished node). Raises: ApiException."""
+    core = client.CoreV1Api(api)
+    done = []
+    for n in names:
+        try:
+            core.delete_namespaced_pod(n, namespace, grace_period_seconds=0,
+                                       body=client.V1DeleteOptions(grace_period_seconds=0))
+            done.append(n)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    return done
+
+
+def wait_gone(
+    api: client.ApiClient, namespace: str, name: str, *, timeout_s: float, clock: Callable[[], float] = time.time,
+) -> bool:
+    """Wait (by pod and job watches) until the job and its pods are gone, force-deleting (grace 0) pods
+    stuck Terminating on a node that no longer exists. True when all is gone in ``timeout_s``.
+
+    Raises: ApiException.
+    """
+    from kfp_gpu.cluster.watch import Event, custom_watcher, pod_watcher
+
+    q: queue.Queue[Event] = queue.Queue()
+    w_pods = pod_watcher(api, q, namespace, f"{JOB_LABEL}={name}").start()
+    w_job = custom_watcher(api, q, GROUP, VERSION, namespace, PLURAL, name).start()
+    pods: dict[str, dict[str, Any]] = {}
+    forced: set[str] = set()
+    deadline = clock() + timeout_s
+    try:
+        w_pods.synced.wait(timeout_s)
+        w_job.synced.wait(timeout_s)
+        job_alive = get(api, namespace, name) is not None
+        while True:
+            if not job_alive and not pods:
+                return True
+            stuck = [n for n, p in pods.items() if n not in forced and (p.get("metadata") or {}).get(
+                "deletionTimestamp") and _node_gone(api, str((p.get("spec") or {}).get("nodeName") or ""))]
+            if stuck:
+                force_delete_pods(api, namespace, stuck)
+                forced.update(stuck)
+            left = deadline - clock()
+            if left <= 0:
+                return False
+            try:
+                ev = q.get(timeout=min(left, 2.0))
+            except queue.Empty:
+                job_alive = job_alive and get(api, namespace, name) is not None
+                continue
+            oname = str((ev.obj.get("metadata") or {}).get("name", ""))
+            if ev.source == "pod":
+                if ev.type == "DELETED":
+                    pods.pop(oname, None)
+                else:
+                    pods[oname] = ev.obj
+            elif ev.source == "job":
+                job_alive = ev.type != "DELETED"
+    finally:
+        w_pods.stop()
+        w_job.stop()
+
+
+def _node_gone(api: client.ApiClient, node: str) -> bool:
+    """True when ``node`` is empty (never bound) or no longer exists. Raises: ApiException (non-404)."""
+    if not node:
+        return True
+    try:
+        client.CoreV1Api(api).read_node(node)
+        return False
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise

@@ -1,0 +1,281 @@
+"""Recovery decisions for a running gang: pure functions over observed facts, in virtual time.
+
+Nothing here does I/O or reads a clock: callers pass ``now`` and the facts a watch produced
+(:class:`NodeFact`, :class:`PodFact`, :class:`NodeIncident`). The train step turns watch events into
+facts, asks :func:`classify` what happened, then :func:`decide` what to do about it.
+
+Classification (first match wins, preemption evidence always beats application failure, because peers
+of a lost node die with NCCL errors that look like application failures):
+
+1. a gang node deleted, or tainted for shutdown (:data:`SHUTDOWN_TAINTS`) -> PREEMPTION of that node;
+2. a pod with a ``DisruptionTarget`` condition or an eviction reason (:data:`EVICTION_REASONS`)
+   -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption);
+3. a pod that exited 137/143 within :data:`NODE_EVENT_WINDOW_S` after a node incident -> PREEMPTION;
+4. any other failed pod, or a Failed job condition -> APP_FAILURE, committed only once
+   :data:`APP_FAILURE_SETTLE_S` passed with no preemption evidence (the caller re-classifies until then).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from kfp_gpu.spec import Recovery
+
+DISRUPTION_CONDITION = "DisruptionTarget"
+SHUTDOWN_TAINTS: frozenset[str] = frozenset({
+    "cloud.google.com/impending-node-termination",  # GKE spot/preemptible termination notice
+    "node.kubernetes.io/out-of-service",  # non-graceful node shutdown
+    "ToBeDeletedByClusterAutoscaler",
+    "DeletionCandidateOfClusterAutoscaler",
+    "node.cloudprovider.kubernetes.io/shutdown",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "karpenter.sh/disrupted",
+    "kfp-gpu.io/preempted",  # the local GKE stand-in's own marker
+})
+EVICTION_REASONS: frozenset[str] = frozenset({
+    "Evicted", "TerminationByKubelet", "DeletionByTaintManager", "PreemptionByScheduler",
+    "PreemptionByKubeScheduler", "EvictionByEvictionAPI", "DeletionByPodGC", "NodeShutdown", "Terminated",
+})
+PREEMPT_EXIT_CODES: frozenset[int] = frozenset({137, 143})  # SIGKILL / SIGTERM
+NODE_EVENT_WINDOW_S = 120.0  # a 137/143 exit this soon after a node incident is the incident's fallout
+APP_FAILURE_SETTLE_S = 2.0  # wait this long for preemption evidence before blaming the application
+
+
+class Cause(str, enum.Enum):
+    NONE = "none"
+    PREEMPTION = "preemption"
+    APP_FAILURE = "app-failure"
+
+
+@dataclass(frozen=True)
+class NodeFact:
+    name: str
+    at: float
+    exists: bool = True
+    ready: bool = True
+    unschedulable: bool = False
+    taints: tuple[str, ...] = ()
+    gpus: float = 0.0  # allocatable nvidia.com/gpu
+    zone: str = ""
+
+
+@dataclass(frozen=True)
+class PodFact:
+    name: str
+    node: str
+    at: float
+    phase: str = "Pending"  # Pending | Running | Succeeded | Failed | Unknown
+    exit_code: int | None = None
+    disruption: str = ""  # reason of a DisruptionTarget=True condition, "" when none
+    reason: str = ""  # status.reason or the terminated container's reason
+    deleted: bool = False
+    terminating: bool = False
+    role: str = ""  # master | worker
+    owner_uid: str = ""
+
+
+@dataclass(frozen=True)
+class NodeIncident:
+    node: str
+    at: float
+    reason: str  # "deleted" | a shutdown taint key | "NotReady"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    cause: Cause
+    at: float = 0.0  # time of the evidence that decided it
+    lost_nodes: tuple[str, ...] = ()
+    reason: str = ""
+    pods: tuple[str, ...] = ()
+    settle_until: float | None = None  # APP_FAILURE only: not final before this time
+
+    def final(self, now: float) -> bool:
+        return self.cause is not Cause.NONE and (self.settle_until is None or now >= self.settle_until)
+
+
+def node_shutdown_reason(node: NodeFact) -> str:
+    """Why ``node`` is going away ("deleted", the shutdown taint key), or "" when it is not."""
+    if not node.exists:
+        return "deleted"
+    for key in node.taints:
+        if key in SHUTDOWN_TAINTS:
+            return key
+    return ""
+
+
+def gang_ready(gang: Iterable[str], nodes: Mapping[str, NodeFact], gpus_per_node: int) -> tuple[str, ...]:
+    """The gang nodes that are NOT usable yet (missing, NotReady, cordoned, going away, too few GPUs)."""
+    missing = []
+    for name in gang:
+        n = nodes.get(name)
+        if (n is None or not n.exists or not n.ready or n.unschedulable or node_shutdown_reason(n)
+                or n.gpus < gpus_per_node):
+            missing.append(name)
+    return tuple(missing)
+
+
+def classify(
+    gang: Iterable[str],
+    incidents: Mapping[str, NodeIncident],
+    pods: Iterable[PodFact],
+    *,
+    now: float,
+    job_failed: str = "",
+) -> Verdict:
+    """What happened to the gang, from node incidents (keyed by node) and the current attempt's pods.
+
+    ``job_failed`` is the reason of a Failed job condition ("" when the job has not failed).
+    """
+    gang_set = frozenset(gang)
+    lost = sorted((i for i in incidents.values() if i.node in gang_set), key=lambda i: i.at)
+    if lost:
+        return Verdict(Cause.PREEMPTION, lost[0].at, tuple(i.node for i in lost),
+                       f"node {lost[0].node}: {lost[0].reason}")
+    pod_list = sorted(pods, key=lambda p: p.at)
+    for p in pod_list:
+        why = p.disruption or (p.reason if p.reason in EVICTION_REASONS else "")
+        if why:
+            gone = (p.node,) if p.node and p.node in incidents else ()
+            return Verdict(Cause.PREEMPTION, p.at, gone, f"pod {p.name}: {why}", (p.name,))
+    recent = [i for i in incidents.values() if 0.0 <= now - i.at <= NODE_EVENT_WINDOW_S]
+    failed = [p for p in pod_list if p.phase == "Failed" or (p.exit_code not in (None, 0))]
+    for p in failed:
+        if p.exit_code in PREEMPT_EXIT_CODES and recent:
+            return Verdict(Cause.PREEMPTION, p.at, tuple(sorted({i.node for i in recent} & gang_set)),
+                           f"pod {p.name} exited {p.exit_code} after node {recent[0].node} {recent[0].reason}",
+                           (p.name,))
+    if failed:
+        first = failed[0]
+        return Verdict(Cause.APP_FAILURE, first.at, (), f"pod {first.name} exited {first.exit_code}"
+                       + (f" ({first.reason})" if first.reason else ""), tuple(p.name for p in failed),
+                       settle_until=first.at + APP_FAILURE_SETTLE_S)
+    if job_failed:
+        return Verdict(Cause.APP_FAILURE, now, (), f"job failed: {job_failed}", settle_until=now + APP_FAILURE_SETTLE_S)
+    return Verdict(Cause.NONE, now)
+
+
+# ---- budget -------------------------------------------------------------------------------------
+
+class Action(str, enum.Enum):
+    RESUME = "resume"  # preemption within budget: re-provision what was lost and resume
+    RETRY = "retry"  # application failure within its retry budget: restart from the checkpoint
+    FAIL = "fail"  # application failure, retries used up -> TrainingFailed
+    EXHAUSTED = "exhausted"  # preemption budget used up -> RecoveryBudgetExhausted
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run has used so far. Lives in the step ledger, so a retried step keeps counting."""
+
+    preemptions: int = 0
+    app_failures: int = 0
+    on_demand: bool = False  # fallback already engaged
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    budget: Budget  # after counting this incident
+    on_demand: bool = False  # re-provision on-demand instead of spot
+    remaining: int = 0  # preemptions (or app retries) still allowed after this one
+    message: str = ""
+
+
+def decide(policy: Recovery, *, spot: bool, budget: Budget, verdict: Verdict) -> Decision:
+    """The action for a final verdict. Raises: ValueError for a verdict that is not a failure."""
+    if verdict.cause is Cause.PREEMPTION:
+        used = budget.preemptions + 1
+        on_demand = budget.on_demand or (spot and policy.on_demand_after > 0 and used >= policy.on_demand_after)
+        nb = replace(budget, preemptions=used, on_demand=on_demand)
+        if used > policy.max_preemptions:
+            return Decision(Action.EXHAUSTED, nb, on_demand, 0,
+                            f"preemption {used} exceeds recovery.max_preemptions={policy.max_preemptions}")
+        note = " (on-demand fallback)" if on_demand and not budget.on_demand else ""
+        return Decision(Action.RESUME, nb, on_demand, policy.max_preemptions - used,
+                        f"preemption {used}/{policy.max_preemptions}: resuming{note}")
+    if verdict.cause is Cause.APP_FAILURE:
+        used = budget.app_failures + 1
+        nb = replace(budget, app_failures=used)
+        if used > policy.app_failure_retries:
+            return Decision(Action.FAIL, nb, budget.on_demand, 0,
+                            f"application failure {used} exceeds recovery.app_failure_retries="
+                            f"{policy.app_failure_retries}")
+        return Decision(Action.RETRY, nb, budget.on_demand, policy.app_failure_retries - used,
+                        f"application failure {used}/{policy.app_failure_retries}: retrying")
+    raise ValueError(f"nothing to decide for verdict {verdict.cause.value}")
+
+
+# ---- watchdog ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Placement:
+    """How far the current attempt's gang got: times are None until they happened."""
+
+    created_at: float
+    gang: int
+    first_pod_at: float | None = None
+    first_bound_at: float | None = None
+    bound: int = 0
+    running: int = 0
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    expired: str = ""  # why the gang failed to place; "" while within bounds
+    next_deadline: float | None = None  # when to look again if nothing else happens
+
+
+def watchdog(p: Placement, *, now: float, admission_s: float, placement_s: float) -> Watchdog:
+    """Fail fast on a job with no pods after ``admission_s`` or a partial gang after ``placement_s``."""
+    if p.running >= p.gang:
+        return Watchdog()
+    if p.first_pod_at is None:
+        deadline = p.created_at + admission_s
+        if now >= deadline:
+            return Watchdog(f"job admitted but no pods after {admission_s:g}s")
+        return Watchdog(next_deadline=deadline)
+    if p.bound >= p.gang:
+        return Watchdog()  # fully placed; pods are starting
+    start = p.first_bound_at if p.first_bound_at is not None else p.first_pod_at
+    deadline = start + placement_s
+    if now >= deadline:
+        return Watchdog(f"partial placement: {p.bound}/{p.gang} pods placed after {placement_s:g}s")
+    return Watchdog(next_deadline=deadline)
+
+
+# ---- accounting --------------------------------------------------------------------------------
+
+def steps_lost(*, checkpoint_step: int, checkpoint_at: float | None, failed_at: float,
+               steps_per_s: float | None, checkpoint_every: int) -> int:
+    """Estimated steps trained since the checkpoint we resume from (work redone after resuming).
+
+    With a measured step rate: rate x time since the checkpoint, capped at ``checkpoint_every`` (a newer
+    checkpoint would exist otherwise). Without one: half a checkpoint interval, the expected loss.
+    """
+    if steps_per_s and steps_per_s > 0 and checkpoint_at is not None:
+        return max(0, min(checkpoint_every, round(steps_per_s * max(0.0, failed_at - checkpoint_at))))
+    return checkpoint_every // 2
+
+
+@dataclass
+class Usage:
+    """Running intervals of the job (one per attempt) -> GPU-hours."""
+
+    gpus: int
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, start: float | None, end: float) -> None:
+        if start is not None and end > start:
+            self.intervals.append((start, end))
+
+    @property
+    def seconds(self) -> float:
+        return sum(b - a for a, b in self.intervals)
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.seconds * self.gpus / 3600.0
