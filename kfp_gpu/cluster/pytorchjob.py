@@ -151,15 +151,6 @@ def delete(api: client.ApiClient, namespace: str, name: str) -> bool:
         raise
 
 
-def conditions(job: Mapping[str, Any]) -> dict[str, str]:
-    """Condition type -> reason for every condition with status True."""
-    out: dict[str, str] = {}
-    for c in (job.get("status") or {}).get("conditions") or []:
-        if c.get("status") == "True":
-            out[str(c.get("type"))] = str(c.get("reason") or c.get("message") or "")
-    return out
-
-
 def force_delete_pods(api: client.ApiClient, namespace: str, names: Sequence[str]) -> list[str]:
     """Delete pods with grace 0 (pods stuck Terminating on a vanished node). Raises: ApiException."""
     core = client.CoreV1Api(api)

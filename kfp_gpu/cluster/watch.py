@@ -13,6 +13,7 @@ The ``*_fact`` functions turn raw object dicts into the plain dataclasses of
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import json
 import logging
 import queue
@@ -25,7 +26,20 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.plan.recovery import DISRUPTION_CONDITION, NodeFact, PodFact
+from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
+from kfp_gpu.plan.recovery import (
+    DISRUPTION_CONDITION,
+    Cause,
+    NodeFact,
+    NodeIncident,
+    Placement,
+    PodFact,
+    Verdict,
+    classify,
+    gang_ready,
+    node_shutdown_reason,
+    watchdog,
+)
 
 log = logging.getLogger(__name__)
 
@@ -203,3 +217,190 @@ def pod_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> Pod
         role=str(labels.get("training.kubeflow.org/replica-type", "")),
         owner_uid=str(owners[0].get("uid", "")) if owners else "",
     )
+
+
+# ---- one gang, one job: the train step's view of the cluster ---------------------------------------
+
+class GangWatch:
+    """Node, pod and job watches of one PyTorchJob feeding a single queue, plus the facts they built.
+
+    ``nodes`` covers every node of the cluster; ``incidents`` the gang nodes that went away (or were
+    missing) during the current attempt; ``pods`` the current attempt's pods (by job UID).
+    """
+
+    def __init__(self, api: client.ApiClient, namespace: str, job: str, group: str, version: str,
+                 plural: str, pod_selector: str, clock: Callable[[], float] = time.time) -> None:
+        self.api, self.namespace, self.job = api, namespace, job
+        self.q: queue.Queue[Event] = queue.Queue()
+        self.clock = clock
+        self._watchers = [
+            node_watcher(api, self.q),
+            pod_watcher(api, self.q, namespace, pod_selector),
+            custom_watcher(api, self.q, group, version, namespace, plural, job),
+        ]
+        self.nodes: dict[str, NodeFact] = {}
+        self.gang: frozenset[str] = frozenset()
+        self.incidents: dict[str, NodeIncident] = {}
+        self.pods: dict[str, PodFact] = {}
+        self.uid = ""
+        self.conditions: dict[str, str] = {}
+        self.job_deleted = False
+        self.created_at = 0.0
+        self.first_pod_at: float | None = None
+        self.first_bound_at: float | None = None
+        self.running_at: float | None = None
+        self.decided_at = 0.0
+        self.replicas = 0
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        for w in self._watchers:
+            w.start()
+        for w in self._watchers:
+            w.synced.wait(timeout_s)
+        self.drain()
+
+    def stop(self) -> None:
+        for w in self._watchers:
+            w.stop()
+
+    # ---- events -> facts ---------------------------------------------------------------------------
+    def apply(self, ev: Event) -> None:
+        deleted = ev.type == "DELETED"
+        if ev.source == "node":
+            n = node_fact(ev.obj, ev.at, deleted=deleted)
+            self.nodes[n.name] = n
+            why = node_shutdown_reason(n)
+            if why and n.name in self.gang and n.name not in self.incidents:
+                self.incidents[n.name] = NodeIncident(n.name, ev.at, why)
+        elif ev.source == "pod":
+            p = pod_fact(ev.obj, ev.at, deleted=deleted)
+            if self.uid and p.owner_uid != self.uid:
+                return
+            old = self.pods.get(p.name)
+            if old is not None and deleted:  # keep what the last update said (exit code, disruption)
+                p = dataclasses.replace(old, deleted=True)
+            self.pods[p.name] = p
+            self.first_pod_at = self.first_pod_at or ev.at
+            if p.node:
+                self.first_bound_at = self.first_bound_at or ev.at
+            running = [q for q in self.pods.values() if q.phase == "Running" and not q.deleted]
+            if self.running_at is None and self.replicas and len(running) >= self.replicas:
+                self.running_at = ev.at
+        elif ev.source == "job":
+            uid = str((ev.obj.get("metadata") or {}).get("uid", ""))
+            if self.uid and uid != self.uid:
+                return
+            self.job_deleted = deleted
+            self.conditions = _conditions(ev.obj)
+            if self.running_at is None and "Running" in self.conditions and self.pods:
+                self.running_at = ev.at
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.apply(self.q.get_nowait())
+            except queue.Empty:
+                return
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block for the next event (then apply it and any queued behind it). False on timeout."""
+        try:
+            ev = self.q.get(timeout=max(0.0, timeout_s))
+        except queue.Empty:
+            return False
+        self.apply(ev)
+        self.drain()
+        return True
+
+    # ---- phases ------------------------------------------------------------------------------------
+    def gate(self, gang: tuple[str, ...], gpus_per_node: int, timeout_s: float) -> float:
+        """Wait until every gang node is Ready with ``gpus_per_node`` allocatable GPUs; returns seconds
+        waited. Raises: GangPlacementFailed after ``timeout_s``."""
+        start = self.clock()
+        self.drain()
+        while True:
+            missing = gang_ready(gang, self.nodes, gpus_per_node)
+            if not missing:
+                return self.clock() - start
+            left = start + timeout_s - self.clock()
+            if left <= 0:
+                raise GangPlacementFailed(
+                    f"gang not Ready after {timeout_s:g}s: {len(missing)}/{len(gang)} nodes missing, NotReady "
+                    f"or without {gpus_per_node} allocatable GPUs: {', '.join(missing)}",
+                    remediation="check the scale-up output and the nodes (kubectl describe node ...)",
+                    nodes=list(missing),
+                )
+            self.wait(min(left, 5.0))
+
+    def begin(self, job: Mapping[str, Any], gang: tuple[str, ...], replicas: int) -> None:
+        """Start following a new attempt: the job's UID, the gang's nodes, a fresh incident record."""
+        self.uid = str(job["metadata"].get("uid", ""))
+        self.gang = frozenset(gang)
+        self.replicas = replicas
+        self.pods, self.incidents, self.conditions = {}, {}, _conditions(job)
+        self.job_deleted = False
+        self.created_at = self.clock()
+        self.first_pod_at = self.first_bound_at = self.running_at = None
+        self.drain()
+        for name in gang:  # gone before we (re-)attached: no DELETED event will ever come
+            n = self.nodes.get(name)
+            why = "missing" if n is None else node_shutdown_reason(n)
+            if why:
+                self.incidents[name] = NodeIncident(name, self.clock(), why)
+
+    def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
+        """Follow the attempt until it succeeds ("Succeeded") or a final failure verdict.
+
+        Raises: GangPlacementFailed (watchdog), TrainingFailed (the job was deleted by someone else).
+        """
+        size = self.replicas
+        while True:
+            now = self.clock()
+            verdict = classify(self.gang, self.incidents, self.pods.values(), now=now,
+                               job_failed=self.conditions.get("Failed", ""))
+            if verdict.cause is Cause.PREEMPTION or verdict.final(now):
+                self.decided_at = now
+                return verdict
+            if "Succeeded" in self.conditions and verdict.cause is Cause.NONE:
+                return "Succeeded"
+            if self.job_deleted:
+                raise TrainingFailed(f"job {self.job} was deleted by someone else while running",
+                                     remediation="do not delete kfp-gpu jobs by hand; cancel the run instead")
+            live = [p for p in self.pods.values() if not p.deleted]
+            wd = watchdog(Placement(self.created_at, size, self.first_pod_at, self.first_bound_at,
+                                    bound=sum(1 for p in live if p.node),
+                                    running=sum(1 for p in live if p.phase in ("Running", "Succeeded"))),
+                          now=now, admission_s=admission_s, placement_s=placement_s)
+            if wd.expired:
+                raise GangPlacementFailed(f"job {self.job}: {wd.expired}",
+                                          remediation="check node taints, GPU requests and competing pods; "
+                                          "the gang must fit on the provisioned nodes", job=self.job)
+            deadlines = [d for d in (wd.next_deadline, verdict.settle_until) if d is not None]
+            self.wait(min([d - now for d in deadlines] + [5.0]))
+
+    def lost_nodes(self, verdict: Verdict) -> list[str]:
+        """Gang nodes to replace: the verdict's plus any that went away since (multi-node preemption)."""
+        self.drain()
+        lost = set(verdict.lost_nodes) | set(self.incidents)
+        lost |= {n for n in self.gang if n not in self.nodes or node_shutdown_reason(self.nodes[n])}
+        return sorted(lost)
+
+    def log_tails(self, pods: tuple[str, ...], lines: int = 20) -> dict[str, str]:
+        """Last log lines of ``pods``; KWOK pods (and vanished ones) have none, which is said, not raised."""
+        out = {}
+        core = client.CoreV1Api(self.api)
+        for pod in pods:
+            try:
+                out[pod] = str(core.read_namespaced_pod_log(pod, self.namespace, tail_lines=lines,
+                                                             _request_timeout=5))
+            except Exception as exc:
+                out[pod] = f"(no logs available: {type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        return out
+
+
+def _conditions(job: Mapping[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("status") == "True":
+            out[str(c.get("type"))] = str(c.get("reason") or c.get("message") or "")
+    return out

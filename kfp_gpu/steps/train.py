@@ -1,0 +1,367 @@
+"""The train step: a gang-safe PyTorchJob on the provisioned capacity, seen through to the end.
+
+Flow: gate on the whole gang Ready (node watch) -> create the job, or re-attach to the one a previous try
+of this step created -> watch job, pods and nodes -> on preemption (decided in
+:mod:`kfp_gpu.plan.recovery`, watch-driven, well under a second) delete the job, wait until its pods are
+gone (force-deleting pods stuck on vanished nodes), re-provision only the lost nodes, and recreate the job
+from the newest complete checkpoint. Application failures are retried ``recovery.app_failure_retries``
+times, then fail with the pods' log tails. Every incident is written to the step ledger (so a retried step
+keeps counting) and to the timeline. Cancel (SIGTERM -> ``Cancelled``) deletes the job, then re-raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.cluster.watch import GangWatch
+from kfp_gpu.dsl import JobTemplate
+from kfp_gpu.errors import (
+    Cancelled,
+    GangPlacementFailed,
+    KfpGpuError,
+    RecoveryBudgetExhausted,
+    TrainingFailed,
+)
+from kfp_gpu.plan.recovery import Action, Budget, Cause, Decision, Usage, Verdict, decide, steps_lost
+from kfp_gpu.providers.base import Owner
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu.steps.result import StepResult
+from kfp_gpu.timeline import NodeState, Timeline
+
+log = logging.getLogger(__name__)
+STEP = "train"
+
+Reprovision = Callable[..., Capacity]
+"""``(spec, run_id, api, provider, *, lost: int, zone_hint: str, on_demand: bool) -> Capacity`` of the
+replacement nodes (:func:`kfp_gpu.steps.scale_up.reprovision`)."""
+
+
+class TrainState:
+    """Everything one train step knows: capacity, budget, ledger, timeline, and the gang watch."""
+
+    def __init__(self, spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity: Capacity,
+                 job: str) -> None:
+        self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
+        self.namespace = spec.target.namespace
+        self.owner = Owner.for_step(run_id, STEP, spec.lease_ttl_s)
+        self.timeline = Timeline(run_id=run_id)
+        if capacity.timeline_json:
+            self.timeline.merge(Timeline.from_json(capacity.timeline_json))
+        self.budget = Budget()
+        self.usage = Usage(gpus=spec.nodes * capacity.gpus_per_node)
+        self.ledger: dict[str, Any] = {}
+        self.attempt = 0
+        self.resume_step = 0
+        self.watch = GangWatch(api, self.namespace, job, pytorchjob.GROUP, pytorchjob.VERSION,
+                               pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={job}")
+
+    @property
+    def running_at(self) -> float | None:
+        return self.watch.running_at
+
+    def load_ledger(self) -> None:
+        """Continue the budget of an earlier try of this step. Raises: ApiException."""
+        self.ledger = ledger.read(self.api, self.namespace, self.run_id, STEP) or {}
+        b = self.ledger.get("budget") or {}
+        self.budget = Budget(int(b.get("preemptions", 0)), int(b.get("app_failures", 0)), bool(b.get("on_demand")))
+        self.attempt = int(self.ledger.get("attempts", 0))
+        self.ledger.update(job=self.job, namespace=self.namespace)
+
+    def save_ledger(self) -> None:
+        self.ledger["attempts"] = self.attempt
+        self.ledger["capacity"] = json.loads(self.capacity.to_json())
+        self.ledger["gpu_hours"] = round(self.usage.gpu_hours, 6)
+        try:
+            ledger.write(self.api, self.namespace, self.owner, self.ledger)
+        except Exception as exc:  # the ledger is a record; losing one write must not kill training
+            log.warning("could not write the train ledger: %s", exc)
+
+    def checkpoint(self) -> Any:
+        """The newest complete checkpoint (``.step``, ``.created``, ``.uri``, ``.meta``) or None."""
+        if not self.spec.checkpoint_uri:
+            return None
+        try:
+            from kfp_gpu.checkpoint.store import CheckpointStore
+        except ImportError:  # pragma: no cover - the checkpoint package ships with kfp_gpu
+            return None
+        try:
+            return CheckpointStore(self.spec.checkpoint_uri).latest()
+        except KfpGpuError as exc:
+            log.warning("cannot read checkpoints at %s: %s", self.spec.checkpoint_uri, exc)
+            return None
+
+    def begin_attempt(self, job: dict[str, Any], *, resume_step: int, created: bool) -> None:
+        self.attempt += 1
+        self.resume_step = resume_step
+        self.watch.begin(job, self.capacity.nodes, self.spec.nodes)
+        now = time.time()
+        kind = "job-created" if created else "job-attached"
+        self.timeline.event(kind, now, job=self.job, attempt=self.attempt, resume_step=resume_step)
+        if self.attempt > 1 and created:
+            self.timeline.event("resumed", now, job=self.job, attempt=self.attempt, step=resume_step)
+        self.ledger["status"] = "running"
+        self.save_ledger()
+
+    def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
+        """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
+        try:
+            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+        finally:
+            if self.running_at is not None:
+                self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
+                last = (self.ledger.get("preemptions") or [{}])[-1]
+                if last and "time_to_resume_s" not in last and last.get("decided_at"):
+                    last["time_to_resume_s"] = round(self.running_at - float(last["decided_at"]), 3)
+
+    def mark_node_preempted(self, node: str, at: float) -> None:
+        tl = self.timeline.nodes.get(node)
+        if tl is not None:
+            try:
+                tl.advance(NodeState.PREEMPTED, at)
+            except ValueError:
+                pass
+
+
+def run(
+    spec: ProvisioningSpec, run_id: str, capacity_json: str, *, job_json: str, dataset_uri: str = "",
+    reprovision: Reprovision | None = None, api: client.ApiClient | None = None,
+    admission_timeout_s: float = 120.0, placement_timeout_s: float = 300.0, gate_timeout_s: float = 600.0,
+    cleanup_timeout_s: float = 120.0,
+) -> StepResult:
+    """Run the training job on ``capacity_json`` (a scale-up output) and recover from preemptions.
+
+    Raises:
+        InvalidSpec: ``capacity_json`` or ``job_json`` is malformed.
+        GangPlacementFailed: the gang's nodes never became Ready, the job got no pods, or only part of the
+            gang was placed within the watchdog bounds (the job is deleted).
+        TrainingFailed: the application failed more than ``recovery.app_failure_retries`` times.
+        RecoveryBudgetExhausted: more than ``recovery.max_preemptions`` preemptions.
+        Cancelled: SIGTERM/SIGINT; the job was deleted first.
+        PermissionDenied: no Kubernetes credentials.
+    """
+    from kfp_gpu.cluster.kube import api_client
+
+    capacity = Capacity.from_json(capacity_json)
+    template = JobTemplate.from_json(job_json)
+    own_api = api is None
+    api = api if api is not None else api_client(spec.target)
+    st = TrainState(spec, run_id, api, capacity, pytorchjob.job_name(run_id, template.name))
+    started = time.time()
+    st.load_ledger()
+    try:
+        status = _supervise(st, template, dataset_uri, reprovision, admission_timeout_s, placement_timeout_s,
+                            gate_timeout_s, cleanup_timeout_s)
+    except Cancelled:
+        st.ledger["status"] = "cancelled"
+        _cleanup(st, cleanup_timeout_s)
+        raise
+    except (GangPlacementFailed, TrainingFailed, RecoveryBudgetExhausted) as err:
+        st.ledger["status"] = type(err).__name__
+        st.ledger["error"] = err.message
+        _cleanup(st, cleanup_timeout_s)
+        raise
+    finally:
+        st.watch.stop()
+        if own_api:
+            api.close()
+    return _result(st, status, time.time() - started)
+
+
+def _supervise(
+    st: TrainState, template: JobTemplate, dataset_uri: str, reprovision: Reprovision | None,
+    admission_s: float, placement_s: float, gate_s: float, cleanup_s: float,
+) -> str:
+    spec = st.spec
+    st.watch.start()
+    attach = pytorchjob.get(st.api, st.namespace, st.job)
+    if attach is not None and attach["metadata"].get("deletionTimestamp"):
+        pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s)
+        attach = None
+    while True:
+        if attach is None:
+            st.watch.gate(st.capacity.nodes, st.capacity.gpus_per_node, gate_s)
+            ck = st.checkpoint()
+            ckpt_step = int(ck.step) if ck is not None else 0
+            body = pytorchjob.manifest(
+                st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
+                checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
+                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
+            )
+            job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
+        else:
+            job, created, ckpt_step = attach, False, int(
+                (attach["metadata"].get("annotations") or {}).get("kfp-gpu.io/resume-step", "0"))
+        attach = None
+        st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        outcome = st.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+        if isinstance(outcome, str):  # "Succeeded"
+            return outcome
+        decision = decide(spec.recovery, spot=st.capacity.spot, budget=st.budget, verdict=outcome)
+        _record(st, outcome, decision, template)
+        if decision.action is Action.EXHAUSTED:
+            raise RecoveryBudgetExhausted(
+                f"job {st.job}: {decision.message}; last: {outcome.reason}",
+                remediation="raise recovery.max_preemptions, use on-demand capacity (recovery.on_demand_after) "
+                "or a reservation, or checkpoint more often",
+                preemptions=st.ledger.get("preemptions", []), budget=spec.recovery.max_preemptions,
+            )
+        if decision.action is Action.FAIL:
+            logs = st.watch.log_tails(outcome.pods)
+            st.ledger.setdefault("app_failures", [])[-1]["logs"] = logs
+            raise TrainingFailed(
+                f"job {st.job}: {outcome.reason}; {decision.message}\n" + "\n".join(
+                    f"--- {pod} (last lines) ---\n{text}" for pod, text in logs.items()),
+                remediation="fix the training code or inputs (see the log tail); this was not a preemption",
+                pods=list(outcome.pods), logs=logs,
+            )
+        pytorchjob.delete(st.api, st.namespace, st.job)
+        if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
+            raise GangPlacementFailed(
+                f"job {st.job}: old pods still present after {cleanup_s:g}s; refusing to start a second copy",
+                remediation="check for pods stuck Terminating and delete them with --grace-period=0 --force",
+            )
+        if outcome.cause is Cause.PREEMPTION:
+            lost = st.watch.lost_nodes(outcome)
+            st.ledger["preemptions"][-1]["lost_nodes"] = lost
+            if lost:
+                _replace_nodes(st, lost, decision, reprovision)
+        st.save_ledger()
+
+
+def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobTemplate) -> None:
+    now = time.time()
+    st.budget = decision.budget
+    st.usage.add(st.running_at, now)
+    ck = st.checkpoint()
+    ck_step = ck.step if ck is not None else 0
+    rate = None
+    if ck is not None and st.running_at is not None and ck.created > st.running_at and ck.step > st.resume_step:
+        rate = (ck.step - st.resume_step) / (ck.created - st.running_at)
+    entry: dict[str, Any] = {
+        "t": verdict.at, "decided_at": st.watch.decided_at, "reason": verdict.reason, "action": decision.action.value,
+        "checkpoint_step": ck_step, "checkpoint_uri": ck.uri if ck is not None else "",
+        "steps_lost": steps_lost(checkpoint_step=ck_step, checkpoint_at=ck.created if ck else None,
+                                 failed_at=verdict.at, steps_per_s=rate, checkpoint_every=template.checkpoint_every),
+        "message": decision.message,
+    }
+    if verdict.cause is Cause.PREEMPTION:
+        entry.update(lost_nodes=list(verdict.lost_nodes), on_demand=decision.on_demand,
+                     detect_latency_s=round(st.watch.decided_at - verdict.at, 4))
+        st.ledger.setdefault("preemptions", []).append(entry)
+        for node in verdict.lost_nodes:
+            st.timeline.event("preemption", verdict.at, node=node, reason=verdict.reason, job=st.job)
+            st.mark_node_preempted(node, verdict.at)
+        if not verdict.lost_nodes:
+            st.timeline.event("preemption", verdict.at, node="", reason=verdict.reason, job=st.job)
+    else:
+        st.ledger.setdefault("app_failures", []).append(entry)
+    st.timeline.event("job-finished", now, job=st.job, status=verdict.cause.value, attempt=st.attempt)
+    st.ledger["budget"] = {"preemptions": st.budget.preemptions, "app_failures": st.budget.app_failures,
+                           "on_demand": st.budget.on_demand}
+    st.save_ledger()
+
+
+def _replace_nodes(st: TrainState, lost: list[str], decision: Decision, reprovision: Reprovision | None) -> None:
+    zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
+    zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
+    provider: Any = None
+    if reprovision is None:
+        from kfp_gpu.providers import for_target
+        from kfp_gpu.steps.scale_up import reprovision as default_reprovision
+
+        reprovision, provider = default_reprovision, for_target(st.spec.target)
+    new = reprovision(st.spec, st.run_id, st.api, provider, lost=len(lost), zone_hint=zone,
+                      on_demand=decision.on_demand)
+    st.capacity = merge_capacity(st.capacity, set(lost), new)
+    if new.timeline_json:
+        from kfp_gpu.timeline import Timeline
+
+        st.timeline.merge(Timeline.from_json(new.timeline_json))
+    st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in new.nodes if n not in lost]
+
+
+def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:
+    """``old`` without the ``lost`` nodes, plus the replacement nodes of ``new`` (deduplicated)."""
+    seen: set[str] = set()
+    placements: list[Placement] = []
+    for p in (*old.placements, *new.placements):
+        nodes = tuple(n for n in p.nodes if n not in lost and n not in seen)
+        seen.update(nodes)
+        if nodes:
+            placements.append(Placement(p.pool, p.zone, nodes))
+    return Capacity(old.run_id, tuple(placements), old.gpus_per_node, old.accelerator_label,
+                    spot=old.spot and new.spot, timeline_json=old.timeline_json, extra=dict(old.extra))
+
+
+def _cleanup(st: TrainState, timeout_s: float) -> None:
+    """Delete the job (foreground) and wait for its pods; never raises (we are already failing)."""
+    try:
+        pytorchjob.delete(st.api, st.namespace, st.job)
+        st.timeline.event("job-finished", time.time(), job=st.job, status=str(st.ledger.get("status")),
+                          attempt=st.attempt)
+        st.usage.add(st.running_at, time.time())
+        if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=timeout_s):
+            log.warning("job %s: pods still present after %.0fs of cleanup", st.job, timeout_s)
+        st.save_ledger()
+    except Cancelled:
+        log.warning("job %s: second cancel during cleanup; job deletion was already requested", st.job)
+    except Exception as exc:  # cleanup must not mask the original error
+        log.warning("job %s: cleanup failed: %s", st.job, exc)
+
+
+def _result(st: TrainState, status: str, wall_s: float) -> StepResult:
+    st.usage.add(st.running_at, time.time())
+    ck = st.checkpoint()
+    final_step = ck.step if ck is not None else None
+    final_loss = (ck.meta or {}).get("loss") if ck is not None else None
+    st.ledger["status"] = status
+    st.save_ledger()
+    pre = list(st.ledger.get("preemptions", []))
+    lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
+    out = {
+        "job": st.job, "namespace": st.namespace, "status": status, "final_step": final_step,
+        "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
+        "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
+        "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
+        "timeline": st.timeline.to_json(),
+    }
+    metrics = {
+        "gpu_hours": st.usage.gpu_hours, "preemptions": float(len(pre)), "attempts": float(st.attempt),
+        "app_failures": float(st.budget.app_failures), "wall_s": wall_s,
+        "steps_lost": float(sum(int(p.get("steps_lost", 0)) for p in pre)),
+    }
+    if lat:
+        metrics["preemption_detect_latency_max_s"] = max(lat)
+    if final_step is not None:
+        metrics["final_step"] = float(final_step)
+    if isinstance(final_loss, (int, float)):
+        metrics["final_loss"] = float(final_loss)
+    return StepResult(json.dumps(out, sort_keys=True), metrics, _markdown(out, pre))
+
+
+def _markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# Training job `{out['job']}`: {out['status']}", "",
+        f"- attempts: {out['attempts']}, preemptions: {out['preemptions']}, app failures: {out['app_failures']}",
+        f"- GPU-hours: {out['gpu_hours']:.4f}; on-demand fallback: {'yes' if out['on_demand'] else 'no'}",
+        f"- final step: {out['final_step'] if out['final_step'] is not None else 'unknown'}"
+        + (f", loss {out['final_loss']}" if out["final_loss"] is not None else ""),
+    ]
+    if pre:
+        lines += ["", "| # | lost nodes | reason | checkpoint | steps lost | detect (s) | resume (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, p in enumerate(pre, 1):
+            lines.append(f"| {i} | {', '.join(p.get('lost_nodes', [])) or '-'} | {p.get('reason', '')} | "
+                         f"{p.get('checkpoint_step', 0)} | {p.get('steps_lost', 0)} | "
+                         f"{p.get('detect_latency_s', '')} | {p.get('time_to_resume_s', '')} |")
+    return "\n".join(lines)
+
+
