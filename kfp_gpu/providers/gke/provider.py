@@ -1,0 +1,376 @@
+"""GkeProvider: the CapacityProvider for GKE, on the google-cloud-* REST clients.
+
+google.cloud / google.auth are imported lazily, inside methods, so ``import kfp_gpu`` never needs
+them. Every SDK call goes through :meth:`GkeProvider._call`, which turns exceptions into
+classified :class:`~kfp_gpu.errors.KfpGpuError` via :mod:`kfp_gpu.providers.gke.classify`.
+Client-side retries are disabled (``retry=None``): back-off is kfp-gpu's decision, driven by
+``transient``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
+from kfp_gpu.providers.base import (
+    Operation,
+    OpStatus,
+    OwnedResource,
+    Owner,
+    PoolRef,
+    PoolState,
+    QuotaAmount,
+    ReservationRequest,
+)
+from kfp_gpu.providers.gke import classify as cl
+from kfp_gpu.providers.gke import quota as quota_mod
+from kfp_gpu.providers.gke import reservations as res_mod
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+NO_MAX = 1000  # a pool without autoscaling limits
+
+
+class GkeProvider:
+    """CapacityProvider for one GKE cluster.
+
+    Args:
+        project: GCP project id.
+        location: the cluster's location (region for regional clusters, zone for zonal ones).
+        cluster: GKE cluster name.
+        endpoint: API base URL override (the kfp_gpu.sim stand-in, e.g. ``http://127.0.0.1:8787``);
+            "" talks to the real Google APIs.
+        credentials: google.auth credentials. None means Application Default Credentials, except
+            for a plain ``http://`` endpoint (the local stand-in), which gets AnonymousCredentials
+            so real tokens never travel unencrypted.
+        timeout: per-call timeout, seconds.
+    """
+
+    name = "gke"
+
+    def __init__(
+        self,
+        project: str,
+        location: str,
+        cluster: str,
+        *,
+        endpoint: str = "",
+        credentials: Any = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.project, self.location, self.cluster = project, location, cluster
+        self.endpoint = endpoint.rstrip("/")
+        self._credentials = credentials
+        self.timeout = timeout
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._resizes: dict[tuple[str, str], tuple[int, Operation, Owner]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gke-provider")
+
+    @classmethod
+    def from_target(cls, target: Any, *, endpoint: str | None = None, credentials: Any = None) -> GkeProvider:
+        """A provider for a :class:`kfp_gpu.spec.Target` (gke or local kind)."""
+        return cls(target.project, target.region, target.cluster,
+                   endpoint=target.endpoint if endpoint is None else endpoint, credentials=credentials)
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    @property
+    def cluster_path(self) -> str:
+        return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+
+    def credentials(self) -> Any:
+        """The credentials in use, resolving ADC on first use.
+
+        Raises:
+            PermissionDenied: no credentials could be found, with the command that fixes it.
+        """
+        if self._credentials is None:
+            if self.endpoint.startswith("http://"):
+                from google.auth.credentials import AnonymousCredentials
+
+                self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call,unused-ignore]
+            else:
+                import google.auth
+                from google.auth.exceptions import DefaultCredentialsError
+
+                try:
+                    self._credentials, _ = google.auth.default(  # type: ignore[no-untyped-call,unused-ignore]
+                        scopes=["https://www.googleapis.com/auth/cloud-platform"])
+                except DefaultCredentialsError as exc:
+                    raise PermissionDenied(
+                        f"no Google Cloud credentials found: {exc}",
+                        remediation="run `gcloud auth application-default login`, or set "
+                        "GOOGLE_APPLICATION_CREDENTIALS to a service-account key, or run on GCP with a "
+                        "workload identity / service account",
+                    ) from None
+        return self._credentials
+
+    def client(self, kind: str) -> Any:
+        """A cached REST client: regions, projects, reservations, zone_ops, igm, container, quotas.
+
+        Raises: PermissionDenied (no credentials).
+        """
+        with self._lock:
+            if kind in self._clients:
+                return self._clients[kind]
+        creds = self.credentials()
+        from google.api_core.client_options import ClientOptions
+
+        opts = ClientOptions(api_endpoint=self.endpoint) if self.endpoint else None
+        if kind == "container":
+            from google.cloud import container_v1
+
+            factory: Any = container_v1.ClusterManagerClient
+        elif kind == "quotas":
+            from google.cloud import cloudquotas_v1
+
+            factory = cloudquotas_v1.CloudQuotasClient
+        else:
+            from google.cloud import compute_v1
+
+            factory = {
+                "regions": compute_v1.RegionsClient, "projects": compute_v1.ProjectsClient,
+                "reservations": compute_v1.ReservationsClient, "zone_ops": compute_v1.ZoneOperationsClient,
+                "igm": compute_v1.InstanceGroupManagersClient,
+            }[kind]
+        c = factory(transport="rest", credentials=creds, client_options=opts)
+        with self._lock:
+            return self._clients.setdefault(kind, c)
+
+    def _call(self, kind: str, method: str, *, at_zone: str = "", at_region: str = "", **kwargs: Any) -> Any:
+        """Call ``client(kind).method(**kwargs)`` with no client retry; classify failures.
+
+        Raises: KfpGpuError (classified).
+        """
+        fn: Callable[..., Any] = getattr(self.client(kind), method)
+        try:
+            return fn(retry=None, timeout=self.timeout, **kwargs)
+        except KfpGpuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - everything leaving a provider is classified
+            raise self.classify(exc, zone=at_zone, region=at_region) from exc
+
+    def parallel(self, fns: Sequence[Callable[[], T]]) -> list[T | KfpGpuError]:
+        """Run ``fns`` concurrently; a KfpGpuError is returned in place of its result."""
+        def run(fn: Callable[[], T]) -> T | KfpGpuError:
+            try:
+                return fn()
+            except KfpGpuError as exc:
+                return exc
+        return list(self._pool.map(run, fns))
+
+    def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
+        """Map a raw SDK exception to a KfpGpuError via the tables in ``classify``."""
+        if isinstance(exc, KfpGpuError):
+            return exc
+        from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
+
+        if isinstance(exc, (DefaultCredentialsError, RefreshError)):
+            return PermissionDenied(
+                f"Google Cloud credentials are missing or expired: {exc}",
+                remediation="run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS",
+            )
+        if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
+            "requests"
+        ):
+            from kfp_gpu.errors import TransientCloudError
+
+            where = self.endpoint or "the Google APIs"
+            return TransientCloudError(f"cannot reach {where}: {exc}", remediation="retry; check network/endpoint")
+        return cl.classify_fault(cl.fault_from_exception(exc), zone=zone, region=region)
+
+    # ---- quota --------------------------------------------------------------------------------
+    def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
+        """GPU quota amounts for ``accelerator`` in ``region``; see the CapacityProvider contract.
+
+        Raises: PermissionDenied (no credentials at all), NotFound (no such region), InvalidSpec
+        (unknown accelerator).
+        """
+        return quota_mod.read(self, accelerators.get(accelerator), region, spot=spot)
+
+    def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
+        """File a Cloud Quotas QuotaPreference; returns its resource name. Idempotent per (metric, region, value).
+
+        Raises: PermissionDenied (needs cloudquotas.quotas.update), InvalidSpec (value below the
+        current limit), CloudError.
+        """
+        return quota_mod.request_increase(self, metric, region, value, justification)
+
+    # ---- pools --------------------------------------------------------------------------------
+    def pools(self, region: str) -> list[PoolState]:
+        """One PoolState per (GPU node pool, zone) of the cluster inside ``region``.
+
+        Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
+        """
+        return self.gpu_pools(region)
+
+    def gpu_pools(self, region: str, accelerator_types: Sequence[str] = ()) -> list[PoolState]:
+        """Like :meth:`pools`, optionally only pools whose GKE accelerator type is listed.
+
+        Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
+        """
+        resp = self._call("container", "list_node_pools", at_region=region, parent=self.cluster_path)
+        rows: list[tuple[Any, str, str]] = []
+        for np in resp.node_pools:
+            if not np.config.accelerators:
+                continue
+            if accelerator_types and np.config.accelerators[0].accelerator_type not in accelerator_types:
+                continue
+            urls = {u.split("/zones/")[1].split("/")[0]: u for u in np.instance_group_urls if "/zones/" in u}
+            for zone in list(np.locations) or list(urls):
+                if zone.rsplit("-", 1)[0] == region:
+                    rows.append((np, zone, urls.get(zone, "")))
+        sizes = self.parallel([functools.partial(self._target_size, np, url) for np, _, url in rows])
+        out = []
+        for (np, zone, _), size in zip(rows, sizes, strict=True):
+            if isinstance(size, KfpGpuError):
+                raise size
+            out.append(self._pool_state(np, zone, region, size))
+        return out
+
+    def _target_size(self, np: Any, igm_url: str) -> int:
+        if not igm_url:
+            return int(np.initial_node_count)
+        zone = igm_url.split("/zones/")[1].split("/")[0]
+        igm = self._call("igm", "get", at_zone=zone, request={
+            "project": self.project, "zone": zone, "instance_group_manager": igm_url.rsplit("/", 1)[-1]})
+        return int(igm.target_size)
+
+    def _pool_state(self, np: Any, zone: str, region: str, size: int) -> PoolState:
+        acc_cfg = np.config.accelerators[0]
+        try:
+            acc = accelerators.get(acc_cfg.accelerator_type).name
+        except InvalidSpec:
+            acc = acc_cfg.accelerator_type
+        auto = np.autoscaling
+        max_size = int(auto.max_node_count or auto.total_max_node_count or 0) or NO_MAX
+        return PoolState(
+            ref=PoolRef(np.name, zone, region), size=size, max_size=max_size, accelerator=acc,
+            gpus_per_node=int(acc_cfg.accelerator_count), machine_type=np.config.machine_type,
+            spot=bool(np.config.spot or np.config.preemptible), labels=dict(np.config.resource_labels),
+        )
+
+    def pool(self, ref: PoolRef) -> PoolState:
+        """The state of one pool in one zone.
+
+        Raises: NotFound (no such pool / zone), PermissionDenied, RateLimited, TransientCloudError.
+        """
+        region = ref.region or ref.zone.rsplit("-", 1)[0]
+        np = self._call("container", "get_node_pool", at_zone=ref.zone,
+                        name=f"{self.cluster_path}/nodePools/{ref.pool}")
+        zones = list(np.locations)
+        if zones and ref.zone not in zones:
+            raise NotFound(f"node pool {ref.pool} has no nodes in zone {ref.zone} (its zones: {zones})",
+                           remediation="use a zone the pool spans, or add the zone to the pool", zone=ref.zone)
+        if len(zones) > 1:
+            raise InvalidSpec("pool", ref.pool, f"spans zones {zones}; kfp-gpu resizes single-zone pools",
+                              remediation="create one GPU node pool per zone (GKE --node-locations=<zone>)")
+        if not np.config.accelerators:
+            raise InvalidSpec("pool", ref.pool, "has no GPUs (config.accelerators is empty)")
+        url = next((u for u in np.instance_group_urls if f"/zones/{ref.zone}/" in u), "")
+        return self._pool_state(np, ref.zone, region, self._target_size(np, url))
+
+    def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
+        """Set the node count of ``ref`` (nodePools.setSize); idempotent on the absolute size.
+
+        A repeat of the last size this provider set returns the existing Operation; a pool already
+        at ``size`` returns a DONE no-op Operation without calling setSize. An Operation that is
+        born failed (e.g. a stockout GKE reports at once) is raised as its classified error.
+
+        Raises: QuotaExceeded (region/provider), CapacityUnavailable (zone), InvalidSpec (size
+        out of [0, max]), PermissionDenied, NotFound, RateLimited, TransientCloudError, CloudError.
+        """
+        key = (ref.pool, ref.zone)
+        with self._lock:
+            prev = self._resizes.get(key)
+        if prev is not None and prev[0] == size and prev[1].status is not OpStatus.FAILED:
+            return prev[1]
+        state = self.pool(ref)
+        if not 0 <= size <= state.max_size:
+            raise InvalidSpec(f"size[{ref.pool}/{ref.zone}]", size, f"must be in [0, {state.max_size}] (pool max)")
+        if state.size == size and (prev is None or prev[1].done):
+            op = Operation(f"noop:{ref.pool}:{ref.zone}:{size}", "resize", f"{ref.pool}/{ref.zone}", OpStatus.DONE)
+        else:
+            from google.cloud import container_v1
+
+            req = container_v1.SetNodePoolSizeRequest(
+                name=f"{self.cluster_path}/nodePools/{ref.pool}", node_count=size)
+            raw = self._call("container", "set_node_pool_size", at_zone=ref.zone, at_region=state.ref.region,
+                             request=req)
+            op = self._gke_op(raw, f"{ref.pool}/{ref.zone}", ref.zone, state.ref.region)
+        with self._lock:
+            self._resizes[key] = (size, op, owner)
+        if op.status is OpStatus.FAILED and op.error is not None:
+            raise op.error
+        return op
+
+    def operation(self, op: Operation) -> Operation:
+        """Poll ``op``; a FAILED result carries its classified error (checked from error,
+        statusMessage and node pool conditions, not only status).
+
+        Raises: RateLimited, TransientCloudError, PermissionDenied.
+        """
+        if op.done or op.id.startswith("noop:"):
+            return op
+        kind, loc, name = op.id.split(":", 2)
+        if kind == "gke":
+            raw = self._call("container", "get_operation",
+                             name=f"projects/{self.project}/locations/{loc}/operations/{name}")
+            zone = op.target.split("/", 1)[1] if "/" in op.target else ""
+            new = self._gke_op(raw, op.target, zone, zone.rsplit("-", 1)[0])
+            with self._lock:
+                for key, (size, cached, owner) in list(self._resizes.items()):
+                    if cached.id == op.id:
+                        self._resizes[key] = (size, new, owner)
+            return new
+        raw = self._call("zone_ops", "get", at_zone=loc, project=self.project, zone=loc, operation=name)
+        return res_mod.compute_op(raw, op.kind, op.target, loc)
+
+    def _gke_op(self, raw: Any, target: str, zone: str, region: str) -> Operation:
+        loc = str(raw.location or raw.zone or self.location)
+        status = _enum(raw.status)
+        fault = cl.fault_from_gke_operation(raw)
+        if fault is not None and status == "DONE":
+            err = cl.classify_fault(fault, zone=zone, region=region)
+            return Operation(f"gke:{loc}:{raw.name}", "resize", target, OpStatus.FAILED, err)
+        mapped = {"DONE": OpStatus.DONE, "RUNNING": OpStatus.RUNNING, "ABORTING": OpStatus.RUNNING}
+        return Operation(f"gke:{loc}:{raw.name}", "resize", target, mapped.get(status, OpStatus.PENDING))
+
+    # ---- reservations -------------------------------------------------------------------------
+    def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
+        """Create (or re-attach to) the specific reservation ``req.name`` (derived from the owner
+        when empty). Owner labels travel in the description (Compute reservations have no labels).
+
+        Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied, CloudError.
+        """
+        return res_mod.reserve(self, req, owner)
+
+    def release(self, owner_run_id: str) -> list[str]:
+        """Delete every reservation owned by the run; returns the names deleted.
+
+        Raises: PermissionDenied, TransientCloudError.
+        """
+        return res_mod.release(self, owner_run_id)
+
+    def list_owned(self, run_id: str | None = None) -> list[OwnedResource]:
+        """Reservations (from Compute) and pool resizes made by this process, for ``run_id``.
+
+        Raises: PermissionDenied, TransientCloudError.
+        """
+        owned = res_mod.list_owned(self, run_id)
+        with self._lock:
+            for (pool, zone), (size, op, owner) in self._resizes.items():
+                labels = owner.labels()
+                if run_id is None or owner.run_id == run_id:
+                    owned.append(OwnedResource("pool-resize", f"{pool}={size}", zone, {**labels, "op": op.id}))
+        return owned
+
+
+def _enum(value: Any) -> str:
+    return str(getattr(value, "name", value))

@@ -1,0 +1,176 @@
+"""Quota reads (Compute regions.get / projects.get, Cloud Quotas quotaInfos) and increase requests."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kfp_gpu import accelerators
+from kfp_gpu.accelerators import GCP_ALL_REGIONS_METRIC, GCP_GPU_FAMILY_QUOTA_ID, Accelerator
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
+from kfp_gpu.providers.base import QuotaAmount
+
+if TYPE_CHECKING:
+    from kfp_gpu.providers.gke.provider import GkeProvider
+
+# Typical approval lead times (days) for increase requests; inputs for the preflight report.
+LEAD_TIME_DAYS = {"regional": 2.0, "family": 7.0, "global": 1.0}
+_SERVICE = "compute.googleapis.com"
+
+
+def console_url(project: str, metric: str, region: str) -> str:
+    return (f"https://console.cloud.google.com/iam-admin/quotas?project={project}"
+            f"&service={_SERVICE}&metric={metric}&location={region}")
+
+
+def read(p: GkeProvider, acc: Accelerator, region: str, *, spot: bool) -> list[QuotaAmount]:
+    """Regional metric(s), the GPU-family row (Cloud Quotas) when the accelerator has one, and
+    GPUS_ALL_REGIONS. Unreadable rows come back with status "unknown" and the reason.
+
+    Raises: PermissionDenied (no credentials at all), NotFound (no such region).
+    """
+    p.credentials()
+    metrics = [acc.gcp_quota_metric] + ([acc.gcp_preemptible_metric] if spot else [])
+    jobs: list[Callable[[], list[QuotaAmount]]] = [
+        lambda: _regional(p, acc, region, metrics), lambda: _global(p)]
+    if acc.gcp_gpu_family:
+        family = acc.gcp_gpu_family
+        jobs.append(lambda: _family(p, region, family))
+    rows: list[QuotaAmount] = []
+    for i, result in enumerate(p.parallel(jobs)):
+        if isinstance(result, NotFound) and i == 0:
+            raise NotFound(f"region {region} does not exist in project {p.project}: {result.message}",
+                           remediation="use a GCP region such as us-central1", region=region)
+        if isinstance(result, KfpGpuError):
+            names = (metrics if i == 0 else [GCP_ALL_REGIONS_METRIC] if i == 1 else [str(acc.gcp_gpu_family)])
+            loc = "global" if i == 1 else region
+            rows += [_unknown(p, m, loc, result) for m in names]
+        else:
+            rows += result
+    return rows
+
+
+def _unknown(p: GkeProvider, metric: str, loc: str, err: KfpGpuError) -> QuotaAmount:
+    reason = f"{type(err).__name__}: {err.message}"
+    if err.remediation:
+        reason += f" (fix: {err.remediation})"
+    return QuotaAmount(metric, loc, None, None, status="unknown", reason=reason,
+                       raise_path=console_url(p.project, metric, loc))
+
+
+def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str]) -> list[QuotaAmount]:
+    r = p._call("regions", "get", at_region=region, project=p.project, region=region)
+    by_metric = {str(q.metric): q for q in r.quotas}
+    rows = []
+    for m in metrics:
+        q = by_metric.get(m)
+        if q is None:
+            if acc.gcp_gpu_family:
+                continue  # Compute omits this family's metric; the Cloud Quotas row covers it
+            rows.append(QuotaAmount(m, region, None, None, status="unknown",
+                                    reason=f"regions.get for {region} does not list {m}",
+                                    raise_path=console_url(p.project, m, region)))
+            continue
+        rows.append(QuotaAmount(m, region, float(q.limit), float(q.usage),
+                                raise_path=console_url(p.project, m, region),
+                                lead_time_days=LEAD_TIME_DAYS["regional"]))
+    return rows
+
+
+def _global(p: GkeProvider) -> list[QuotaAmount]:
+    proj = p._call("projects", "get", project=p.project)
+    for q in proj.quotas:
+        if q.metric == GCP_ALL_REGIONS_METRIC:
+            return [QuotaAmount(GCP_ALL_REGIONS_METRIC, "global", float(q.limit), float(q.usage),
+                                raise_path=console_url(p.project, GCP_ALL_REGIONS_METRIC, "global"),
+                                lead_time_days=LEAD_TIME_DAYS["global"])]
+    return [QuotaAmount(GCP_ALL_REGIONS_METRIC, "global", None, None, status="unknown",
+                        reason=f"projects.get for {p.project} does not list {GCP_ALL_REGIONS_METRIC}")]
+
+
+def _family(p: GkeProvider, region: str, family: str) -> list[QuotaAmount]:
+    name = f"projects/{p.project}/locations/global/services/{_SERVICE}/quotaInfos/{GCP_GPU_FAMILY_QUOTA_ID}"
+    info = p._call("quotas", "get_quota_info", at_region=region, name=name)
+    raise_path = console_url(p.project, GCP_GPU_FAMILY_QUOTA_ID, region)
+    for d in info.dimensions_infos:
+        dims = dict(d.dimensions)
+        if dims.get("region") == region and dims.get("gpu_family") == family:
+            usage, note = _family_usage(p, region, family)
+            return [QuotaAmount(family, region, float(d.details.value), usage, raise_path=raise_path,
+                                reason=note, lead_time_days=LEAD_TIME_DAYS["family"])]
+    return [QuotaAmount(family, region, 0.0, 0.0, raise_path=raise_path, lead_time_days=LEAD_TIME_DAYS["family"],
+                        reason=f"Cloud Quotas lists no {family} quota in {region}: the limit is 0")]
+
+
+def _family_usage(p: GkeProvider, region: str, family: str) -> tuple[float, str]:
+    """Cloud Quotas reports limits only: usage is counted from this cluster's pools in ``region``."""
+    note = "usage counted from this cluster's node pools (Cloud Quotas reports limits only)"
+    labels = [a.gke_label for a in map(accelerators.get, accelerators.names()) if a.gcp_gpu_family == family]
+    try:
+        pools = p.gpu_pools(region, labels)
+    except NotFound:
+        return 0.0, note + f"; the cluster has no pools in {region}"
+    used = 0
+    for s in pools:
+        try:
+            if accelerators.get(s.accelerator).gcp_gpu_family == family:
+                used += s.size * s.gpus_per_node
+        except InvalidSpec:
+            continue
+    return float(used), note
+
+
+def quota_target(metric: str, region: str) -> tuple[str, dict[str, str]]:
+    """Cloud Quotas (quotaId, dimensions) for a Compute metric, a GPU family or GPUS_ALL_REGIONS."""
+    if metric == GCP_ALL_REGIONS_METRIC:
+        return "GPUS-ALL-REGIONS-per-project", {}
+    family = metric.split(":", 1)[-1] if metric.startswith(GCP_GPU_FAMILY_QUOTA_ID) else metric
+    if family in {a.gcp_gpu_family for a in map(accelerators.get, accelerators.names())}:
+        return GCP_GPU_FAMILY_QUOTA_ID, {"region": region, "gpu_family": family}
+    return metric.replace("_", "-") + "-per-project-region", {"region": region}
+
+
+def request_increase(p: GkeProvider, metric: str, region: str, value: float, justification: str) -> str:
+    """Create a QuotaPreference (idempotent: an existing one with the same id is returned).
+
+    Raises: PermissionDenied, InvalidSpec (value not above the current limit), CloudError.
+    """
+    if value <= 0:
+        raise InvalidSpec("value", value, "must be a positive quota amount")
+    quota_id, dims = quota_target(metric, region)
+    current = _current_limit(p, metric, region)
+    if current is not None and value <= current:
+        raise InvalidSpec("value", value, f"must be above the current {metric} limit ({current:g}) in {region}",
+                          remediation="ask for more than you have; check free quota first")
+    from google.cloud import cloudquotas_v1
+
+    pref_id = re.sub(r"[^a-z0-9-]+", "-", f"kfpgpu-{metric}-{region}-{int(value)}".lower()).strip("-")[:63]
+    parent = f"projects/{p.project}/locations/global"
+    pref = cloudquotas_v1.QuotaPreference(
+        service=_SERVICE, quota_id=quota_id, dimensions=dims, justification=justification,
+        quota_config=cloudquotas_v1.QuotaConfig(preferred_value=int(value)),
+    )
+    try:
+        created = p.client("quotas").create_quota_preference(
+            parent=parent, quota_preference=pref, quota_preference_id=pref_id, retry=None, timeout=p.timeout)
+    except Exception as exc:  # noqa: BLE001
+        if getattr(exc, "code", 0) == 409:
+            return f"{parent}/quotaPreferences/{pref_id}"
+        err = p.classify(exc, region=region)
+        if isinstance(err, PermissionDenied) and not err.fields.get("permission"):
+            err.fields["permission"] = "cloudquotas.quotas.update"
+        raise err from exc
+    return str(created.name)
+
+
+def _current_limit(p: GkeProvider, metric: str, region: str) -> float | None:
+    try:
+        if metric == GCP_ALL_REGIONS_METRIC:
+            rows = _global(p)
+        else:
+            r = p._call("regions", "get", at_region=region, project=p.project, region=region)
+            rows = [QuotaAmount(str(q.metric), region, float(q.limit), float(q.usage)) for q in r.quotas]
+    except KfpGpuError:
+        return None
+    return next((q.limit for q in rows if q.metric == metric), None)
