@@ -1,0 +1,85 @@
+"""Balloon pods: placeholder pods sized to whole GPU nodes in a negative-priority PriorityClass.
+
+This is the cluster-autoscaler overprovisioning pattern: balloons hold warm GPU nodes, and any real pod
+(priority >= 0) preempts them through the scheduler. Every balloon carries the run's ownership labels.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kfp_gpu.cluster.nodes import ACCELERATOR_LABEL, GPU
+from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+
+PRIORITY_CLASS = "kfp-gpu-balloon"
+PRIORITY_VALUE = -10
+BALLOON_LABEL = "kfp-gpu.io/balloon"
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+
+
+def ensure_priority_class(api: client.ApiClient) -> None:
+    """Create the negative PriorityClass if missing (idempotent). Raises: ApiException (non-409)."""
+    body = client.V1PriorityClass(
+        metadata=client.V1ObjectMeta(name=PRIORITY_CLASS, labels={"kfp-gpu.io/managed": "true"}),
+        value=PRIORITY_VALUE, preemption_policy="Never", global_default=False,
+        description="kfp-gpu warm-pool balloons: any real workload preempts them",
+    )
+    try:
+        client.SchedulingV1Api(api).create_priority_class(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def balloon_name(run_id: str, index: int) -> str:
+    return f"kfp-gpu-balloon-{label_safe(run_id)[:40]}-{index}".lower().replace("_", "-").replace(".", "-")
+
+
+def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: int, gpus_per_node: int,
+                    accelerator_label: str, pools: list[str]) -> list[str]:
+    """Create ``count`` balloons (existing ones are kept: idempotent by name). Raises: ApiException."""
+    core = client.CoreV1Api(api)
+    names = []
+    affinity = client.V1Affinity(node_affinity=client.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[
+            client.V1NodeSelectorTerm(match_expressions=[
+                client.V1NodeSelectorRequirement(key="cloud.google.com/gke-nodepool", operator="In", values=pools),
+            ])])))
+    for i in range(count):
+        name = balloon_name(owner.run_id, i)
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={**owner.labels(), BALLOON_LABEL: "true"}),
+            spec=client.V1PodSpec(
+                priority_class_name=PRIORITY_CLASS, termination_grace_period_seconds=0,
+                node_selector={ACCELERATOR_LABEL: accelerator_label}, affinity=affinity if pools else None,
+                tolerations=[client.V1Toleration(key=GPU, operator="Exists", effect="NoSchedule")],
+                containers=[client.V1Container(
+                    name="balloon", image=PAUSE_IMAGE,
+                    resources=client.V1ResourceRequirements(requests={GPU: str(gpus_per_node)},
+                                                            limits={GPU: str(gpus_per_node)}),
+                )],
+            ),
+        )
+        try:
+            core.create_namespaced_pod(namespace, pod)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        names.append(name)
+    return names
+
+
+def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:
+    """Delete the balloons of ``run_id`` (all runs when None). Missing ones are a no-op."""
+    core = client.CoreV1Api(api)
+    selector = f"{BALLOON_LABEL}=true" + (f",{LABEL_RUN_ID}={label_safe(run_id)}" if run_id else "")
+    gone = []
+    for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+            gone.append(pod.metadata.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    return gone

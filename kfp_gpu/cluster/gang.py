@@ -1,0 +1,111 @@
+"""GangTracker: the live view of a run's candidate nodes, fed by a Node watch, recording the timeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Sequence
+
+from kubernetes import client
+
+from kfp_gpu.cluster.nodes import NodeView
+from kfp_gpu.plan.scale import PoolObservation
+from kfp_gpu.providers.base import PoolState, label_safe
+from kfp_gpu.timeline import NodeState, Timeline
+
+
+class GangTracker:
+    """Thread-safe: the watch thread calls ``on_event``; the step thread waits on ``cond``."""
+
+    def __init__(self, run_id: str, pools: Iterable[str], timeline: Timeline, gpus_per_node: int,
+                 spot: bool) -> None:
+        self.run_label = label_safe(run_id)
+        self.pools = set(pools)
+        self.timeline = timeline
+        self.gpus_per_node = gpus_per_node
+        self.spot = spot
+        self.nodes: dict[str, NodeView] = {}
+        self.requested_at: dict[tuple[str, str], float] = {}  # (pool, zone) -> last resize request time
+        self.cond = threading.Condition()
+
+    def seed(self, nodes: Sequence[client.V1Node], at: float) -> None:
+        for n in nodes:
+            self.on_event("ADDED", n, at, preexisting=True)
+
+    def on_event(self, kind: str, node: client.V1Node, at: float, *, preexisting: bool = False) -> None:
+        view = NodeView.of(node)
+        if view.pool not in self.pools:
+            return
+        with self.cond:
+            if kind == "DELETED":
+                self.nodes.pop(view.name, None)
+                tl = self.timeline.nodes.get(view.name)
+                if tl is not None and tl.state is not NodeState.RELEASED:
+                    tl.advance(NodeState.RELEASED, at)
+            else:
+                first = view.name not in self.nodes
+                self.nodes[view.name] = view
+                if first and not (preexisting and view.run_id not in ("", self.run_label)):
+                    self._register(view, at, preexisting)
+                tl = self.timeline.nodes.get(view.name)
+                if tl is not None and view.ready and view.gpus >= self.gpus_per_node:
+                    if tl.state is NodeState.REQUESTED:
+                        tl.advance(NodeState.REGISTERED, at)
+                    if tl.state is NodeState.REGISTERED:
+                        tl.advance(NodeState.READY, at)
+            self.cond.notify_all()
+
+    def _register(self, view: NodeView, at: float, preexisting: bool) -> None:
+        if view.name in self.timeline.nodes:
+            return
+        tl = self.timeline.node(view.name, pool=view.pool, zone=view.zone, gpus=self.gpus_per_node, spot=self.spot)
+        requested = self.requested_at.get((view.pool, view.zone), at)
+        tl.times[NodeState.REQUESTED.value] = min(requested, at)
+        tl.advance(NodeState.REGISTERED, at)
+        if preexisting:
+            tl.times["preexisting"] = 1.0
+
+    def mark_requested(self, pool: str, zone: str, at: float) -> None:
+        with self.cond:
+            self.requested_at.setdefault((pool, zone), at)
+
+    # ---- views, all under the lock --------------------------------------------------------------
+    def observations(self, states: Sequence[PoolState]) -> list[PoolObservation]:
+        """Pools as *this run* sees them: nodes claimed by other runs are taken out of size and max."""
+        with self.cond:
+            out = []
+            for st in states:
+                mine = [n for n in self.nodes.values()
+                        if n.pool == st.ref.pool and n.zone == st.ref.zone and not n.deleting]
+                others = sum(1 for n in mine if n.run_id not in ("", self.run_label))
+                view = dataclasses.replace(st, size=max(0, st.size - others), max_size=max(0, st.max_size - others))
+                out.append(PoolObservation(view, nodes=len(mine) - others))
+            return out
+
+    def others_in(self, pool: str, zone: str) -> int:
+        with self.cond:
+            return sum(1 for n in self.nodes.values()
+                       if n.pool == pool and n.zone == zone and n.run_id not in ("", self.run_label))
+
+    def claimable(self, zones: Iterable[str]) -> list[NodeView]:
+        """Ready GPU nodes in ``zones`` that are ours or unclaimed; ours first."""
+        with self.cond:
+            ok = self._claimable(set(zones))
+        return sorted(ok, key=lambda n: (n.run_id != self.run_label, n.name))
+
+    def _claimable(self, zones: set[str]) -> list[NodeView]:
+        return [n for n in self.nodes.values()
+                if n.zone in zones and n.ready and not n.deleting and n.gpus >= self.gpus_per_node
+                and n.run_id in ("", self.run_label)]
+
+    def ready_count_locked(self, zones: Iterable[str]) -> int:
+        """Like ready_count, for callers already holding ``cond``."""
+        return len(self._claimable(set(zones)))
+
+    def claimed(self) -> list[NodeView]:
+        with self.cond:
+            return sorted((n for n in self.nodes.values() if n.run_id == self.run_label and not n.deleting),
+                          key=lambda n: n.name)
+
+    def ready_count(self, zones: Iterable[str]) -> int:
+        return len(self.claimable(zones))

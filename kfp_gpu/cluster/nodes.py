@@ -1,0 +1,155 @@
+"""GPU nodes as the cluster sees them: readiness, pool membership, run claims, and a Node watch.
+
+A run *claims* the Ready nodes of its gang by labelling them with its run id (a conditional patch, so two
+runs never claim the same node). The PyTorchJob then selects on that label, parallel runs on one pool stay
+apart, and teardown releases exactly its own nodes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
+
+GPU = "nvidia.com/gpu"
+GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+EKS_POOL_LABEL = "eks.amazonaws.com/nodegroup"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    pool: str
+    zone: str
+    ready: bool
+    gpus: int
+    run_id: str  # claim label value, "" when unclaimed
+    deleting: bool
+
+    @classmethod
+    def of(cls, node: client.V1Node) -> NodeView:
+        labels = node.metadata.labels or {}
+        return cls(
+            name=node.metadata.name,
+            pool=labels.get(GKE_POOL_LABEL) or labels.get(EKS_POOL_LABEL, ""),
+            zone=labels.get(ZONE_LABEL, ""),
+            ready=is_ready(node),
+            gpus=gpu_allocatable(node),
+            run_id=labels.get(LABEL_RUN_ID, ""),
+            deleting=node.metadata.deletion_timestamp is not None,
+        )
+
+
+def is_ready(node: client.V1Node) -> bool:
+    for cond in (node.status.conditions if node.status else None) or []:
+        if cond.type == "Ready":
+            return bool(cond.status == "True")
+    return False
+
+
+def gpu_allocatable(node: client.V1Node) -> int:
+    alloc = (node.status.allocatable if node.status else None) or {}
+    try:
+        return int(alloc.get(GPU, "0"))
+    except ValueError:
+        return 0
+
+
+def list_nodes(api: client.ApiClient, selector: str = "") -> tuple[list[client.V1Node], str]:
+    """Nodes matching ``selector`` and the list's resourceVersion (to start a watch without gaps)."""
+    resp = client.CoreV1Api(api).list_node(label_selector=selector or None)
+    return list(resp.items), str(resp.metadata.resource_version)
+
+
+def claim(api: client.ApiClient, node: client.V1Node, run_id: str, lease_expires: float) -> bool:
+    """Label an unclaimed node with ``run_id``; False when another run got it first (or it vanished)."""
+    body = {"metadata": {
+        "resourceVersion": node.metadata.resource_version,
+        "labels": {LABEL_RUN_ID: label_safe(run_id), LABEL_LEASE: str(int(lease_expires))},
+    }}
+    try:
+        client.CoreV1Api(api).patch_node(node.metadata.name, body)
+        return True
+    except ApiException as exc:
+        if exc.status in (404, 409):
+            return False
+        raise
+
+
+def unclaim(api: client.ApiClient, name: str) -> bool:
+    """Remove the run claim from a node. Missing nodes are a no-op (returns False)."""
+    body = {"metadata": {"labels": {LABEL_RUN_ID: None, LABEL_LEASE: None}}}
+    try:
+        client.CoreV1Api(api).patch_node(name, body)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+EventFn = Callable[[str, client.V1Node, float], None]
+
+
+class NodeWatch:
+    """A background Node watch calling ``on_event(type, node, received_at)`` for every event.
+
+    It resumes from the last resourceVersion on stream timeouts and relists on 410 Gone, so no event
+    is lost; ``stop()`` ends it. Watches cost one API request per (re)connect, not one per node.
+    """
+
+    def __init__(self, api: client.ApiClient, selector: str, resource_version: str, on_event: EventFn,
+                 relist: Callable[[], tuple[list[client.V1Node], str]] | None = None) -> None:
+        self._api = api
+        self._selector = selector
+        self._rv = resource_version
+        self._on_event = on_event
+        self._relist = relist
+        self._stop = threading.Event()
+        self._watch = watch.Watch()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kfp-gpu-node-watch", daemon=True)
+
+    def start(self) -> NodeWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self._api)
+        while not self._stop.is_set():
+            try:
+                for ev in self._watch.stream(core.list_node, label_selector=self._selector or None,
+                                             resource_version=self._rv, timeout_seconds=30,
+                                             allow_watch_bookmarks=True):
+                    obj: Any = ev["object"]
+                    self._rv = obj.metadata.resource_version
+                    if ev["type"] != "BOOKMARK":
+                        self._on_event(ev["type"], obj, time.time())
+                    if self._stop.is_set():
+                        return
+            except ApiException as exc:
+                if exc.status == 410 and self._relist is not None:
+                    nodes, self._rv = self._relist()
+                    for n in nodes:
+                        self._on_event("MODIFIED", n, time.time())
+                    continue
+                self.error = exc
+                return
+            except Exception as exc:  # connection dropped: resume from the last resourceVersion
+                if self._stop.is_set():
+                    return
+                self.error = exc
+                time.sleep(0.2)

@@ -1,0 +1,310 @@
+"""burst_scale_up: all-or-nothing gang provisioning within the spec's deadline.
+
+1. Observe: matching pools from the provider, nodes (existing, booting, claimed) from the cluster.
+2. Plan absolute per-pool sizes for the whole gang (kfp_gpu.plan.scale), write them to the ledger
+   *before* resizing, so a retried pod re-attaches instead of resizing twice.
+3. Issue every resize concurrently; wait on a Node **watch** until the gang is Ready with GPUs.
+4. Zone-scoped errors block the zone and move the need to the next candidate (kfp_gpu.plan.failover);
+   transient ones back off with jitter; permanent ones fail at once.
+5. Claim the gang's nodes with the run-id label. Past the deadline: roll back what this run added and
+   raise ProvisioningTimeout carrying the per-node timeline.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client
+
+from kfp_gpu import accelerators
+from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster.gang import GangTracker
+from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes
+from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, ProvisioningTimeout
+from kfp_gpu.plan.backoff import Backoff
+from kfp_gpu.plan.failover import Action, Candidate, FailoverState
+from kfp_gpu.plan.placement import candidate_zones, matching_pools
+from kfp_gpu.plan.scale import plan_scale, rollback_sizes
+from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef, PoolState
+from kfp_gpu.spec import CapacityType, ProvisioningSpec
+from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu.steps.result import StepResult
+from kfp_gpu.timeline import Timeline
+
+STEP = "scale_up"
+
+
+def _key(ref: PoolRef) -> str:
+    return f"{ref.pool}|{ref.zone}"
+
+
+def _ref(key: str, region: str) -> PoolRef:
+    pool, zone = key.split("|", 1)
+    return PoolRef(pool, zone, region)
+
+
+def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.ApiClient | None = None,
+        provider: CapacityProvider | None = None) -> StepResult:
+    """Component entry. Raises: ProvisioningTimeout, CapacityUnavailable, QuotaExceeded, PermissionDenied."""
+    from kfp_gpu.cluster.kube import api_client
+    from kfp_gpu.providers import for_target
+
+    api = api or api_client(spec.target)
+    provider = provider or for_target(spec.target)
+    t0 = time.time()
+    cap = provision(spec, run_id, api, provider)
+    tl = Timeline.from_json(cap.timeline_json)
+    lat = sorted(tl.ready_latencies())
+    metrics = {
+        "nodes_ready": float(len(cap.nodes)), "gpus_ready": float(len(cap.nodes) * spec.gpus_per_node),
+        "scale_up_seconds": time.time() - t0,
+        "p50_node_ready_seconds": lat[len(lat) // 2] if lat else 0.0,
+        "max_node_ready_seconds": lat[-1] if lat else 0.0,
+    }
+    md = [f"## burst scale-up: {len(cap.nodes)}/{spec.nodes} nodes Ready in {metrics['scale_up_seconds']:.2f}s"]
+    md += [f"- {p.pool} ({p.zone}): {len(p.nodes)} nodes" for p in cap.placements]
+    return StepResult(cap.to_json(), metrics, "\n".join(md), _html(spec, tl, "\n".join(md)))
+
+
+def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
+                lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1) -> Capacity:
+    """Replace ``lost`` nodes of a running gang (spot recovery): same zone first, on-demand when asked.
+
+    Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
+    """
+    if on_demand and spec.capacity is CapacityType.SPOT:
+        spec = spec.replace(capacity=CapacityType.ON_DEMAND, recovery=spec.recovery.__class__(
+            max_preemptions=spec.recovery.max_preemptions, on_demand_after=0,
+            app_failure_retries=spec.recovery.app_failure_retries))
+    if zone_hint and zone_hint in spec.zones:
+        spec = spec.replace(zones=(zone_hint, *[z for z in spec.zones if z != zone_hint]))
+    return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True)
+
+
+def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
+              extra: int | None = None, step: str = STEP, allow_spread: bool | None = None,
+              rng: random.Random | None = None, gang_size: int | None = None, wait: bool = True,
+              lease_ttl_s: float | None = None) -> Capacity:
+    """Make ``spec.nodes`` (or, with ``extra``, our claimed nodes + extra) GPU nodes Ready and claimed.
+
+    Raises:
+        ProvisioningTimeout: the deadline passed; this run's resizes were rolled back.
+        CapacityUnavailable: every candidate zone is blocked (carries the failover history).
+        NotFound: no node pool matches the spec.
+        QuotaExceeded, PermissionDenied: permanent cloud errors.
+    """
+    ns, region = spec.target.namespace, spec.target.region
+    owner = Owner.for_step(run_id, step, lease_ttl_s or spec.lease_ttl_s)
+    led = ledger.read(api, ns, run_id, step)
+    started = float(led.get("started", time.time()))
+    deadline = started + spec.scale_up_deadline_s
+    states = matching_pools(spec, provider.pools(region))
+    if not states:
+        raise NotFound(
+            f"no node pool in {region} offers {spec.gpus_per_node}x {spec.accelerator} "
+            f"({'spot' if spec.spot else 'on-demand'}){' among ' + ', '.join(spec.target.pools) if spec.target.pools else ''}",
+            remediation="create a matching GPU node pool or fix target.pools / accelerator / capacity in the spec",
+        )
+    timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
+    tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot)
+    nodes, rv = list_nodes(api)
+    tracker.seed(nodes, time.time())
+    gang = gang_size or spec.nodes
+    if extra is not None:
+        gang = len([n for n in tracker.claimed() if n.pool in tracker.pools]) + extra
+    watcher = NodeWatch(api, "", rv, tracker.on_event, relist=lambda: list_nodes(api)).start()
+    failover = FailoverState.from_dict(led.get("failover", {}))
+    found: dict[str, int] = dict(led.get("found", {}))
+    targets: dict[str, int] = dict(led.get("targets", {}))
+    spread = spec.allow_zone_spread if allow_spread is None else allow_spread
+    zones = [z for r in {region} for z in candidate_zones(spec, r, states)]
+    candidates = [Candidate(region, z) for z in zones]
+    backoff, attempt = Backoff(base=0.2, cap=5.0, rng=rng or random.Random()), 0
+
+    def save(**more: Any) -> None:
+        ledger.write(api, ns, owner, {"spec": spec.to_json(), "started": started, "found": found, "targets": targets,
+                                      "failover": failover.to_dict(), "timeline": timeline.to_json(), **more})
+
+    try:
+        while True:
+            plan = plan_scale(gang, tracker.observations(states), zones=zones,
+                              blocked_zones=failover.blocked_zones, allow_zone_spread=spread)
+            if failover.provider_blocked or not [c for c in candidates if not failover.is_blocked(c)]:
+                raise failover.exhausted(f"{gang} x {spec.gpus_per_node} {spec.accelerator} nodes")
+            if not plan.feasible:
+                raise CapacityUnavailable(f"cannot place {gang} nodes: {plan.reason}",
+                                          remediation="raise the pools' max node counts, add zones, or allow_zone_spread=True",
+                                          failover_history=failover.history)
+            for ref, size in plan.targets.items():
+                found.setdefault(_key(ref), plan.found.get(ref, 0) + tracker.others_in(ref.pool, ref.zone))
+                targets[_key(ref)] = size + tracker.others_in(ref.pool, ref.zone)
+            save()
+            ops, err_zone, err = _resize_all(provider, owner, {r: targets[_key(r)] for r in plan.targets}, tracker)
+            if err is None and not wait:
+                save(requested=True)
+                return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label,
+                                spec.spot, timeline.to_json(), {"zones": list(plan.zones)})
+            if err is None:
+                err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops)
+            if err is None:
+                if tracker.ready_count(plan.zones) >= gang:
+                    break
+                raise _timeout(spec, timeline, gang)
+            decision = failover.decide(err, Candidate(region, err_zone), candidates, at=time.time())
+            if decision.action is Action.RETRY:
+                time.sleep(min(backoff.delay(attempt), max(0.0, deadline - time.time())))
+                attempt += 1
+            elif decision.action is Action.FAILOVER:
+                _rollback(provider, owner, found, targets, region, zone=err_zone)
+            else:
+                raise failover.exhausted(f"{gang} x {spec.gpus_per_node} {spec.accelerator} nodes")
+            if time.time() >= deadline:
+                raise _timeout(spec, timeline, gang)
+        cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones)
+        save(capacity=cap.to_json(), done=True)
+        return cap
+    except ProvisioningTimeout:
+        _rollback(provider, owner, found, targets, region)
+        save(rolled_back=True)
+        raise
+    finally:
+        watcher.stop()
+
+
+def _resize_all(provider: CapacityProvider, owner: Owner, sizes: dict[PoolRef, int], tracker: GangTracker,
+                ) -> tuple[list[tuple[PoolRef, Operation]], str, KfpGpuError | None]:
+    """Issue every resize at once. Returns (operations, zone of the first error, classified error)."""
+    if not sizes:
+        return [], "", None
+
+    def one(ref: PoolRef, size: int) -> tuple[PoolRef, Operation | KfpGpuError]:
+        tracker.mark_requested(ref.pool, ref.zone, time.time())
+        try:
+            return ref, provider.resize(ref, size, owner)
+        except KfpGpuError as exc:
+            return ref, exc
+
+    with ThreadPoolExecutor(max_workers=min(32, len(sizes))) as pool:
+        results = list(pool.map(lambda kv: one(*kv), sizes.items()))
+    ops = [(ref, res) for ref, res in results if isinstance(res, Operation)]
+    for ref, res in results:
+        if isinstance(res, KfpGpuError):
+            return ops, ref.zone, res
+    return ops, "", None
+
+
+def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline: float,
+               provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]) -> tuple[str, KfpGpuError | None]:
+    """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
+    check the cloud operations meanwhile (a failed op is returned as (zone, error))."""
+    next_op_check = 0.0
+    with tracker.cond:
+        while True:
+            if tracker.ready_count_locked(zones) >= gang:
+                return "", None
+            now = time.time()
+            if now >= deadline:
+                return "", None
+            if ops and now >= next_op_check:
+                tracker.cond.release()
+                try:
+                    ops, failed = _refresh(provider, ops)
+                finally:
+                    tracker.cond.acquire()
+                if failed is not None:
+                    return failed
+                next_op_check = now + 0.5
+            tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
+
+
+def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
+             ) -> tuple[list[tuple[PoolRef, Operation]], tuple[str, KfpGpuError] | None]:
+    pending = []
+    for ref, op in ops:
+        try:
+            cur = provider.operation(op)
+        except KfpGpuError:
+            pending.append((ref, op))
+            continue
+        if cur.error is not None:
+            err = cur.error if isinstance(cur.error, KfpGpuError) else KfpGpuError(str(cur.error))
+            return pending, (ref.zone, err)
+        if not cur.done:
+            pending.append((ref, cur))
+    return pending, None
+
+
+def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
+           gang: int, zones: tuple[str, ...]) -> Capacity:
+    nodes, _ = list_nodes(api)
+    by_name = {n.metadata.name: n for n in nodes}
+    mine = [v.name for v in tracker.claimed()]
+    for view in tracker.claimable(zones):
+        if len(mine) >= gang:
+            break
+        if view.name not in mine and view.name in by_name and claim(api, by_name[view.name], run_id, owner.lease_expires):
+            mine.append(view.name)
+    views = {v.name: v for v in tracker.claimable(tracker_zones(tracker))}
+    placements: dict[tuple[str, str], list[str]] = {}
+    for name in mine:
+        v = views.get(name)
+        if v is not None:
+            placements.setdefault((v.pool, v.zone), []).append(name)
+    return Capacity(run_id=run_id, placements=tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in placements.items()),
+                    gpus_per_node=spec.gpus_per_node, accelerator_label=accelerators.get(spec.accelerator).gke_label,
+                    spot=spec.spot, timeline_json=tracker.timeline.to_json())
+
+
+def tracker_zones(tracker: GangTracker) -> set[str]:
+    with tracker.cond:
+        return {n.zone for n in tracker.nodes.values()}
+
+
+def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], targets: dict[str, int],
+              region: str, zone: str | None = None) -> None:
+    """Shrink pools this run grew back toward what it found (only ``zone`` when given). Best effort."""
+    refs = {k: _ref(k, region) for k in targets if zone is None or _ref(k, region).zone == zone}
+    if not refs:
+        return
+    current: dict[PoolRef, int] = {}
+    try:
+        for st in provider.pools(region):
+            current[st.ref] = st.size
+    except KfpGpuError:
+        pass
+    restore = rollback_sizes({refs[k]: found.get(k, 0) for k in refs}, {refs[k]: targets[k] for k in refs},
+                             {r: current[PoolRef(r.pool, r.zone, r.region)] for r in refs.values()
+                              if PoolRef(r.pool, r.zone, r.region) in current})
+    for ref, size in restore.items():
+        try:
+            provider.resize(ref, size, owner)
+        except KfpGpuError:
+            pass
+    for k in refs:
+        targets.pop(k, None)
+
+
+def _timeout(spec: ProvisioningSpec, timeline: Timeline, gang: int) -> ProvisioningTimeout:
+    ready = len(timeline.ready_latencies())
+    return ProvisioningTimeout(
+        f"only {ready}/{gang} nodes Ready within scale_up_deadline_s={spec.scale_up_deadline_s:g}; "
+        "rolled back what this run added",
+        remediation="raise scale_up_deadline_s, use a warm pool or reservation, or add zones",
+        timeline=timeline.to_json(),
+    )
+
+
+def _html(spec: ProvisioningSpec, tl: Timeline, md: str) -> str:
+    try:
+        from kfp_gpu.report.html import render_html
+
+        return render_html(title=f"kfp-gpu burst scale-up ({spec.nodes}x{spec.gpus_per_node} {spec.accelerator})",
+                           timeline=tl, summary=md.replace("## ", ""))
+    except Exception:  # the report must never fail the step
+        return ""
+
+
+__all__ = ["run", "provision", "reprovision", "PoolState"]

@@ -1,0 +1,62 @@
+"""reserve_warm_pool: hold capacity just in time, without waiting for it.
+
+It requests ``warm_pool.nodes`` GPU nodes from the provider (not waiting for boot: scale-up waits),
+places balloon pods on them in a negative-priority PriorityClass so training pods preempt them, and
+optionally creates a cloud reservation. Every object carries the run id and a lease-expiry label.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kubernetes import client
+
+from kfp_gpu import accelerators
+from kfp_gpu.cluster import balloons, ledger
+from kfp_gpu.plan.placement import candidate_zones
+from kfp_gpu.providers.base import CapacityProvider, Owner, ReservationRequest, label_safe
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps.result import StepResult
+from kfp_gpu.steps.scale_up import provision
+
+STEP = "warm_pool"
+
+
+def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.ApiClient | None = None,
+        provider: CapacityProvider | None = None) -> StepResult:
+    """Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied (cloud); ApiException (cluster)."""
+    from kfp_gpu.cluster.kube import api_client
+    from kfp_gpu.providers import for_target
+
+    t0 = time.time()
+    wp = spec.warm_pool
+    if wp.nodes == 0 and not wp.cloud_reservation:
+        out = {"balloons": [], "requested_nodes": 0, "reservation": ""}
+        return StepResult(json.dumps(out), {"warm_nodes": 0.0}, "## warm pool: disabled (warm_pool.nodes=0)")
+    api = api or api_client(spec.target)
+    provider = provider or for_target(spec.target)
+    ttl = min(wp.ttl_s, spec.lease_ttl_s)
+    owner = Owner.for_step(run_id, STEP, ttl)
+    acc = accelerators.get(spec.accelerator)
+    reservation = ""
+    if wp.cloud_reservation:
+        zones = candidate_zones(spec, spec.target.region, provider.pools(spec.target.region))
+        reservation = f"kfp-gpu-{label_safe(run_id)[:40]}"
+        provider.reserve(ReservationRequest(reservation, zones[0], spec.accelerator, spec.gpus_per_node,
+                                            max(1, wp.nodes)), owner)
+    names: list[str] = []
+    if wp.nodes:
+        balloons.ensure_priority_class(api)
+        provision(spec, run_id, api, provider, step=STEP, gang_size=wp.nodes, wait=False, lease_ttl_s=ttl)
+        names = balloons.create_balloons(api, spec.target.namespace, owner, wp.nodes, spec.gpus_per_node,
+                                         acc.gke_label, list(spec.target.pools))
+        led = ledger.read(api, spec.target.namespace, run_id, STEP)
+        ledger.write(api, spec.target.namespace, owner, {**led, "balloons": names, "reservation": reservation})
+    took = time.time() - t0
+    out = {"balloons": names, "requested_nodes": wp.nodes, "reservation": reservation,
+           "lease_expires": owner.lease_expires}
+    md = (f"## warm pool: {wp.nodes} node(s) requested, {len(names)} balloon pod(s) "
+          f"in PriorityClass {balloons.PRIORITY_CLASS} ({balloons.PRIORITY_VALUE}), lease {ttl:.0f}s"
+          + (f", reservation {reservation}" if reservation else "") + f" in {took:.2f}s")
+    return StepResult(json.dumps(out, sort_keys=True), {"warm_nodes": float(wp.nodes), "warm_pool_seconds": took}, md)
