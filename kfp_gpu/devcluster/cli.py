@@ -15,11 +15,24 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
     d.add_argument("--purge", action="store_true", help="also delete the etcd data (cluster state)")
     sub.add_parser("status", help="print component status")
+    n = sub.add_parser("nodes", help="create N KWOK GPU nodes in a pool and time until all are Ready")
+    n.add_argument("count", type=int)
+    n.add_argument("--pool", default="scale")
+    n.add_argument("--boot-delay", type=float, default=0.0, help="seconds until each node turns Ready")
+    n.add_argument("--delete", action="store_true", help="delete the pool's nodes afterwards")
     args = p.parse_args(argv)
     if args.cmd == "build":
         from .build import main as build_main
 
         return build_main(with_autoscaler=args.with_autoscaler)
+    if args.cmd == "nodes":
+        from .scale import create_and_wait, delete_pool
+
+        res = create_and_wait(args.count, pool=args.pool, boot_delay_s=args.boot_delay)
+        print(f"{res.count} nodes: created in {res.create_seconds}s, all Ready after {res.ready_seconds}s")
+        if args.delete:
+            print(f"deleted {delete_pool(args.pool)} nodes")
+        return 0
     from . import boot
 
     if args.cmd == "up":

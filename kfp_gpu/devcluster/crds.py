@@ -17,6 +17,8 @@ from kubernetes import client, config
 
 from .procs import BootError
 
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRD is 600 kB; libyaml is 20x faster
+
 FIELD_MANAGER = "kfp-gpu-devcluster"
 OPERATOR_NAMESPACE = "kubeflow"
 WEBHOOK_SECRET = "training-operator-webhook-cert"
@@ -110,7 +112,7 @@ def install(api: client.ApiClient, share: Path, pki: Path, webhook_port: int) ->
     for f in (crd_file, hook_file):
         if not f.exists():
             raise BootError(f"missing {f}; run `python -m kfp_gpu.devcluster build` first")
-    crd = yaml.safe_load(crd_file.read_text())
+    crd = yaml.load(crd_file.read_text(), Loader=_LOADER)  # noqa: S506 - safe loader
     apply(api, crd)
     for obj in webhook_objects(hook_file, pki, webhook_port):
         apply(api, obj)

@@ -65,11 +65,16 @@ def start(state: Path, name: str, argv: Sequence[str], env: dict[str, str] | Non
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "NO_PROXY": _no_proxy(), "no_proxy": _no_proxy(), **(env or {})},
             cwd=state,
         )
     pid_file(state, name).write_text(f"{proc.pid}\n")
     return proc.pid
+
+
+def _no_proxy() -> str:
+    extra = os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or ""
+    return ",".join(x for x in ("127.0.0.1", "localhost", extra) if x)
 
 
 def stop(state: Path, name: str, binary: Path, timeout: float = 15.0) -> bool:
@@ -121,8 +126,9 @@ def check_ports_free(name: str, ports: Sequence[int]) -> None:
 
 
 def http_ok(url: str, ctx: ssl.SSLContext | None = None, timeout: float = 2.0) -> bool:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
     try:
-        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+        with opener.open(url, timeout=timeout) as r:
             return bool(200 <= r.status < 300)
     except (urllib.error.URLError, OSError, ssl.SSLError):
         return False
