@@ -33,7 +33,7 @@ from kfp_gpu.errors import (
     RateLimited,
     TransientCloudError,
 )
-from kfp_gpu.submit.result import SubmitResult, load_package
+from kfp_gpu.submit.result import SubmitResult, check_params, load_package
 
 _PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80, then --host http://localhost:8080"
 
@@ -153,12 +153,13 @@ def submit_kfp(
         service_account: Kubernetes service account the run's pods use.
 
     Raises:
-        InvalidSpec: missing/invalid package, empty pipeline name, non-JSON-serialisable params.
+        InvalidSpec: missing/invalid package, empty pipeline name, unknown/missing or
+            non-JSON-serialisable params.
         NotFound: the host is unreachable or not a KFP v2 API.
         PermissionDenied: 401/403 (bad or missing token).
         RateLimited, TransientCloudError, CloudError: other API failures.
     """
-    load_package(package_path)
+    docs = load_package(package_path)
     if not pipeline_name or not pipeline_name.strip():
         raise InvalidSpec("pipeline_name", pipeline_name, "must be a non-empty display name")
     if not host.startswith(("http://", "https://")):
@@ -169,6 +170,7 @@ def submit_kfp(
         json.dumps(args)
     except (TypeError, ValueError) as exc:
         raise InvalidSpec("params", repr(args)[:80], f"must be JSON-serialisable ({exc})") from None
+    check_params(docs[0], args)
     host = host.rstrip("/")
     probe(host, token)
     version = version_name or default_version_name(package_path)

@@ -49,3 +49,21 @@ def load_package(package_path: str | Path) -> list[dict[str, Any]]:
             remediation="pass the YAML written by kfp.compiler.Compiler or kfp-gpu compile",
         )
     return docs
+
+
+def check_params(doc: dict[str, Any], params: dict[str, Any]) -> None:
+    """Every parameter must be a pipeline input, and every required input must be given.
+
+    Raises:
+        InvalidSpec: naming ``params.<name>`` for an unknown or missing parameter.
+    """
+    declared = dict(((doc.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {})
+    for name in params:
+        if name not in declared:
+            raise InvalidSpec(f"params.{name}", params[name],
+                              f"not a pipeline input; inputs are: {', '.join(sorted(declared)) or '(none)'}")
+    for name, d in declared.items():
+        optional = isinstance(d, dict) and (d.get("isOptional") or "defaultValue" in d)
+        if not optional and name not in params:
+            raise InvalidSpec(f"params.{name}", None, "is a required pipeline input",
+                              remediation=f"pass {name}=... in the parameters")

@@ -74,7 +74,8 @@ class StandIn:
                         status, body = fn(req)
                         break
                 else:
-                    status, body = 404, {"error": f"no route {self.command} {parsed.path}"}
+                    status, body = 404, {"error": {"code": 404, "status": "NOT_FOUND",
+                                                   "message": f"no route {self.command} {parsed.path}"}}
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
