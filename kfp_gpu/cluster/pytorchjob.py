@@ -50,9 +50,9 @@ def job_name(run_id: str, template: str) -> str:
 def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
     checkpoint_uri: str, resume_step: int, run_id: str, dataset_uri: str = "",
-    gang_nodes: Sequence[str] = (),
+    gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The PyTorchJob body for one attempt."""
+    """The PyTorchJob body for one attempt. ``pod_annotations`` are added to every pod template."""
     env = [{"name": k, "value": v} for k, v in template.env]
     env += [
         {"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri},
@@ -80,7 +80,7 @@ def manifest(
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(gang_nodes)},
             ]}],
         }}}
-    annotations = {SIM_DURATION_ANNOTATION: f"{template.sim_duration_s:g}s"}
+    annotations = {SIM_DURATION_ANNOTATION: f"{template.sim_duration_s:g}s", **(pod_annotations or {})}
 
     def replica(count: int) -> dict[str, Any]:
         return {

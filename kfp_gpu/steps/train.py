@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -134,9 +134,12 @@ def run(
     spec: ProvisioningSpec, run_id: str, capacity_json: str, *, job_json: str, dataset_uri: str = "",
     reprovision: Reprovision | None = None, api: client.ApiClient | None = None,
     admission_timeout_s: float = 120.0, placement_timeout_s: float = 300.0, gate_timeout_s: float = 600.0,
-    cleanup_timeout_s: float = 120.0,
+    cleanup_timeout_s: float = 120.0, pod_annotations: Mapping[str, str] | None = None,
 ) -> StepResult:
     """Run the training job on ``capacity_json`` (a scale-up output) and recover from preemptions.
+
+    The ``*_timeout_s`` bounds drive the gate and the watchdog; ``pod_annotations`` are added to every
+    pod (e.g. ``kfp-gpu.io/sim-exit-code`` in the local rehearsal).
 
     Raises:
         InvalidSpec: ``capacity_json`` or ``job_json`` is malformed.
@@ -158,7 +161,7 @@ def run(
     st.load_ledger()
     try:
         status = _supervise(st, template, dataset_uri, reprovision, admission_timeout_s, placement_timeout_s,
-                            gate_timeout_s, cleanup_timeout_s)
+                            gate_timeout_s, cleanup_timeout_s, dict(pod_annotations or {}))
     except Cancelled:
         st.ledger["status"] = "cancelled"
         _cleanup(st, cleanup_timeout_s)
@@ -177,7 +180,7 @@ def run(
 
 def _supervise(
     st: TrainState, template: JobTemplate, dataset_uri: str, reprovision: Reprovision | None,
-    admission_s: float, placement_s: float, gate_s: float, cleanup_s: float,
+    admission_s: float, placement_s: float, gate_s: float, cleanup_s: float, annotations: dict[str, str],
 ) -> str:
     spec = st.spec
     st.watch.start()
@@ -193,7 +196,7 @@ def _supervise(
             body = pytorchjob.manifest(
                 st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
                 checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
-                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
+                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes, pod_annotations=annotations,
             )
             job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
         else:
