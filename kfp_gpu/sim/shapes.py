@@ -177,15 +177,15 @@ def fail_container_operation(op: dict[str, Any], http_status: int, items: list[d
     """
     first = items[0]
     code = str(first["code"])
-    canonical = {403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE"}.get(
-        http_status, "RESOURCE_EXHAUSTED")
+    exhausted = code == "QUOTA_EXCEEDED" or code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED")
+    canonical = "RESOURCE_EXHAUSTED" if exhausted else _STATUS.get(http_status, ("UNKNOWN", 2, ""))[0]
     cond_code = "GCE_QUOTA_EXCEEDED" if code == "QUOTA_EXCEEDED" else (
         "GCE_STOCKOUT" if code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED") else "UNKNOWN")
     message = f"{code}: {first['message']}"
     op.update({
         "status": "DONE", "endTime": now_rfc3339(), "statusMessage": message,
         "error": {
-            "code": 8 if canonical == "RESOURCE_EXHAUSTED" else rpc_code(http_status), "message": message,
+            "code": 8 if exhausted else rpc_code(http_status), "message": message,
             "details": [{"@type": ERROR_INFO, "reason": code, "domain": "compute.googleapis.com",
                          "metadata": {k: str(v) for k, v in first.get("metadata", {}).items()}}],
         },

@@ -1,0 +1,50 @@
+"""Shared helpers for stand-in tests: scenario builders and real google clients on a SimServer."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+
+from kfp_gpu.sim import SimServer, from_dict
+from kfp_gpu.sim.state import NodeBackend
+
+PROJECT = "local-project"
+CLUSTER = "kfp-gpu-local"
+REGION = "us-central1"
+PARENT = f"projects/{PROJECT}/locations/{REGION}/clusters/{CLUSTER}"
+
+
+def default_dict() -> dict[str, Any]:
+    from importlib import resources
+
+    text = resources.files("kfp_gpu.sim").joinpath("scenarios/default.yaml").read_text()
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def scenario(**overrides: Any) -> dict[str, Any]:
+    data = copy.deepcopy(default_dict())
+    data.update(overrides)
+    return data
+
+
+def client_kwargs(url: str) -> dict[str, Any]:
+    return {"transport": "rest", "credentials": AnonymousCredentials(),
+            "client_options": ClientOptions(api_endpoint=url)}
+
+
+@contextmanager
+def running(data: dict[str, Any] | None = None, *, kubeconfig: str | None = None,
+            backend: NodeBackend | None = None) -> Iterator[SimServer]:
+    sim = SimServer(from_dict(data if data is not None else default_dict()), kubeconfig, backend=backend)
+    sim.start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
