@@ -242,6 +242,7 @@ class GangWatch:
         self.gang: frozenset[str] = frozenset()
         self.incidents: dict[str, NodeIncident] = {}
         self.pods: dict[str, PodFact] = {}
+        self._all_pods: dict[str, PodFact] = {}
         self.uid = ""
         self.conditions: dict[str, str] = {}
         self.job_deleted = False
@@ -274,18 +275,12 @@ class GangWatch:
                 self.incidents[n.name] = NodeIncident(n.name, ev.at, why)
         elif ev.source == "pod":
             p = pod_fact(ev.obj, ev.at, deleted=deleted)
-            if self.uid and p.owner_uid != self.uid:
-                return
-            old = self.pods.get(p.name)
-            if old is not None and deleted:  # keep what the last update said (exit code, disruption)
-                p = dataclasses.replace(old, deleted=True)
-            self.pods[p.name] = p
-            self.first_pod_at = self.first_pod_at or ev.at
-            if p.node:
-                self.first_bound_at = self.first_bound_at or ev.at
-            running = [q for q in self.pods.values() if q.phase == "Running" and not q.deleted]
-            if self.running_at is None and self.replicas and len(running) >= self.replicas:
-                self.running_at = ev.at
+            old = self._all_pods.get(p.name)
+            if old is not None and deleted and old.owner_uid == p.owner_uid:
+                p = dataclasses.replace(old, deleted=True)  # keep what the last update said
+            self._all_pods[p.name] = p
+            if self.uid and p.owner_uid == self.uid:
+                self._track(p, ev.at)
         elif ev.source == "job":
             uid = str((ev.obj.get("metadata") or {}).get("uid", ""))
             if self.uid and uid != self.uid:
@@ -294,6 +289,15 @@ class GangWatch:
             self.conditions = _conditions(ev.obj)
             if self.running_at is None and "Running" in self.conditions and self.pods:
                 self.running_at = ev.at
+
+    def _track(self, p: PodFact, at: float) -> None:
+        self.pods[p.name] = p
+        self.first_pod_at = self.first_pod_at or at
+        if p.node:
+            self.first_bound_at = self.first_bound_at or at
+        running = [q for q in self.pods.values() if q.phase == "Running" and not q.deleted]
+        if self.running_at is None and self.replicas and len(running) >= self.replicas:
+            self.running_at = at
 
     def drain(self) -> None:
         while True:
@@ -342,6 +346,9 @@ class GangWatch:
         self.created_at = self.clock()
         self.first_pod_at = self.first_bound_at = self.running_at = None
         self.drain()
+        for p in sorted(self._all_pods.values(), key=lambda p: p.at):  # re-attach: pods seen before
+            if p.owner_uid == self.uid:
+                self._track(p, p.at)
         for name in gang:  # gone before we (re-)attached: no DELETED event will ever come
             n = self.nodes.get(name)
             why = "missing" if n is None else node_shutdown_reason(n)

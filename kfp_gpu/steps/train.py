@@ -60,6 +60,7 @@ class TrainState:
         self.ledger: dict[str, Any] = {}
         self.attempt = 0
         self.resume_step = 0
+        self._usage_closed = True
         self.watch = GangWatch(api, self.namespace, job, pytorchjob.GROUP, pytorchjob.VERSION,
                                pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={job}")
 
@@ -98,7 +99,14 @@ class TrainState:
             log.warning("cannot read checkpoints at %s: %s", self.spec.checkpoint_uri, exc)
             return None
 
+    def close_usage(self, end: float) -> None:
+        """Count the current attempt's running interval into GPU-hours (once)."""
+        if not self._usage_closed:
+            self.usage.add(self.running_at, end)
+            self._usage_closed = True
+
     def begin_attempt(self, job: dict[str, Any], *, resume_step: int, created: bool) -> None:
+        self._usage_closed = False
         self.attempt += 1
         self.resume_step = resume_step
         self.watch.begin(job, self.capacity.nodes, self.spec.nodes)
@@ -166,7 +174,7 @@ def run(
         st.ledger["status"] = "cancelled"
         _cleanup(st, cleanup_timeout_s)
         raise
-    except (GangPlacementFailed, TrainingFailed, RecoveryBudgetExhausted) as err:
+    except KfpGpuError as err:  # GangPlacementFailed, TrainingFailed, RecoveryBudgetExhausted, provider errors
         st.ledger["status"] = type(err).__name__
         st.ledger["error"] = err.message
         _cleanup(st, cleanup_timeout_s)
@@ -207,7 +215,7 @@ def _supervise(
         outcome = st.watch_attempt(admission_s=admission_s, placement_s=placement_s)
         if isinstance(outcome, str):  # "Succeeded"
             return outcome
-        decision = decide(spec.recovery, spot=st.capacity.spot, budget=st.budget, verdict=outcome)
+        decision = decide(spec.recovery, spot=spec.spot, budget=st.budget, verdict=outcome)
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
             raise RecoveryBudgetExhausted(
@@ -242,7 +250,7 @@ def _supervise(
 def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobTemplate) -> None:
     now = time.time()
     st.budget = decision.budget
-    st.usage.add(st.running_at, now)
+    st.close_usage(now)
     ck = st.checkpoint()
     ck_step = ck.step if ck is not None else 0
     rate = None
@@ -310,7 +318,7 @@ def _cleanup(st: TrainState, timeout_s: float) -> None:
         pytorchjob.delete(st.api, st.namespace, st.job)
         st.timeline.event("job-finished", time.time(), job=st.job, status=str(st.ledger.get("status")),
                           attempt=st.attempt)
-        st.usage.add(st.running_at, time.time())
+        st.close_usage(time.time())
         if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=timeout_s):
             log.warning("job %s: pods still present after %.0fs of cleanup", st.job, timeout_s)
         st.save_ledger()
@@ -321,7 +329,7 @@ def _cleanup(st: TrainState, timeout_s: float) -> None:
 
 
 def _result(st: TrainState, status: str, wall_s: float) -> StepResult:
-    st.usage.add(st.running_at, time.time())
+    st.close_usage(time.time())
     ck = st.checkpoint()
     final_step = ck.step if ck is not None else None
     final_loss = (ck.meta or {}).get("loss") if ck is not None else None
