@@ -100,12 +100,14 @@ def cmd_quota(a: argparse.Namespace) -> int:
     from kfp_gpu.providers import for_target
 
     if a.quota_cmd == "plan":
-        from kfp_gpu.quota_plan import plan_from_file
+        from kfp_gpu.quota_plan import load_schedule, plan_quota
 
         spec = spec_of(load_pipeline(a.pipeline_file, None))
         assert spec is not None
-        print(plan_from_file(a.schedule, for_target(spec.target), file_requests=a.file))
-        return 0
+        plan = plan_quota(load_schedule(a.schedule), for_target(spec.target), file_requests=a.file,
+                          justification="kfp-gpu quota plan: scheduled training runs")
+        print(plan.to_markdown())
+        return 0 if plan.ok else 4
     from kfp_gpu.steps.preflight import request_increase
 
     spec = spec_of(load_pipeline(a.pipeline_file, None))
@@ -116,7 +118,7 @@ def cmd_quota(a: argparse.Namespace) -> int:
 
 
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
-    from kfp_gpu.devcluster.__main__ import main as dc_main
+    from kfp_gpu.devcluster.cli import main as dc_main
 
     return int(dc_main([a.action]) or 0)
 

@@ -41,7 +41,7 @@ def load_pipeline(path: str | Path, name: str | None = None) -> graph_component.
     if name is not None:
         for attr, obj in found.items():
             if name in (attr, obj.name):
-                return obj  # type: ignore[no-any-return]
+                return obj
         raise InvalidSpec("--pipeline", name, f"not found in {path}; provisioned pipelines: {sorted(found)}")
     if len(found) != 1:
         raise InvalidSpec(
@@ -49,7 +49,7 @@ def load_pipeline(path: str | Path, name: str | None = None) -> graph_component.
             f"must define exactly one @kfp_gpu.provisioned pipeline, found {sorted(found) or 'none'}",
             remediation="pass --pipeline NAME" if found else "decorate the pipeline with @kfp_gpu.provisioned(spec)",
         )
-    return next(iter(found.values()))  # type: ignore[no-any-return]
+    return next(iter(found.values()))
 
 
 def compile_pipeline(

@@ -67,7 +67,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
         if val and key != "noop":
             lines.append(f"- {key}: {val}")
     md = "\n".join(lines) + ("\n\n" + cost_md if cost_md else "")
-    return StepResult(json.dumps(report.to_dict(), sort_keys=True), metrics, md, _html(spec, timeline, md))
+    out = {**report.to_dict(), "timeline": timeline.to_json() if timeline.nodes else "", "cost": metrics}
+    return StepResult(json.dumps(out, sort_keys=True), metrics, md, _html(spec, timeline, md))
 
 
 def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
