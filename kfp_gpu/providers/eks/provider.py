@@ -47,8 +47,10 @@ from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
 
 log = logging.getLogger(__name__)
 
+# botocore's retries["max_attempts"] counts *retries* (max_attempts=1 still means 2 attempts);
+# total_max_attempts counts the initial call too, so 1 = exactly one attempt, no botocore retry.
 FAIL_FAST: dict[str, Any] = {
-    "retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 5, "read_timeout": 20,
+    "retries": {"total_max_attempts": 1, "mode": "standard"}, "connect_timeout": 5, "read_timeout": 20,
 }
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> botocore client
 
@@ -201,16 +203,20 @@ class EksProvider:
         return float(resp["Quota"]["Value"])
 
     def _family_usage(self, family: str, spot: bool, region: str) -> float | KfpGpuError:
-        patterns = ["p*"] if family == "P" else ["g*", "vt*"]
-        filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]},
-                   {"Name": "instance-type", "Values": patterns}]
+        # Family matched client-side: instance-type wildcards are not honoured by every endpoint.
+        prefixes = ("p",) if family == "P" else ("g", "vt")
+        filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
         try:
             pager = self.client("ec2", region).get_paginator("describe_instances")
             instances = [
                 i for page in pager.paginate(Filters=filters) for r in page.get("Reservations", [])
                 for i in r.get("Instances", [])
             ]
-            instances = [i for i in instances if (i.get("InstanceLifecycle") == "spot") == spot]
+            instances = [
+                i for i in instances
+                if str(i.get("InstanceType", "")).startswith(prefixes)
+                and (i.get("InstanceLifecycle") == "spot") == spot
+            ]
             return float(sum(self._vcpus(i, region) for i in instances))
         except KfpGpuError as exc:
             return exc
@@ -270,6 +276,8 @@ class EksProvider:
         Raises: NotFound (no such region or cluster), PermissionDenied, RateLimited, TransientCloudError.
         """
         self._check_region(region)
+        self._call("eks", "describe_cluster", region=region, name=self.cluster,
+                   what=f"EKS cluster {self.cluster!r} in {region}")
         names: list[str] = []
         kw: dict[str, Any] = {}
         while True:
