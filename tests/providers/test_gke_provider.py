@@ -1,0 +1,215 @@
+"""GkeProvider against the stand-in, through the real google-cloud-* REST clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, NotFound, PermissionDenied, QuotaExceeded, Scope
+from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
+from kfp_gpu.providers.gke import GkeProvider
+from kfp_gpu.sim import SimServer
+from kfp_gpu.spec import Target, TargetKind
+from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
+
+OWNER = Owner("run-42", "scale-up", 2_000_000_000.0)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    with running() as s:
+        yield s
+
+
+def _provider(sim: SimServer) -> GkeProvider:
+    return GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url)
+
+
+def _until_done(p: GkeProvider, op: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not op.done and time.monotonic() < deadline:
+        time.sleep(0.05)
+        op = p.operation(op)
+    return op
+
+
+def test_is_a_capacity_provider(sim: SimServer) -> None:
+    assert isinstance(_provider(sim), CapacityProvider)
+    t = Target(kind=TargetKind.LOCAL, cluster=CLUSTER, project=PROJECT, region=REGION, endpoint=sim.url)
+    p = GkeProvider.from_target(t)
+    assert (p.project, p.location, p.cluster, p.endpoint) == (PROJECT, REGION, CLUSTER, sim.url)
+
+
+def test_quota_amounts_regional_preemptible_and_global(sim: SimServer) -> None:
+    rows = {q.metric: q for q in _provider(sim).quota("a100-80gb", REGION, spot=True)}
+    assert set(rows) == {"NVIDIA_A100_80GB_GPUS", "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS"}
+    a100 = rows["NVIDIA_A100_80GB_GPUS"]
+    assert (a100.limit, a100.usage, a100.free, a100.status, a100.location) == (128, 0, 128, "ok", REGION)
+    assert "console.cloud.google.com/iam-admin/quotas" in a100.raise_path and a100.lead_time_days > 0
+    assert rows["GPUS_ALL_REGIONS"].location == "global" and rows["GPUS_ALL_REGIONS"].free == 512
+    on_demand = {q.metric for q in _provider(sim).quota("l4", REGION, spot=False)}
+    assert on_demand == {"NVIDIA_L4_GPUS", "GPUS_ALL_REGIONS"}
+
+
+def test_quota_h100_family_comes_from_cloud_quotas(sim: SimServer) -> None:
+    p = _provider(sim)
+    _until_done(p, p.resize(PoolRef("h100-80gb-b", "us-central1-b"), 2, OWNER))
+    rows = {q.metric: q for q in p.quota("h100-80gb", REGION, spot=False)}
+    fam = rows["NVIDIA_H100"]
+    assert (fam.limit, fam.usage, fam.free, fam.status) == (64, 16, 48, "ok")
+    assert "GPUS-PER-GPU-FAMILY" in fam.raise_path and "Cloud Quotas" in fam.reason
+    assert rows["GPUS_ALL_REGIONS"].usage == 16
+    assert sim.request_counts()["cloudquotas.quotaInfos.get"] == 1
+
+
+def test_failed_quota_read_is_unknown_never_ok() -> None:
+    data = scenario(faults=[{"path": "/regions/us-central1$", "status": 403, "count": 1},
+                            {"path": "/compute/v1/projects/[^/]+$", "status": 503, "count": 1}])
+    with running(data) as sim:
+        rows = {q.metric: q for q in _provider(sim).quota("a100-80gb", REGION, spot=False)}
+        a100, glob = rows["NVIDIA_A100_80GB_GPUS"], rows["GPUS_ALL_REGIONS"]
+        assert a100.status == "unknown" and a100.free is None and "compute.regions.get" in a100.reason
+        assert glob.status == "unknown" and "TransientCloudError" in glob.reason
+
+
+def test_quota_unknown_region_is_not_found(sim: SimServer) -> None:
+    with pytest.raises(NotFound, match="europe-west4"):
+        _provider(sim).quota("l4", "europe-west4", spot=False)
+
+
+def test_pools(sim: SimServer) -> None:
+    pools = {s.ref.pool: s for s in _provider(sim).pools(REGION)}
+    assert len(pools) == 24
+    s = pools["l4-spot-f"]
+    assert (s.ref.zone, s.ref.region, s.size, s.max_size, s.accelerator, s.gpus_per_node, s.spot) == (
+        "us-central1-f", REGION, 0, 128, "l4", 1, True)
+    assert s.machine_type == "g2-standard-4"
+    assert _provider(sim).pools("us-east1") == []
+
+
+def test_resize_is_idempotent_and_async(sim: SimServer) -> None:
+    p, ref = _provider(sim), PoolRef("a100-80gb-c", "us-central1-c")
+    op = p.resize(ref, 3, OWNER)
+    assert op.kind == "resize" and op.target == "a100-80gb-c/us-central1-c"
+    assert p.resize(ref, 3, OWNER) is op  # the same absolute size twice is one change
+    done = _until_done(p, op)
+    assert done.status is OpStatus.DONE and done.error is None
+    assert p.resize(ref, 3, OWNER).status is OpStatus.DONE
+    fresh = _provider(sim)  # a retried pod: no memory, the pool is already at 3
+    assert fresh.resize(ref, 3, OWNER).id.startswith("noop:")
+    assert sim.request_counts()["container.nodePools.setSize"] == 1
+    assert len(sim.nodes("a100-80gb-c")) == 3
+    _until_done(p, p.resize(ref, 0, OWNER))
+    assert sim.nodes("a100-80gb-c") == []
+
+
+def test_resize_errors(sim: SimServer) -> None:
+    p = _provider(sim)
+    with pytest.raises(InvalidSpec, match="0, 16"):
+        p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 17, OWNER)
+    with pytest.raises(NotFound, match="nodePools/nope"):
+        p.resize(PoolRef("nope", "us-central1-a"), 1, OWNER)
+    with pytest.raises(NotFound, match="us-central1-b"):
+        p.resize(PoolRef("a100-80gb-a", "us-central1-b"), 1, OWNER)
+    _until_done(p, p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 16, OWNER))
+    with pytest.raises(QuotaExceeded) as info:
+        p.resize(PoolRef("a100-80gb-b", "us-central1-b"), 1, OWNER)
+    assert info.value.scope is Scope.REGION and info.value.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+
+
+def test_resize_into_a_stockout_raises_capacity_unavailable() -> None:
+    with running(scenario(stockouts=[{"zone": "us-central1-f", "window": "always"}])) as sim:
+        p = _provider(sim)
+        with pytest.raises(CapacityUnavailable) as info:
+            p.resize(PoolRef("l4-f", "us-central1-f"), 2, OWNER)
+        assert info.value.scope is Scope.ZONE and info.value.fields["zone"] == "us-central1-f"
+        assert info.value.fields["code"] in ("GCE_STOCKOUT", "ZONE_RESOURCE_POOL_EXHAUSTED")
+
+
+def test_operation_that_fails_later_is_classified() -> None:
+    with running(scenario(stockouts=[{"zone": "us-central1-a", "start_s": 0.0, "end_s": 3600}])) as sim:
+        p = _provider(sim)
+        # the stockout starts immediately: the Operation is born failed and resize() raises it
+        with pytest.raises(CapacityUnavailable):
+            p.resize(PoolRef("l4-a", "us-central1-a"), 1, OWNER)
+        # operation() on the same id returns FAILED with the classified error (checks error, not status)
+        op_name = next(iter(sim.state.gke_ops))
+        from kfp_gpu.providers.base import Operation
+
+        polled = p.operation(Operation(f"gke:{REGION}:{op_name}", "resize", "l4-a/us-central1-a", OpStatus.RUNNING))
+        assert polled.status is OpStatus.FAILED and isinstance(polled.error, CapacityUnavailable)
+
+
+def test_reservations_reserve_reattach_list_release(sim: SimServer) -> None:
+    p = _provider(sim)
+    req = ReservationRequest("", "us-central1-b", "a100-80gb", 8, 2)
+    op = p.reserve(req, OWNER)
+    assert op.status is OpStatus.DONE and op.kind == "reserve"
+    name = op.target.split("/", 1)[1]
+    assert name.startswith("kfpgpu-run-42-scale-up-b-")
+    assert p.reserve(req, OWNER).id.startswith("reattach:")  # same owner -> same name, re-attached
+    assert sim.request_counts()["compute.reservations.insert"] == 1
+    owned = p.list_owned("run-42")
+    res = [o for o in owned if o.kind == "reservation"]
+    assert [(o.name, o.location) for o in res] == [(name, "us-central1-b")]
+    assert res[0].labels == OWNER.cloud_labels()
+    other = Owner("run-7", "warm-pool", 2_000_000_000.0)
+    with pytest.raises(InvalidSpec, match="owned by run"):
+        p.reserve(ReservationRequest(name, "us-central1-b", "a100-80gb", 8, 1), other)
+    assert p.list_owned("run-7") == []
+    assert p.release("run-7") == []
+    assert p.release("run-42") == [name]
+    assert p.release("run-42") == []  # already gone: no-op
+    assert [o for o in p.list_owned() if o.kind == "reservation"] == []
+
+
+def test_reserve_over_quota_and_in_stockout() -> None:
+    with running(scenario(stockouts=[{"zone": "us-central1-c", "window": "always"}])) as sim:
+        p = _provider(sim)
+        with pytest.raises(QuotaExceeded) as q:
+            p.reserve(ReservationRequest("big", "us-central1-a", "a100-80gb", 8, 17), OWNER)
+        assert q.value.scope is Scope.REGION and q.value.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+        with pytest.raises(CapacityUnavailable) as c:
+            p.reserve(ReservationRequest("r", "us-central1-c", "l4", 1, 1), OWNER)
+        assert c.value.scope is Scope.ZONE and c.value.fields["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+def test_request_quota_increase(sim: SimServer) -> None:
+    p = _provider(sim)
+    name = p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "burst training for run-42")
+    assert name.startswith(f"projects/{PROJECT}/locations/global/quotaPreferences/kfpgpu-")
+    assert p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "again") == name  # idempotent
+    pref = sim.state.quota_prefs[name]
+    assert pref["quotaId"] == "NVIDIA-A100-80GB-GPUS-per-project-region"
+    assert pref["dimensions"] == {"region": REGION} and pref["justification"] == "burst training for run-42"
+    fam = sim.state.quota_prefs[p.request_quota_increase("NVIDIA_H100", REGION, 128, "x")]
+    assert fam["quotaId"] == "GPUS-PER-GPU-FAMILY-per-project-region"
+    assert fam["dimensions"] == {"region": REGION, "gpu_family": "NVIDIA_H100"}
+    glob = sim.state.quota_prefs[p.request_quota_increase("GPUS_ALL_REGIONS", REGION, 1024, "x")]
+    assert glob["quotaId"] == "GPUS-ALL-REGIONS-per-project" and not glob.get("dimensions")
+    with pytest.raises(InvalidSpec, match="above the current"):
+        p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 64, "less")
+
+
+def test_missing_credentials_is_permission_denied(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    p = GkeProvider(PROJECT, REGION, CLUSTER)  # real endpoint, ADC
+    with pytest.raises(PermissionDenied) as info:
+        p.quota("l4", REGION, spot=False)
+    assert "gcloud auth application-default login" in info.value.remediation
+    with pytest.raises(PermissionDenied):
+        p.pools(REGION)
+
+
+def test_no_google_import_at_kfp_gpu_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, kfp_gpu, kfp_gpu.providers.gke, kfp_gpu.sim; "
+            "bad=[m for m in sys.modules if m.startswith(('google.cloud.', 'google.api_core', 'google.auth'))]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
