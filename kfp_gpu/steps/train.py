@@ -330,6 +330,7 @@ def _cleanup(st: TrainState, timeout_s: float) -> None:
 
 def _result(st: TrainState, status: str, wall_s: float) -> StepResult:
     st.close_usage(time.time())
+    st.timeline.event("job-finished", time.time(), job=st.job, status=status, attempt=st.attempt)
     ck = st.checkpoint()
     final_step = ck.step if ck is not None else None
     final_loss = (ck.meta or {}).get("loss") if ck is not None else None
