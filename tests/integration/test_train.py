@@ -71,7 +71,7 @@ def test_gang_of_4x8_runs_to_succeeded_after_capacity_is_ready(
     nodes = sorted(p.spec.node_name for p in job_pods(kube.core, namespace, out["job"]))
     assert nodes == sorted(names)
     assert 0 < out["gpu_hours"] < 32 * 60 / 3600  # 32 GPUs for a few seconds
-    assert res.metrics["gpu_hours"] == out["gpu_hours"] or res.metrics["gpu_hours"] > 0
+    assert res.metrics["gpu_hours"] > 0 and res.metrics["attempts"] == 1
     assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "Succeeded"
 
     # idempotent: a retried step re-attaches to the finished job instead of creating a second one
