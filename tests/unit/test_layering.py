@@ -1,0 +1,65 @@
+"""Layering rules of docs/architecture.md, checked on the source tree."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
+CLOUD = ("google.cloud", "boto3", "botocore", "google.auth", "google.api_core")
+CLOUD_OK = ("providers/gke", "providers/eks", "submit", "checkpoint", "sim")
+IO_MODULES = ("kubernetes", "requests", "socket", "urllib3", "subprocess", "http", "boto3", "google")
+
+
+def _imports(path: Path, top_level_only: bool) -> list[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    out = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.append(node.module)
+    return out
+
+
+def _py_files():
+    return sorted(p for p in PKG.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(PKG)))
+def test_cloud_sdks_only_in_their_packages_and_only_lazily(path):
+    rel = str(path.relative_to(PKG))
+    allowed = rel.startswith(CLOUD_OK)
+    for mod in _imports(path, top_level_only=not allowed):
+        if mod.startswith(CLOUD):
+            assert allowed, f"{rel} imports {mod}; only {CLOUD_OK} may"
+    if allowed:
+        for mod in _imports(path, top_level_only=True):
+            assert not mod.startswith(CLOUD), f"{rel} imports {mod} at module level; import it lazily"
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "plan").glob("*.py")), ids=lambda p: p.name)
+def test_plan_does_no_io(path):
+    for mod in _imports(path, top_level_only=False):
+        assert not mod.split(".")[0] in IO_MODULES, f"plan/{path.name} imports {mod}"
+
+
+def test_importing_the_sdk_loads_no_cloud_sdk():
+    code = ("import sys, kfp_gpu, kfp_gpu.spec, kfp_gpu.dsl, kfp_gpu.steps.entry, kfp_gpu.providers\n"
+            "bad = [m for m in sys.modules if m.startswith(('google.cloud.', 'boto3', 'botocore'))]\n"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_checkpoint_helper_needs_no_kfp():
+    code = "import sys, kfp_gpu.checkpoint\nsys.exit(1 if 'kfp' in sys.modules or 'kubernetes' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(PKG)))
+def test_modules_stay_small(path):
+    assert len(path.read_text().splitlines()) <= 450, f"{path.name} is too big; split it by concern"
