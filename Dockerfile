@@ -1,0 +1,40 @@
+# kfp-gpu component image. Every component.yaml points at ghcr.io/kfp-gpu/kfp-gpu:<package version>
+# (kfp_gpu.image.image_for_version()), so the tag below MUST equal [project].version in pyproject.toml;
+# tests/test_image_version.py checks it.
+#
+# Build and push (from the repository root; needs Docker/BuildKit, not available in the dev sandbox):
+#   VERSION=$(python -c "import kfp_gpu.image as i; print(i.VERSION)")
+#   docker build --build-arg KFP_GPU_VERSION=$VERSION -t ghcr.io/kfp-gpu/kfp-gpu:$VERSION .
+#   docker push ghcr.io/kfp-gpu/kfp-gpu:$VERSION
+# Multi-arch:
+#   docker buildx build --platform linux/amd64,linux/arm64 --build-arg KFP_GPU_VERSION=$VERSION \
+#     -t ghcr.io/kfp-gpu/kfp-gpu:$VERSION --push .
+# Smoke test:
+#   docker run --rm ghcr.io/kfp-gpu/kfp-gpu:$VERSION python -c "import kfp_gpu, kfp, kfp.kubernetes"
+
+FROM python:3.11-slim
+
+ARG KFP_GPU_VERSION=0.1.0
+LABEL org.opencontainers.image.title="kfp-gpu" \
+      org.opencontainers.image.version="${KFP_GPU_VERSION}" \
+      org.opencontainers.image.source="https://github.com/kfp-gpu/kfp-gpu" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      io.kfp-gpu.version="${KFP_GPU_VERSION}"
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/kfp-gpu
+COPY pyproject.toml README.md ./
+COPY kfp_gpu ./kfp_gpu
+
+# kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False).
+RUN pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks]" \
+ && python -c "import kfp_gpu.image as i, sys; sys.exit(i.VERSION != '${KFP_GPU_VERSION}')" \
+ && useradd --uid 10001 --create-home kfpgpu
+
+# No credentials are baked in: use Workload Identity (GKE) or IRSA (EKS). See docs/rbac-iam.md.
+USER 10001
+WORKDIR /home/kfpgpu
