@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from kfp_gpu import accelerators
 from kfp_gpu.accelerators import GCP_ALL_REGIONS_METRIC, GCP_GPU_FAMILY_QUOTA_ID, Accelerator
-from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
 from kfp_gpu.providers.base import QuotaAmount
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ def read(p: GkeProvider, acc: Accelerator, region: str, *, spot: bool) -> list[Q
     for i, result in enumerate(p.parallel(jobs)):
         if isinstance(result, NotFound) and i == 0:
             raise NotFound(f"region {region} does not exist in project {p.project}: {result.message}",
-                           remediation="use a GCP region such as us-central1", region=region)
+                           remediation="use a GCP region such as us-central1", region=region,
+                           scope=Scope.REGION)
         if isinstance(result, KfpGpuError):
             names = (metrics if i == 0 else [GCP_ALL_REGIONS_METRIC] if i == 1 else [str(acc.gcp_gpu_family)])
             loc = "global" if i == 1 else region
