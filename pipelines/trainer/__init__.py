@@ -1,0 +1,1 @@
+"""Example training script package: ``python -m pipelines.trainer.train_lm``."""
