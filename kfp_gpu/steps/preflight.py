@@ -1,0 +1,304 @@
+"""The preflight step: read every quota and capacity signal concurrently, decide, report.
+
+All reads run at once on a thread pool - every candidate region's cloud quota and node pools, and
+(with a Kubernetes ``ApiClient``) the namespace ResourceQuota on ``requests.nvidia.com/gpu``, the
+allocatable GPUs of Ready nodes, and the Kueue ClusterQueue when its CRD exists - so total latency is
+about one API round trip. A read that fails makes its check UNKNOWN (never ok) with the reason.
+
+Public API (wired by the CLI as ``kfp-gpu preflight`` / ``kfp-gpu quota request``):
+
+* :func:`run_preflight` -> :class:`~kfp_gpu.plan.preflight.PreflightResult`
+* :func:`check` - raise ``QuotaExceeded`` when nothing fits
+* :func:`request_increase` - file a quota increase through the provider
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, QuotaExceeded
+from kfp_gpu.plan.placement import matching_pools, plan_placements
+from kfp_gpu.plan.preflight import ClusterCheck, PreflightResult
+from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs
+from kfp_gpu.providers.base import CapacityProvider, PoolState, QuotaAmount
+from kfp_gpu.spec import ProvisioningSpec, TargetKind
+
+__all__ = ["PreflightResult", "check", "check_checkpoint_uri", "request_increase", "run_preflight"]
+
+log = logging.getLogger(__name__)
+GPU = "nvidia.com/gpu"
+KUEUE_CRD = "clusterqueues.kueue.x-k8s.io"
+CheckpointProbe = Callable[[str], None]  # raises when the URI cannot be written
+
+
+def run_preflight(
+    spec: ProvisioningSpec,
+    provider: CapacityProvider,
+    kube_api: Any = None,
+    *,
+    regions: Sequence[str] | None = None,
+    checkpoint_probe: CheckpointProbe | None = None,
+) -> PreflightResult:
+    """Check every candidate region/zone x quota metric (and the cluster, given ``kube_api``) at once.
+
+    ``regions`` adds candidate regions after ``spec.target.region``. ``kube_api`` is a
+    ``kubernetes.client.ApiClient``. ``checkpoint_probe`` writes a probe object for s3:// / gs://
+    URIs (without it those are UNKNOWN).
+
+    Never raises for a check it cannot make (that check is UNKNOWN); use :func:`check` to fail.
+    """
+    started = time.monotonic()
+    cands = list(dict.fromkeys([spec.target.region, *(regions or ())]))
+    with ThreadPoolExecutor(max_workers=2 * len(cands) + 5, thread_name_prefix="preflight") as ex:
+        quota_f = {r: ex.submit(provider.quota, spec.accelerator, r, spot=spec.spot) for r in cands}
+        pools_f = {r: ex.submit(provider.pools, r) for r in cands}
+        kube_f: dict[str, Future[ClusterCheck]] = {}
+        if kube_api is not None:
+            kube_f = {
+                "namespace-quota": ex.submit(_namespace_quota, spec, kube_api),
+                "kueue": ex.submit(_kueue, spec, kube_api),
+            }
+            nodes_f = ex.submit(_ready_gpu_nodes, spec, kube_api)
+        ckpt_f = ex.submit(check_checkpoint_uri, spec.checkpoint_uri, checkpoint_probe) if spec.checkpoint_uri else None
+
+        checks_by_region: dict[str, list[QuotaCheck]] = {}
+        pools_by_region: dict[str, list[PoolState] | None] = {}
+        unknown_by_region: dict[str, list[str]] = {}
+        for r in cands:
+            checks_by_region[r] = _quota_checks(spec, r, quota_f[r])
+            try:
+                pools_by_region[r] = pools_f[r].result()
+            except NotFound as exc:
+                pools_by_region[r] = []
+                unknown_by_region.setdefault(r, [])
+                log.info("preflight: no pools in %s: %s", r, exc.message)
+            except Exception as exc:
+                pools_by_region[r] = None
+                unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
+        cluster = [f.result() for f in kube_f.values()]
+        if kube_api is not None:
+            cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+        if ckpt_f is not None:
+            cluster.append(ckpt_f.result())
+    placements = plan_placements(spec, checks_by_region, pools_by_region,
+                                 unknown_by_region={r: v for r, v in unknown_by_region.items() if v})
+    return PreflightResult(
+        spec.accelerator, spec.nodes, spec.gpus_per_node, spec.capacity.value, placements,
+        [c for c in cluster if c is not None], time.monotonic() - started,
+    )
+
+
+def check(result: PreflightResult, *, strict: bool = False) -> PreflightResult:
+    """Return ``result`` when a placement fits.
+
+    Raises:
+        QuotaExceeded: nothing fits (with the shortfalls, how to raise each quota and lead times);
+            with ``strict=True`` also when the verdict is only UNKNOWN.
+    """
+    if result.verdict is Verdict.SHORT:
+        raise result.error()
+    if strict and result.verdict is Verdict.UNKNOWN:
+        raise QuotaExceeded(
+            "preflight could not verify capacity: " + "; ".join(result.unknowns),
+            remediation="fix the permissions/connectivity named above, or run without --strict",
+            unknowns=result.unknowns,
+        )
+    return result
+
+
+def request_increase(
+    spec: ProvisioningSpec,
+    provider: CapacityProvider,
+    metric: str,
+    region: str,
+    value: float,
+    justification: str,
+) -> str:
+    """File a quota increase (``kfp-gpu quota request``). Returns the provider's request id.
+
+    ``metric=""`` means the spec's main metric (GCP regional GPU metric / AWS vCPU quota code);
+    ``value<=0`` means "current limit plus what the spec needs" (read from the provider).
+
+    Raises:
+        InvalidSpec: no metric/value can be derived, or ``value`` is not above the current limit.
+        PermissionDenied, NotFound, CloudError: from the provider.
+    """
+    region = region or spec.target.region
+    main = needs(spec, region)[0]
+    metric = metric or main.metric
+    if value <= 0:
+        rows = provider.quota(spec.accelerator, region, spot=spec.spot)
+        row = next((r for r in rows if r.metric == metric), None)
+        if row is None or row.limit is None:
+            raise InvalidSpec("value", value, f"cannot derive a target for {metric} in {region}; pass --value")
+        value = row.limit + (main.amount if metric in main.metrics else spec.total_gpus)
+    just = justification or (
+        f"kfp-gpu: {spec.nodes} x {spec.gpus_per_node} {spec.accelerator} ({spec.capacity.value}) training runs"
+    )
+    return provider.request_quota_increase(metric, region, value, just)
+
+
+def check_checkpoint_uri(uri: str, probe: CheckpointProbe | None = None) -> ClusterCheck:
+    """Is the checkpoint URI writable? Local paths: write and remove a probe file. Object stores:
+    call ``probe(uri)`` when given (it raises on failure), else UNKNOWN."""
+    name = "checkpoint-uri"
+    if uri.startswith(("s3://", "gs://")):
+        if probe is None:
+            return ClusterCheck(name, Verdict.UNKNOWN, f"{uri}: no storage client to probe it",
+                                remediation="pass a checkpoint probe (fsspec) to verify write access")
+        try:
+            probe(uri)
+        except Exception as exc:
+            return ClusterCheck(name, Verdict.SHORT, f"{uri} is not writable: {_msg(exc)}",
+                                remediation="grant write access to the bucket/prefix or change checkpoint_uri")
+        return ClusterCheck(name, Verdict.FITS, f"{uri} is writable")
+    path = uri.removeprefix("file://")
+    probe_file = os.path.join(path, f".kfp-gpu-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe_file, "w") as fh:
+            fh.write("ok")
+        os.remove(probe_file)
+    except OSError as exc:
+        return ClusterCheck(name, Verdict.SHORT, f"{uri} is not writable: {exc.strerror or exc}",
+                            remediation="fix the directory permissions or change checkpoint_uri")
+    return ClusterCheck(name, Verdict.FITS, f"{uri} is writable")
+
+
+# ---- cloud side ----------------------------------------------------------------------------
+def _msg(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, KfpGpuError) else f"{type(exc).__name__}: {exc}"
+
+
+def _quota_checks(spec: ProvisioningSpec, region: str, fut: Future[list[QuotaAmount]]) -> list[QuotaCheck]:
+    try:
+        rows = fut.result()
+    except NotFound as exc:
+        return [QuotaCheck(n.metric, n.location, n.unit, n.amount, Verdict.SHORT, reason=f"region: {exc.message}")
+                for n in needs(spec, region)]
+    except Exception as exc:
+        fix = f" (fix: {exc.remediation})" if isinstance(exc, KfpGpuError) and exc.remediation else ""
+        return [QuotaCheck(n.metric, n.location, n.unit, n.amount, Verdict.UNKNOWN,
+                           reason=f"quota read failed: {_msg(exc)}{fix}") for n in needs(spec, region)]
+    return evaluate(spec, region, rows)
+
+
+# ---- cluster side --------------------------------------------------------------------------
+def _api_error(name: str, exc: BaseException, what: str) -> ClusterCheck:
+    status = getattr(exc, "status", None)
+    hint = "grant the preflight service account read access (RBAC)" if status in (401, 403) else ""
+    return ClusterCheck(name, Verdict.UNKNOWN, f"cannot read {what}: {status or ''} {getattr(exc, 'reason', exc)}",
+                        remediation=hint)
+
+
+def _qty(value: Any) -> float:
+    from kubernetes.utils import parse_quantity
+
+    return float(parse_quantity(str(value)))
+
+
+def _namespace_quota(spec: ProvisioningSpec, api: Any) -> ClusterCheck:
+    from kubernetes import client
+
+    ns, need, name = spec.target.namespace, float(spec.total_gpus), "namespace-quota"
+    try:
+        items = client.CoreV1Api(api).list_namespaced_resource_quota(ns).items
+    except Exception as exc:
+        return _api_error(name, exc, f"ResourceQuotas of namespace {ns}")
+    free: float | None = None
+    for q in items:
+        hard = (q.status.hard if q.status and q.status.hard else None) or (q.spec.hard or {})
+        used = (q.status.used if q.status and q.status.used else None) or {}
+        for key in (f"requests.{GPU}", f"limits.{GPU}"):
+            if key in hard:
+                f = _qty(hard[key]) - _qty(used.get(key, 0))
+                free = f if free is None else min(free, f)
+    if free is None:
+        return ClusterCheck(name, Verdict.FITS, f"no ResourceQuota on requests.{GPU} in namespace {ns}", need)
+    verdict = Verdict.FITS if free >= need else Verdict.SHORT
+    return ClusterCheck(name, verdict, f"ResourceQuota requests.{GPU} in namespace {ns}: {free:g} free", need, free,
+                        "" if verdict is Verdict.FITS else f"raise requests.{GPU} in the ResourceQuota of {ns}")
+
+
+def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
+    acc = accelerators.get(spec.accelerator)
+    if spec.target.kind is TargetKind.EKS:
+        return labels.get("node.kubernetes.io/instance-type") in {m.name for m in acc.aws_instances}
+    return labels.get("cloud.google.com/gke-accelerator") == acc.gke_label
+
+
+def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> int:
+    from kubernetes import client
+
+    count = 0
+    for node in client.CoreV1Api(api).list_node().items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+        gpus = _qty((node.status.allocatable or {}).get(GPU, 0))
+        if ready and not node.spec.unschedulable and gpus >= spec.gpus_per_node and _node_matches(
+            spec, node.metadata.labels or {}
+        ):
+            count += 1
+    return count
+
+
+def _capacity_check(spec: ProvisioningSpec, nodes_f: Future[int], pools: list[PoolState] | None) -> ClusterCheck:
+    name = "gpu-capacity"
+    try:
+        ready = nodes_f.result()
+    except Exception as exc:
+        return _api_error(name, exc, "Nodes")
+    if pools is None:
+        return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); pool headroom unknown",
+                            spec.nodes, ready)
+    headroom = sum(max(0, p.max_size - p.size) for p in matching_pools(spec, pools))
+    reach = ready + headroom
+    verdict = Verdict.FITS if reach >= spec.nodes else Verdict.SHORT
+    return ClusterCheck(
+        name, verdict, f"{ready} Ready node(s) with >= {spec.gpus_per_node} allocatable {GPU} + {headroom} "
+        "node(s) of pool headroom", spec.nodes, reach,
+        "" if verdict is Verdict.FITS else "raise the node pools' max size or add a pool",
+    )
+
+
+def _kueue(spec: ProvisioningSpec, api: Any) -> ClusterCheck:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    name, ns = "kueue", spec.target.namespace
+    try:
+        client.ApiextensionsV1Api(api).read_custom_resource_definition(KUEUE_CRD, _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 404:
+            return ClusterCheck(name, Verdict.FITS, "Kueue is not installed (no ClusterQueue CRD)")
+        return _api_error(name, exc, f"CRD {KUEUE_CRD}")
+    except Exception as exc:
+        return _api_error(name, exc, f"CRD {KUEUE_CRD}")
+    co = client.CustomObjectsApi(api)
+    try:
+        lqs = co.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", ns, "localqueues").get("items", [])
+        if not lqs:
+            return ClusterCheck(name, Verdict.FITS, f"no Kueue LocalQueue in namespace {ns}; Kueue does not gate it")
+        cq_name = lqs[0]["spec"]["clusterQueue"]
+        cq = co.get_cluster_custom_object("kueue.x-k8s.io", "v1beta1", "clusterqueues", cq_name)
+    except Exception as exc:
+        return _api_error(name, exc, "Kueue queues")
+    nominal = sum(
+        _qty(r.get("nominalQuota", 0)) + _qty(r.get("borrowingLimit", 0))
+        for g in cq.get("spec", {}).get("resourceGroups", []) for f in g.get("flavors", [])
+        for r in f.get("resources", []) if r.get("name") == GPU
+    )
+    used = sum(
+        _qty(r.get("total", 0)) for f in cq.get("status", {}).get("flavorsUsage", [])
+        for r in f.get("resources", []) if r.get("name") == GPU
+    )
+    free, need = nominal - used, float(spec.total_gpus)
+    verdict = Verdict.FITS if free >= need else Verdict.SHORT
+    return ClusterCheck(name, verdict, f"ClusterQueue {cq_name}: {free:g} of {nominal:g} {GPU} free", need, free,
+                        "" if verdict is Verdict.FITS else f"raise nominalQuota of {GPU} in ClusterQueue {cq_name}")
