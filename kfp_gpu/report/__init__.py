@@ -2,7 +2,7 @@
 except the explicit ``write_html``."""
 
 from kfp_gpu.report.cost import CostReport, cost_report
-from kfp_gpu.report.html import PreflightRow, render_html, write_html
+from kfp_gpu.report.html import PreflightRow, render_html, rows_from_quota_checks, write_html
 from kfp_gpu.report.secrets import scan_for_secrets
 from kfp_gpu.report.terminal import gantt, progress_from_timeline, progress_line
 from kfp_gpu.report.timeline_svg import render_timeline_svg
@@ -16,6 +16,7 @@ __all__ = [
     "progress_line",
     "render_html",
     "render_timeline_svg",
+    "rows_from_quota_checks",
     "scan_for_secrets",
     "write_html",
 ]

@@ -60,6 +60,25 @@ class PreflightRow:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def rows_from_quota_checks(checks: Iterable[Any], *, placement: str = "") -> list[PreflightRow]:
+    """Adapt :class:`kfp_gpu.plan.quota.QuotaCheck` objects (or anything with the same attributes).
+
+    ``placement`` overrides the check's own ``location`` (e.g. a zone label). The remediation is the
+    check's reason plus where to raise the quota.
+    """
+    out = []
+    for c in checks:
+        verdict = str(getattr(c.verdict, "value", c.verdict))
+        status = {"fits": "ok"}.get(verdict, verdict if verdict in _STATUSES else "unknown")
+        fix = "; ".join(x for x in (c.reason, f"raise at {c.raise_path}" if c.raise_path and status != "ok" else "") if x)
+        out.append(PreflightRow(
+            placement=placement or c.location, metric=c.metric, needed=c.needed, free=c.free, limit=c.limit,
+            short=c.short_by if status == "short" else None, status=status, unit=c.unit, remediation=fix,
+            lead_time_days=c.lead_time_days or None,
+        ))
+    return out
+
+
 def coerce_rows(rows: Iterable[PreflightRow | Mapping[str, Any]]) -> list[PreflightRow]:
     """Accept PreflightRow objects or dicts. Raises: InvalidSpec for a malformed dict."""
     return [r if isinstance(r, PreflightRow) else PreflightRow.from_mapping(r) for r in rows]

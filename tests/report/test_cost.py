@@ -80,3 +80,20 @@ def test_renderings(spec: ProvisioningSpec) -> None:
     term = r.to_terminal(width=80)
     assert all(len(line) <= 80 for line in term.splitlines())
     assert "idle GPU-minutes" in term
+
+
+def test_preflight_rows_from_quota_checks() -> None:
+    from kfp_gpu.plan.quota import QuotaCheck, Verdict
+    from kfp_gpu.report.html import preflight_table_html, rows_from_quota_checks
+
+    checks = [
+        QuotaCheck("NVIDIA_H100_GPUS", "us-central1", "gpus", 32, Verdict.SHORT, 64, 48, 16,
+                   "short by 16 gpus", "console://quotas", 2.0),
+        QuotaCheck("GPUS_ALL_REGIONS", "global", "gpus", 32, Verdict.FITS, 100, 0, 100),
+        QuotaCheck("NVIDIA_H100", "us-central1", "gpus", 32, Verdict.UNKNOWN, reason="403"),
+    ]
+    rows = rows_from_quota_checks(checks)
+    assert [r.status for r in rows] == ["short", "ok", "unknown"]
+    assert rows[0].short == 16 and "console://quotas" in rows[0].remediation and rows[0].lead_time_days == 2.0
+    html = preflight_table_html(rows)
+    assert html.count("<tr class=") == 3 and "approval lead time 2 days" in html
