@@ -52,12 +52,11 @@ class KubeBackend:
             "cloud.google.com/gke-provisioning": "spot" if pool.spot else "standard",
             "kfp-gpu.io/sim-cluster": cluster,
         }
+        machine = acc.gce_machine_for(pool.gpus_per_node)
         body = make_gpu_node(
             name, pool.name, acc.gke_label, pool.zone, pool.gpus_per_node, pool.spot, boot_delay_s, labels,
+            cpu=str(machine.vcpus), memory=f"{machine.vcpus * 8}Gi",
         )
-        machine = acc.gce_machine_for(pool.gpus_per_node)
-        for key in ("capacity", "allocatable"):
-            body["status"][key]["cpu"] = str(machine.vcpus)
         body["metadata"]["annotations"]["kfp-gpu.io/created-by"] = "kfp-gpu-sim"
         try:
             self.core.create_node(body=body)
