@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_train_support import (
+from tests.integration.test_train_support import (
     Reprovisioner,
     StepThread,
     job_json,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
-from test_train_support import (
+from tests.integration.test_train_support import (
     StepThread,
     job_json,
     job_pods,
