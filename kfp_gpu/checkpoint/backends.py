@@ -172,8 +172,9 @@ class GCSBackend:
         self.prefix = prefix.strip("/")
         self.uri = f"gs://{bucket}/{self.prefix}".rstrip("/")
         if client is None:
-            from google.cloud import storage  # lazy: optional dependency
+            import importlib
 
+            storage = importlib.import_module("google.cloud.storage")  # lazy: optional dependency
             client = storage.Client()
         self._bucket = client.bucket(bucket)
 
