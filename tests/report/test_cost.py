@@ -4,11 +4,11 @@ import json
 import statistics
 
 import pytest
-from conftest import T0, make_timeline
 
 from kfp_gpu.report.cost import cost_report
 from kfp_gpu.spec import CostInputs, ProvisioningSpec
 from kfp_gpu.timeline import NodeState, Timeline
+from tests.report._timelines import T0, make_timeline
 
 
 def _tl(latencies: list[float], *, up_for: float = 3600.0) -> Timeline:

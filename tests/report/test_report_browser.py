@@ -6,12 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
-from _browser import dump_dom, png_info, screenshot
-from conftest import make_timeline
 
 from kfp_gpu.report import PreflightRow, cost_report, write_html
 from kfp_gpu.report.html import render_html
 from kfp_gpu.spec import ProvisioningSpec
+from tests.report._browser import dump_dom, png_info, screenshot
+from tests.report._timelines import make_timeline
 
 
 @pytest.mark.parametrize("n", [4, 128])

@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import json
 
-from conftest import make_timeline
-
 from kfp_gpu.report import cost_report, render_html, scan_for_secrets
 from kfp_gpu.report.terminal import gantt
 from kfp_gpu.spec import ProvisioningSpec
+from tests.report._timelines import make_timeline
 
 SA_KEY = json.dumps({
     "type": "service_account", "project_id": "p", "private_key_id": "0123456789abcdef",

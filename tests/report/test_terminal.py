@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from conftest import T0, make_timeline
-
 from kfp_gpu.report.terminal import eta_from_timeline, gantt, progress_from_timeline, progress_line
 from kfp_gpu.timeline import NodeState, Timeline
+from tests.report._timelines import T0, make_timeline
 
 
 def test_gantt_small_one_row_per_node_and_width_bounded() -> None:

@@ -2,10 +2,9 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from conftest import make_timeline
-
 from kfp_gpu.report.timeline_svg import nice_step, render_timeline_svg
 from kfp_gpu.timeline import NodeState, Timeline
+from tests.report._timelines import make_timeline
 
 NS = "{http://www.w3.org/2000/svg}"
 

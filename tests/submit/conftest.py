@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 from kfp import compiler, dsl
-from standins import FakeKfp
+
+from tests.submit.standins import FakeKfp
 
 
 @dsl.component(base_image="python:3.11-slim")

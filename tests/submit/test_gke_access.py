@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials, Credentials
-from standins import Req, StandIn
 
 from kfp_gpu.errors import InvalidSpec, NotFound, PermissionDenied
 from kfp_gpu.submit.gke_access import gke_api_client, gke_configuration
+from tests.submit.standins import Req, StandIn
 
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 PATH = "/v1/projects/p/locations/l/clusters/c"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from standins import FakeKfp
 
 from kfp_gpu.errors import InvalidSpec, NotFound, PermissionDenied, TransientCloudError
 from kfp_gpu.submit.kfp_backend import classify_http, submit_kfp
+from tests.submit.standins import FakeKfp
 
 
 def test_first_submit_uploads_pipeline_and_creates_run(kfp_server: FakeKfp, package: Path) -> None:

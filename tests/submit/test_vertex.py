@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
-from standins import Req, StandIn
 
 from kfp_gpu.errors import CloudError, InvalidSpec, PermissionDenied
 from kfp_gpu.submit.vertex import submit_vertex
+from tests.submit.standins import Req, StandIn
 
 JOBS = "/v1/projects/proj-1/locations/us-central1/pipelineJobs"
 
