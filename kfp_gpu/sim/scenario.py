@@ -138,13 +138,16 @@ class Scenario:
 
 
 def load(path: str | Path | None = None) -> Scenario:
-    """Load and validate a scenario file; ``None`` loads the bundled ``default.yaml``.
+    """Load and validate a scenario file. ``None`` loads the bundled ``default.yaml``; a bare name
+    such as ``"six-regions"`` loads ``kfp_gpu/sim/scenarios/<name>.yaml``.
 
     Raises:
         InvalidSpec: the file is missing, not YAML, or fails validation (naming the field).
     """
-    if path is None:
-        text = resources.files("kfp_gpu.sim").joinpath("scenarios/default.yaml").read_text()
+    bundled = resources.files("kfp_gpu.sim").joinpath("scenarios")
+    if path is None or (isinstance(path, str) and not Path(path).exists()
+                        and bundled.joinpath(f"{path}.yaml").is_file()):
+        text = bundled.joinpath(f"{path or 'default'}.yaml").read_text()
     else:
         try:
             text = Path(path).read_text()

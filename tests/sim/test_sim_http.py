@@ -233,3 +233,28 @@ def test_concurrent_resize_of_a_busy_pool_is_refused() -> None:
             _set_size(cm, "l4-a", 5)
         assert _wait_op(cm, op.name).status == container_v1.Operation.Status.DONE
         assert len(sim.nodes("l4-a")) == 4
+
+
+def test_preflight_fan_out_six_regions_three_accelerators_with_200ms_rtt() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kfp_gpu.providers.gke import GkeProvider
+    from kfp_gpu.sim import load
+
+    sc = load("six-regions")
+    assert sc.api_latency_ms == 200 and len(sc.regions) == 6
+    sim = SimServer(sc)
+    sim.start()
+    try:
+        p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url)
+        jobs = [(a, r) for r in sc.regions for a in ("a100-80gb", "h100-80gb", "l4")]
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(len(jobs)) as ex:
+            results = list(ex.map(lambda j: p.quota(j[0], j[1], spot=False), jobs))
+        elapsed = time.monotonic() - t0
+        assert all(q.status == "ok" for rows in results for q in rows), results
+        h100_west = {q.metric: q for q in results[jobs.index(("h100-80gb", "us-east4"))]}["NVIDIA_H100"]
+        assert h100_west.limit == 0 and h100_west.free == 0
+        assert elapsed < 3.0, f"18 quota reads took {elapsed:.2f}s at 200 ms RTT"
+    finally:
+        sim.stop()

@@ -71,7 +71,6 @@ class GkeProvider:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._resizes: dict[tuple[str, str], tuple[int, Operation, Owner]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gke-provider")
 
     @classmethod
     def from_target(cls, target: Any, *, endpoint: str | None = None, credentials: Any = None) -> GkeProvider:
@@ -163,7 +162,11 @@ class GkeProvider:
                 return fn()
             except KfpGpuError as exc:
                 return exc
-        return list(self._pool.map(run, fns))
+        if len(fns) <= 1:
+            return [run(fn) for fn in fns]
+        # a fresh executor per call: nested parallel() calls (quota -> pools) can never deadlock
+        with ThreadPoolExecutor(max_workers=min(16, len(fns)), thread_name_prefix="gke-provider") as ex:
+            return list(ex.map(run, fns))
 
     def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
         """Map a raw SDK exception to a KfpGpuError via the tables in ``classify``."""
