@@ -1,0 +1,287 @@
+"""Build and run the real cluster-autoscaler (kwok cloud provider) against the dev cluster.
+
+Used by the benchmarks (``bench/``) as the baseline for burst scale-up.
+
+Build: ``k8s.io/autoscaler/cluster-autoscaler`` at ``CLUSTER_AUTOSCALER_VERSION`` (versions.env) is built
+with ``-tags kwok`` in a wrapper module under ``<cache>/build/``. The upstream go.mod's requires and
+module replaces are copied into the wrapper (replace directives are only honoured in the main module);
+its local-path replace ``k8s.io/autoscaler/cluster-autoscaler/apis => ./apis`` is dropped, so the
+``apis`` module resolves to the version upstream requires. The binary lands in
+``<cache>/bin/cluster-autoscaler-<version>``. The sum database does not list the pinned pseudo-version, so
+the build sets ``GONOSUMDB`` for that one module path (the proxy still serves it; go.sum pins it locally).
+
+Run: :func:`install_provider_config` writes the ConfigMaps the kwok provider reads
+(``kube-system/kwok-provider-config`` and ``kube-system/kwok-provider-templates``);
+:class:`Autoscaler` starts the binary with ``--cloud-provider=kwok`` and stops it (by its own pid).
+
+    python -m kfp_gpu.devcluster.autoscaler build     # build into the cache (skips when present)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .versions import binary_path, cache_dir, load_versions
+
+MODULE = "k8s.io/autoscaler/cluster-autoscaler"
+NAME = "cluster-autoscaler"
+NAMESPACE = "kube-system"
+CONFIG_CM = "kwok-provider-config"
+TEMPLATES_CM = "kwok-provider-templates"
+DEFAULT_HEALTH_PORT = 18085
+
+
+class AutoscalerError(RuntimeError):
+    """Building or running cluster-autoscaler failed (never skipped silently)."""
+
+
+def version() -> str:
+    """The pinned version. Raises: AutoscalerError when versions.env has no value."""
+    v = load_versions().get("CLUSTER_AUTOSCALER_VERSION", "").strip()
+    if not v:
+        raise AutoscalerError("CLUSTER_AUTOSCALER_VERSION is empty in kfp_gpu/devcluster/versions.env")
+    return v
+
+
+def binary() -> Path:
+    return binary_path(NAME, version())
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
+    env.setdefault("CGO_ENABLED", "0")
+    nosum = [p for p in env.get("GONOSUMDB", "").split(",") if p]
+    env["GONOSUMDB"] = ",".join([*nosum, MODULE])
+    return env
+
+
+def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
+    with log.open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
+        fh.flush()
+        proc = subprocess.run(list(cmd), cwd=cwd, env=_go_env(), capture_output=True, text=True)
+        fh.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise AutoscalerError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}\n(full log: {log})")
+    return proc.stdout
+
+
+def other_go_builds() -> list[int]:
+    """Pids of running ``go build`` commands (the machine is small: builds wait for each other)."""
+    out: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 2 and argv[0].endswith(b"go") and argv[1] == b"build":
+            out.append(int(d.name))
+    return out
+
+
+def wrapper_gomod(upstream: Mapping[str, Any], ver: str) -> str:
+    """The wrapper module's go.mod from ``go mod edit -json`` of the upstream go.mod."""
+    lines = [f"module kfpgpu.local/build/{NAME}", "", "go 1.24.0", "", "require ("]
+    lines.append(f"\t{MODULE} {ver}")
+    for r in upstream.get("Require") or []:
+        if r["Path"] != MODULE:
+            lines.append(f"\t{r['Path']} {r['Version']}")
+    lines.append(")")
+    reps: list[str] = []
+    for r in upstream.get("Replace") or []:
+        old, new = r["Old"], r["New"]
+        if new.get("Version"):  # module replace: copy; local-path replaces are dropped
+            old_s = old["Path"] + (" " + old["Version"] if old.get("Version") else "")
+            reps.append(f"\t{old_s} => {new['Path']} {new['Version']}")
+    if reps:
+        lines += ["", "replace (", *reps, ")"]
+    return "\n".join(lines) + "\n"
+
+
+def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
+    """Build cluster-autoscaler (-tags kwok) into the cache; a present binary is reused.
+
+    Raises: AutoscalerError (missing toolchain, download or compile failure).
+    """
+    ver = version()
+    out = binary_path(NAME, ver)
+    if out.exists():
+        return out
+    if shutil.which("go") is None:
+        raise AutoscalerError("the Go toolchain ('go') is not on PATH")
+    work = cache_dir() / "build" / f"{MODULE.replace('/', '_')}-{ver}"
+    work.mkdir(parents=True, exist_ok=True)
+    log = cache_dir() / "build" / f"{NAME}-{ver}.log"
+    if not (work / "go.mod").exists():
+        _run(["go", "mod", "download", f"{MODULE}@{ver}"], work, log)
+        modcache = Path(_run(["go", "env", "GOMODCACHE"], work, log).strip())
+        upstream = json.loads(_run(["go", "mod", "edit", "-json", str(modcache / f"{MODULE}@{ver}" / "go.mod")],
+                                   work, log))
+        (work / "go.mod").write_text(wrapper_gomod(upstream, ver))
+    while wait_for_others and other_go_builds():
+        print(f"[autoscaler] waiting for other go builds {other_go_builds()}", flush=True)
+        time.sleep(poll_s)
+    t0 = time.monotonic()
+    print(f"[autoscaler] building {MODULE}@{ver} -tags kwok (log {log})", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-tags", "kwok", "-o", str(tmp), MODULE], work, log)
+    tmp.rename(out)
+    print(f"[autoscaler] built in {time.monotonic() - t0:.0f}s -> {out}", flush=True)
+    return out
+
+
+# ---- provider configuration ---------------------------------------------------------------------
+
+def provider_config(*, group_label: str, gpu_label: str, gpu_types: Sequence[str]) -> str:
+    """The kwok provider's config (templates from the ConfigMap, node groups by ``group_label``)."""
+    types = "".join(f'      "{t}": {{}}\n' for t in gpu_types)
+    return (
+        "apiVersion: v1alpha1\n"
+        "readNodesFrom: configmap\n"
+        "nodegroups:\n"
+        f'  fromNodeLabelKey: "{group_label}"\n'
+        "nodes:\n"
+        "  skipTaint: true\n"
+        "  gpuConfig:\n"
+        f'    gpuLabelKey: "{gpu_label}"\n'
+        "    availableGPUTypes:\n"
+        f"{types}"
+        "configmap:\n"
+        f"  name: {TEMPLATES_CM}\n"
+    )
+
+
+def install_provider_config(core: Any, templates: Sequence[Mapping[str, Any]], *, group_label: str,
+                            gpu_label: str, gpu_types: Sequence[str]) -> None:
+    """Create or replace the two ConfigMaps in kube-system. ``core`` is a ``CoreV1Api``."""
+    from kubernetes.client import ApiException
+
+    docs = {"apiVersion": "v1", "kind": "List", "items": list(templates)}
+    data = {
+        CONFIG_CM: {"config": provider_config(group_label=group_label, gpu_label=gpu_label, gpu_types=gpu_types)},
+        TEMPLATES_CM: {"templates": json.dumps(docs)},
+    }
+    for name, payload in data.items():
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
+                "data": payload}
+        try:
+            core.replace_namespaced_config_map(name, NAMESPACE, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            core.create_namespaced_config_map(NAMESPACE, body)
+
+
+# ---- process -------------------------------------------------------------------------------------
+
+class Autoscaler:
+    """A cluster-autoscaler process (kwok provider) against ``kubeconfig``.
+
+    Args:
+        kubeconfig: admin kubeconfig of the dev cluster.
+        extra_args: more flags (e.g. ``--scan-interval=1s``).
+        log_path: where stdout/stderr go.
+    """
+
+    def __init__(self, kubeconfig: Path, *, extra_args: Sequence[str] = (), log_path: Path | None = None,
+                 health_port: int = DEFAULT_HEALTH_PORT) -> None:
+        self.kubeconfig = kubeconfig
+        self.extra_args = list(extra_args)
+        self.log_path = log_path or (cache_dir() / "cluster" / "cluster-autoscaler.log")
+        self.health_port = health_port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            str(binary()), "--cloud-provider=kwok", f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", f"--address=127.0.0.1:{self.health_port}",
+            "--namespace=" + NAMESPACE, "--v=1", *self.extra_args,
+        ]
+
+    def start(self, *, timeout_s: float = 60.0) -> None:
+        """Start and wait until ``/health-check`` answers 200.
+
+        Raises: AutoscalerError when the binary is missing, exits, or never turns healthy.
+        """
+        if not binary().exists():
+            raise AutoscalerError(f"{binary()} is missing: run `python -m kfp_gpu.devcluster.autoscaler build`")
+        env = dict(os.environ, POD_NAMESPACE=NAMESPACE, KWOK_PROVIDER_MODE="local",
+                   KUBECONFIG=str(self.kubeconfig))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fh = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=fh, stderr=subprocess.STDOUT, env=env)
+        fh.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AutoscalerError(f"cluster-autoscaler exited with {self.proc.returncode}; "
+                                      f"last log lines:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise AutoscalerError(f"cluster-autoscaler not healthy after {timeout_s:g}s:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/health-check", timeout=1) as r:
+                return int(r.status) == 200
+        except OSError:
+            return False
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop our own process (SIGTERM, then SIGKILL)."""
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.terminate()
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=timeout_s)
+
+    def __enter__(self) -> Autoscaler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["build"]:
+        print("usage: python -m kfp_gpu.devcluster.autoscaler build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except AutoscalerError as exc:
+        print(f"[autoscaler] build FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
