@@ -1,6 +1,7 @@
 """Run reports: timeline SVG, cost-risk model, HTML page and terminal renderings. Pure rendering, no I/O
 except the explicit ``write_html``."""
 
+from kfp_gpu.report.bundle import write_run_report
 from kfp_gpu.report.cost import CostReport, cost_report
 from kfp_gpu.report.html import PreflightRow, render_html, rows_from_quota_checks, write_html
 from kfp_gpu.report.secrets import scan_for_secrets
@@ -19,4 +20,5 @@ __all__ = [
     "rows_from_quota_checks",
     "scan_for_secrets",
     "write_html",
+    "write_run_report",
 ]

@@ -49,3 +49,14 @@ def test_reports_are_clean(spec: ProvisioningSpec) -> None:
     cost = cost_report(spec, tl)
     for text in (render_html(title="r", timeline=tl, cost=cost), cost.to_markdown(), gantt(tl)):
         assert scan_for_secrets(text) == []
+
+
+def test_write_run_report_bundle(tmp_path, spec: ProvisioningSpec) -> None:  # type: ignore[no-untyped-def]
+    from kfp_gpu.report import write_run_report
+    from kfp_gpu.timeline import Timeline
+
+    tl = make_timeline(4)
+    paths = write_run_report(tmp_path / "out", spec=spec, timeline=tl)
+    assert set(paths) == {"report.html", "timeline.svg", "cost.md", "cost.json", "timeline.txt", "timeline.json"}
+    assert Timeline.from_json(paths["timeline.json"].read_text()).nodes.keys() == tl.nodes.keys()
+    assert json.loads(paths["cost.json"].read_text())["gpus"] == 32
