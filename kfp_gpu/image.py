@@ -42,5 +42,8 @@ VERSION = package_version()
 
 
 def image_for_version(version: str | None = None) -> str:
-    """The image every component's ``base_image`` points to: ``ghcr.io/kfp-gpu/kfp-gpu:<version>``."""
+    """The image every component's ``base_image`` points to: ``ghcr.io/kfp-gpu/kfp-gpu:<version>``.
+
+    Raises: nothing.
+    """
     return f"{IMAGE_REPO}:{version or VERSION}"

@@ -65,6 +65,9 @@ def rows_from_quota_checks(checks: Iterable[Any], *, placement: str = "") -> lis
 
     ``placement`` overrides the check's own ``location`` (e.g. a zone label). The remediation is the
     check's reason plus where to raise the quota.
+
+    Raises:
+        AttributeError: an item lacks the QuotaCheck attributes.
     """
     out = []
     for c in checks:
@@ -103,7 +106,7 @@ def _num(v: float | None) -> str:
 
 
 def preflight_table_html(rows: Sequence[PreflightRow]) -> str:
-    """The preflight rows as an HTML ``<table class="preflight">``."""
+    """The preflight rows as an HTML ``<table class="preflight">``. Raises: nothing."""
     if not rows:
         return '<p class="notes">no preflight checks recorded</p>'
     out = [
@@ -125,7 +128,7 @@ def preflight_table_html(rows: Sequence[PreflightRow]) -> str:
 
 
 def cost_table_html(cost: CostReport) -> str:
-    """The cost-risk rows as an HTML ``<table class="cost">``."""
+    """The cost-risk rows as an HTML ``<table class="cost">``. Raises: nothing."""
     out = ['<table class="cost"><thead><tr><th>item</th><th>value</th><th>how</th></tr></thead><tbody>']
     for a, b, c in cost.rows():
         strong = a == "total"

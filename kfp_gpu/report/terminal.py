@@ -108,7 +108,7 @@ def gantt(tl: Timeline, *, width: int = 100, max_rows: int = 40) -> str:
 
 
 def cost_table(cost: CostReport, *, width: int = 100) -> str:
-    """The cost-risk report as aligned text (same rows as the Markdown/HTML versions)."""
+    """The cost-risk report as aligned text (same rows as the Markdown/HTML versions). Raises: nothing."""
     return cost.to_terminal(width=width)
 
 
@@ -117,6 +117,8 @@ def progress_line(ready: int, total: int, *, elapsed_s: float, eta_s: float | No
 
     Without ``eta_s`` the ETA is a linear extrapolation (elapsed / ready x remaining), "?" before the
     first node is Ready.
+
+    Raises: nothing.
     """
     total = max(total, 0)
     ready = min(max(ready, 0), total) if total else max(ready, 0)
@@ -136,6 +138,8 @@ def eta_from_timeline(tl: Timeline, total: int, now: float) -> float | None:
 
     Each requested-but-not-Ready node is expected at its request time + the median latency; missing
     nodes (not requested yet) at ``now`` + the median. None before any node is Ready.
+
+    Raises: nothing.
     """
     lat = tl.ready_latencies()
     if not lat:
@@ -157,7 +161,7 @@ def eta_from_timeline(tl: Timeline, total: int, now: float) -> float | None:
 
 
 def progress_from_timeline(tl: Timeline, total: int, now: float) -> str:
-    """:func:`progress_line` filled from a live timeline (elapsed from the first request)."""
+    """:func:`progress_line` filled from a live timeline (elapsed from the first request). Raises: nothing."""
     t0, _ = span(tl)
     ready = sum(1 for n in tl.nodes.values() if n.state is NodeState.READY)
     return progress_line(ready, total, elapsed_s=max(0.0, now - t0) if tl.nodes else 0.0,

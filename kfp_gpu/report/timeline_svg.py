@@ -31,7 +31,7 @@ _PLOT_BUDGET = 760.0  # px of rows before rows start to shrink
 
 
 def nice_step(extent: float, target_ticks: int = 8) -> float:
-    """A 1/2/5 x 10^k tick step giving about ``target_ticks`` ticks over ``extent``."""
+    """A 1/2/5 x 10^k tick step giving about ``target_ticks`` ticks over ``extent``. Raises: nothing."""
     if extent <= 0:
         return 1.0
     raw = extent / max(1, target_ticks)

@@ -22,7 +22,7 @@ GKE_IAM_FIX = (
 
 
 def classify_google(exc: BaseException, what: str, iam_fix: str) -> KfpGpuError:
-    """Map google.api_core / google.auth / transport errors to KfpGpuErrors with a fix."""
+    """Map google.api_core / google.auth / transport errors to KfpGpuErrors with a fix (returned). Raises: nothing."""
     from google.api_core import exceptions as gexc
     from google.auth import exceptions as aexc
 

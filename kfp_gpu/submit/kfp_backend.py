@@ -46,7 +46,7 @@ def _token_fix(host: str) -> str:
 
 
 def classify_http(status: int, host: str, what: str, detail: str = "") -> KfpGpuError:
-    """Map an HTTP status from the KFP API to a KfpGpuError with a fix."""
+    """Map an HTTP status from the KFP API to a KfpGpuError with a fix (returned, not raised). Raises: nothing."""
     tail = f": {detail[:200]}" if detail else ""
     if status in (401, 403):
         return PermissionDenied(
@@ -119,7 +119,10 @@ def _translated(host: str, what: str) -> Iterator[None]:
 
 
 def default_version_name(package_path: str | Path, now: _dt.datetime | None = None) -> str:
-    """``v<UTC timestamp>-<sha256[:8] of the package>``: unique per upload, traceable to the bytes."""
+    """``v<UTC timestamp>-<sha256[:8] of the package>``: unique per upload, traceable to the bytes.
+
+    Raises: OSError when the package cannot be read.
+    """
     digest = hashlib.sha256(Path(package_path).read_bytes()).hexdigest()[:8]
     stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
     return f"v{stamp}-{digest}"
