@@ -62,6 +62,13 @@ def igm_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]
     return 200, st.igm_json(m["z"], m["igm"])
 
 
+@route("POST", _C + "/zones/(?P<z>[^/]+)/instanceGroupManagers/(?P<igm>[^/]+)/deleteInstances",
+       "compute.instanceGroupManagers.deleteInstances")
+def igm_delete_instances(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
+    st.check_project(m["p"])
+    return 200, st.delete_instances(m["z"], m["igm"], [str(x) for x in b.get("instances") or []])
+
+
 def _reservation_key(st: SimState, m: re.Match[str], name: str) -> tuple[str, str]:
     st.check_project(m["p"])
     st.zone_region(m["z"])

@@ -159,6 +159,10 @@ class SimServer:
         """Reclaim ``node`` as GCE would a spot VM. Raises: SimHttpError (404) for an unknown node."""
         return self.state.preempt(node)
 
+    def preempt_pool(self, pool: str, count: int = 1) -> list[str]:
+        """Reclaim the ``count`` newest nodes of ``pool``; returns their names. Raises: KeyError."""
+        return self.state.preempt_pool(pool, count)
+
     def nodes(self, pool: str) -> list[str]:
         with self.state.lock:
             return list(self.state.pools[pool].nodes)

@@ -316,6 +316,28 @@ class SimState:
                     }
         raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{name}")
 
+    def delete_instances(self, zone: str, igm: str, names: list[str]) -> dict[str, Any]:
+        """Compute instanceGroupManagers.deleteInstances: remove specific nodes, shrinking the target.
+
+        Raises: SimHttpError (404 unknown group, 400 a name that is not in the group).
+        """
+        s = self.scenario
+        p = next((x for x in self.pools.values() if x.spec.zone == zone and igm_name(s.cluster, x) == igm), None)
+        if p is None:
+            raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}")
+        victims = [n.rsplit("/", 1)[-1] for n in names]
+        with self.lock:
+            missing = [v for v in victims if v not in p.nodes]
+            if missing:
+                raise shapes.http_error(400, f"Instances {missing} are not members of {igm}.", reason="invalid")
+            p.target = max(0, p.target - len(victims))
+        self._shrink(p, victims)
+        target = f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}"
+        op = shapes.compute_operation(s.project, zone, "compute.instanceGroupManagers.deleteInstances", target)
+        with self.lock:
+            self.compute_ops[op["name"]] = op
+        return op
+
     # ---- preemption -------------------------------------------------------------------------
     def preempt(self, node: str) -> dict[str, Any]:
         """Reclaim one spot node: taint, evict its pods, delete it, shrink its pool by one.

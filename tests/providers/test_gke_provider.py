@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, NotFound, PermissionDenied, QuotaExceeded, Scope
+from kfp_gpu.errors import (
+    CapacityUnavailable,
+    CloudError,
+    InvalidSpec,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    Scope,
+)
 from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer
@@ -213,3 +221,16 @@ def test_no_google_import_at_kfp_gpu_import() -> None:
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_delete_specific_nodes(sim: SimServer) -> None:
+    p, ref = _provider(sim), PoolRef("l4-b", "us-central1-b")
+    _until_done(p, p.resize(ref, 4, OWNER))
+    victims = sim.nodes("l4-b")[1:3]
+    op = p.delete_nodes(ref, victims)
+    assert op.status is OpStatus.DONE and op.kind == "delete-nodes"
+    assert sim.nodes("l4-b") == [n for n in [f"gke-{CLUSTER}-l4-b-{i:04d}" for i in range(4)] if n not in victims]
+    assert p.pool(ref).size == 2
+    with pytest.raises(CloudError, match="not members"):
+        p.delete_nodes(ref, ["gke-nope"])
+    assert p.resize(ref, 4, OWNER).status is OpStatus.RUNNING  # not a stale cached op

@@ -81,6 +81,7 @@ IAM_PERMISSIONS: tuple[tuple[str, str, str], ...] = (
     ("POST", r"/reservations", "compute.reservations.create"),
     ("DELETE", r"/reservations/", "compute.reservations.delete"),
     ("GET", r"/reservations", "compute.reservations.list"),
+    ("POST", r"/instanceGroupManagers/[^/]+/deleteInstances", "compute.instanceGroupManagers.update"),
     ("GET", r"/instanceGroupManagers/", "compute.instanceGroupManagers.get"),
     ("GET", r"/zones/[^/]+/operations/", "compute.zoneOperations.get"),
     ("GET", r"/regions/[^/]+$|/regions/[^/?]+\?", "compute.regions.get"),
@@ -138,8 +139,6 @@ def fault_from_gke_operation(op: Any) -> Fault | None:
     message = (getattr(err, "message", "") if err is not None else "") or status_message
     tokens = [_enum_name(c.code) for c in conditions]
     tokens += [t for t in re.findall(r"\b[A-Z][A-Z_]{5,}\b", f"{message} {status_message}") if t in ERROR_SCOPES]
-    if not tokens and not code:
-        tokens = [t for t in (_enum_name(c.code) for c in conditions) if t]
     return Fault(str(message), 0, [t for t in tokens if t and t != "UNKNOWN"], _metric_in(str(message)))
 
 

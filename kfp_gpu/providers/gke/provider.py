@@ -313,6 +313,33 @@ class GkeProvider:
             raise op.error
         return op
 
+    def delete_nodes(self, ref: PoolRef, nodes: Sequence[str]) -> Operation:
+        """Remove specific nodes (VMs) of ``ref``, shrinking the pool by that many (Compute
+        instanceGroupManagers.deleteInstances, as cluster-autoscaler does). For rollbacks that must
+        remove exactly the nodes a run added. Not part of the CapacityProvider protocol.
+
+        Raises: NotFound, PermissionDenied (compute.instanceGroupManagers.update), RateLimited,
+        TransientCloudError, CloudError.
+        """
+        np = self._call("container", "get_node_pool", at_zone=ref.zone,
+                        name=f"{self.cluster_path}/nodePools/{ref.pool}")
+        url = next((u for u in np.instance_group_urls if f"/zones/{ref.zone}/" in u), "")
+        if not url:
+            raise NotFound(f"node pool {ref.pool} has no instance group in {ref.zone}", zone=ref.zone)
+        from google.cloud import compute_v1
+
+        body = compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+            instances=[f"zones/{ref.zone}/instances/{n}" for n in nodes])
+        raw = self._call("igm", "delete_instances_unary", at_zone=ref.zone, project=self.project, zone=ref.zone,
+                         instance_group_manager=url.rsplit("/", 1)[-1],
+                         instance_group_managers_delete_instances_request_resource=body)
+        with self._lock:
+            self._resizes.pop((ref.pool, ref.zone), None)  # the size changed under any cached resize
+        op = res_mod.compute_op(raw, "delete-nodes", f"{ref.pool}/{ref.zone}", ref.zone)
+        if op.status is OpStatus.FAILED and op.error is not None:
+            raise op.error
+        return op
+
     def operation(self, op: Operation) -> Operation:
         """Poll ``op``; a FAILED result carries its classified error (checked from error,
         statusMessage and node pool conditions, not only status).
