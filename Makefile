@@ -8,7 +8,12 @@ export KFP_GPU_CACHE ?= $(HOME)/.cache/kfp-gpu
 export KUBECONFIG := $(KFP_GPU_CACHE)/cluster/kubeconfig
 PYTEST_ARGS ?=
 
-.PHONY: venv lint cluster-build cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
+.PHONY: sysdeps venv lint cluster-build cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
+
+# System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
+sysdeps:
+	@command -v chromium >/dev/null || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null || { echo "chromium missing and could not be installed" >&2; exit 1; }
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -34,7 +39,7 @@ cluster-status: venv
 	$(BIN)/python -m kfp_gpu.devcluster status
 
 # The whole suite, integration tier included: it boots (or reuses) the local control plane first.
-test: venv lint cluster-up
+test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-unit: venv
