@@ -292,12 +292,15 @@ class GkeProvider:
         key = (ref.pool, ref.zone)
         with self._lock:
             prev = self._resizes.get(key)
-        if prev is not None and prev[0] == size and prev[1].status is not OpStatus.FAILED:
-            return prev[1]
+        same = prev is not None and prev[0] == size
+        if prev is not None and same and not prev[1].done:
+            return prev[1]  # still converging to this very size
         state = self.pool(ref)
         if not 0 <= size <= state.max_size:
             raise InvalidSpec(f"size[{ref.pool}/{ref.zone}]", size, f"must be in [0, {state.max_size}] (pool max)")
         if state.size == size and (prev is None or prev[1].done):
+            if prev is not None and same and prev[1].status is OpStatus.DONE:
+                return prev[1]
             op = Operation(f"noop:{ref.pool}:{ref.zone}:{size}", "resize", f"{ref.pool}/{ref.zone}", OpStatus.DONE)
         else:
             from google.cloud import container_v1
