@@ -85,10 +85,12 @@ def relevant_metrics(accelerator: str, *, spot: bool) -> set[str]:
     """Quota metrics (GCP metric names and AWS quota codes) that govern ``accelerator``."""
     acc = accelerators.get(accelerator)
     out = {
-        acc.gcp_preemptible_metric if spot else acc.gcp_quota_metric,
+        acc.gcp_quota_metric,  # spot falls back to the standard metric when no preemptible row exists
         accelerators.GCP_ALL_REGIONS_METRIC,
         acc.aws_quota_spot if spot else acc.aws_quota_on_demand,
     }
+    if spot:
+        out.add(acc.gcp_preemptible_metric)
     if acc.gcp_gpu_family:
         out.add(acc.gcp_gpu_family)
         out.add(accelerators.GCP_GPU_FAMILY_QUOTA_ID)

@@ -150,3 +150,11 @@ def test_on_call_hook_sees_concurrent_calls() -> None:
     for t in threads:
         t.join()
     assert out == [2, 2]
+
+
+def test_spot_quota_includes_preemptible_and_standard_rows() -> None:
+    fp = make()
+    fp.set_quota("PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "us-central1", 16, 0)
+    assert {r.metric for r in fp.quota("a100-80gb", "us-central1", spot=True)} == {
+        "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS",
+    }

@@ -20,6 +20,7 @@ Design choices:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -62,7 +63,8 @@ _NG_STATUS = {"ACTIVE": OpStatus.DONE, "UPDATING": OpStatus.RUNNING, "CREATING":
               "DEGRADED": OpStatus.FAILED, "CREATE_FAILED": OpStatus.FAILED}
 
 
-def known_regions() -> set[str]:
+@functools.lru_cache(maxsize=1)
+def known_regions() -> frozenset[str]:
     """Every EC2 region botocore knows (offline data, all partitions)."""
     import boto3
 
@@ -70,7 +72,7 @@ def known_regions() -> set[str]:
     out: set[str] = set()
     for partition in s.get_available_partitions():
         out.update(s.get_available_regions("ec2", partition_name=partition))
-    return out
+    return frozenset(out)
 
 
 class EksProvider(ReservationsMixin):
