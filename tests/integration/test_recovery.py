@@ -75,6 +75,9 @@ def test_preempt_one_of_four_resumes_from_checkpoint(
     store.save(20, {"model.pt": b"w20"}, meta={"loss": 2.1})
     victim = names[2]
     t0 = preempt(kube.kubeconfig, kube.core, victim)
+    wait_until("replacement", lambda: rp.calls, timeout=60)
+    wait_until("resumed gang running", lambda: [p for p in running_pods(kube.core, namespace, job, 4)
+                                                if p.spec.node_name in rp.calls[0]["nodes"]], timeout=60)
     store.save(30, {"model.pt": b"w30"}, meta={"loss": 1.9})  # written by the resumed job
     res = th.outcome(180)
     out = json.loads(res.output_json)
