@@ -283,14 +283,16 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
 def _replace_nodes(st: TrainState, lost: list[str], decision: Decision, reprovision: Reprovision | None) -> None:
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
-    provider: Any = None
     if reprovision is None:
         from kfp_gpu.providers import for_target
         from kfp_gpu.steps.scale_up import reprovision as default_reprovision
 
-        reprovision, provider = default_reprovision, for_target(st.spec.target)
-    new = reprovision(st.spec, st.run_id, st.api, provider, lost=len(lost), zone_hint=zone,
-                      on_demand=decision.on_demand)
+        # attempt keys the provider's idempotency: each recovery is a distinct (run_id, step) mutation
+        new = default_reprovision(st.spec, st.run_id, st.api, for_target(st.spec.target), lost=len(lost),
+                                  zone_hint=zone, on_demand=decision.on_demand, attempt=st.budget.preemptions)
+    else:
+        new = reprovision(st.spec, st.run_id, st.api, None, lost=len(lost), zone_hint=zone,
+                          on_demand=decision.on_demand)
     st.capacity = merge_capacity(st.capacity, set(lost), new)
     if new.timeline_json:
         from kfp_gpu.timeline import Timeline

@@ -8,6 +8,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from kfp_gpu.checkpoint.store import CheckpointStore
+from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.devcluster.nodes import SIM_EXIT_CODE_ANNOTATION
+from kfp_gpu.errors import RecoveryBudgetExhausted, TrainingFailed
+from kfp_gpu.steps import train
+from kfp_gpu.timeline import Timeline
 from tests.integration.test_train_support import (
     Reprovisioner,
     StepThread,
@@ -19,14 +27,6 @@ from tests.integration.test_train_support import (
     running_pods,
     wait_until,
 )
-
-from kfp_gpu.checkpoint.store import CheckpointStore
-from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.nodes import SIM_EXIT_CODE_ANNOTATION
-from kfp_gpu.errors import RecoveryBudgetExhausted, TrainingFailed
-from kfp_gpu.steps import train
-from kfp_gpu.timeline import Timeline
 
 pytestmark = pytest.mark.integration
 NodeFactory = Callable[..., tuple[str, list[str]]]

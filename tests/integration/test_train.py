@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
+
+from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.errors import GangPlacementFailed
+from kfp_gpu.steps import train
+from kfp_gpu.timeline import Timeline
 from tests.integration.test_train_support import (
     StepThread,
     job_json,
@@ -22,12 +28,6 @@ from tests.integration.test_train_support import (
     running_pods,
     wait_until,
 )
-
-from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.errors import GangPlacementFailed
-from kfp_gpu.steps import train
-from kfp_gpu.timeline import Timeline
 
 pytestmark = pytest.mark.integration
 NodeFactory = Callable[..., tuple[str, list[str]]]
