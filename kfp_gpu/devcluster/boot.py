@@ -9,17 +9,20 @@ kubeconfig live in ``${KFP_GPU_CACHE:-~/.cache/kfp-gpu}/cluster``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import crds, procs
-from .certs import ensure_pki
+from .certs import CertError, ensure_pki
 from .procs import BootError
 from .versions import Versions, binaries, cluster_dir, share_dir
 
@@ -85,6 +88,11 @@ def _apiserver(c: Ctx) -> list[str]:
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={c.ports['apiserver']}",
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}", "--authorization-mode=RBAC",
+            f"--requestheader-client-ca-file={p / 'ca.crt'}", "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={p / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={p / 'front-proxy-client.key'}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--allow-privileged=true", "--profiling=false",
@@ -186,10 +194,38 @@ def _check_ports_consistent(c: Ctx) -> None:
         raise BootError(f"a cluster is already running with ports {old}; run `down` before changing ports")
 
 
+def _fingerprint(argv: list[str]) -> str:
+    """argv plus the content hash of any --config file (so editing stages.yaml restarts KWOK)."""
+    lines = list(argv)
+    for a in argv:
+        if a.startswith("--config="):
+            f = Path(a.split("=", 1)[1])
+            lines.append(f"# {f}: sha256 {hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else '-'}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _locked(state: Path) -> Iterator[None]:
+    """Serialize concurrent up/down calls (several test sessions may boot at once)."""
+    state.mkdir(parents=True, exist_ok=True)
+    with (state / "lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _ensure(c: Ctx, comp: Component) -> str:
     """Start ``comp`` unless our instance is already running and healthy."""
     binary, log = c.bins[comp.name], c.state / f"{comp.name}.log"
+    argv = comp.argv(c)
+    args_file = c.state / f"{comp.name}.args"
     pid = procs.running_pid(c.state, comp.name, binary)
+    if pid is not None and args_file.exists() and args_file.read_text() != _fingerprint(argv):
+        print(f"[up] {comp.name} (pid {pid}) runs with other flags; restarting it", flush=True)
+        procs.stop(c.state, comp.name, binary)
+        pid = None
     if pid is not None:
         try:
             procs.wait_for(comp.name, lambda: comp.healthy(c), timeout=10.0)
@@ -200,7 +236,8 @@ def _ensure(c: Ctx, comp: Component) -> str:
     else:
         procs.pid_file(c.state, comp.name).unlink(missing_ok=True)
     procs.check_ports_free(comp.name, [c.ports[k] for k in comp.port_keys])
-    new_pid = procs.start(c.state, comp.name, comp.argv(c))
+    new_pid = procs.start(c.state, comp.name, argv)
+    args_file.write_text(_fingerprint(argv))
     procs.wait_for(comp.name, lambda: comp.healthy(c), comp.timeout, log,
                    alive=lambda: procs.running_pid(c.state, comp.name, binary) == new_pid)
     return "started"
@@ -229,10 +266,14 @@ def _wait_default_sa(c: Ctx, timeout: float = 60.0) -> None:
 
 
 def up() -> Ctx:
-    t0 = time.monotonic()
     c = _ctx()
     _check_binaries(c)
-    c.state.mkdir(parents=True, exist_ok=True)
+    with _locked(c.state):
+        return _up(c)
+
+
+def _up(c: Ctx) -> Ctx:
+    t0 = time.monotonic()
     _check_ports_consistent(c)
     ensure_pki(c.pki)
     write_kubeconfig(c)
@@ -255,6 +296,11 @@ def up() -> Ctx:
 
 def down(purge: bool = False) -> None:
     c = _ctx()
+    with _locked(c.state):
+        _down(c, purge)
+
+
+def _down(c: Ctx, purge: bool) -> None:
     for comp in reversed(COMPONENTS):
         if procs.stop(c.state, comp.name, c.bins[comp.name]):
             print(f"[down] stopped {comp.name}", flush=True)
@@ -279,7 +325,7 @@ def status() -> dict[str, str]:
 def main_up() -> int:
     try:
         up()
-    except BootError as e:
+    except (BootError, CertError) as e:
         print(f"[up] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     return 0

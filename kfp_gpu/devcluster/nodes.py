@@ -8,10 +8,12 @@ stand-in and the scale-up code; add new keyword arguments only with defaults.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-BOOT_DELAY_ANNOTATION = "kfp-gpu.io/boot-delay"
+BOOT_DELAY_ANNOTATION = "kfp-gpu.io/boot-delay"  # informative, e.g. "45s"
+READY_AT_ANNOTATION = "kfp-gpu.io/ready-at"  # RFC3339 time KWOK makes the node Ready (wins over boot-delay)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT: dict[str, str] = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 NOT_READY_TAINT: dict[str, str] = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
@@ -48,8 +50,10 @@ def make_gpu_node(
 ) -> dict[str, Any]:
     """A KWOK-managed GPU node.
 
-    KWOK's ``node-initialize`` stage makes the node Ready after ``boot_delay_s`` seconds
-    (annotation ``kfp-gpu.io/boot-delay``).  When the delay is positive the node is created
+    KWOK's ``node-initialize`` stage makes the node Ready ``boot_delay_s`` seconds after this
+    call (annotation ``kfp-gpu.io/ready-at``, an absolute RFC3339 time, so the delay does not
+    restart when the node object is updated meanwhile; ``kfp-gpu.io/boot-delay`` records the
+    duration).  When the delay is positive the node is created
     with ``Ready=False`` and the ``node.kubernetes.io/not-ready:NoSchedule`` taint a kubelet
     registers with; kube-controller-manager removes the taint once the node is Ready, so
     nothing schedules onto a still-booting node.
@@ -76,6 +80,8 @@ def make_gpu_node(
     taints: list[dict[str, str]] = [dict(GPU_TAINT)] if gpus > 0 else []
     if boot_delay_s > 0:
         annotations[BOOT_DELAY_ANNOTATION] = f"{boot_delay_s:g}s"
+        ready_at = datetime.now(timezone.utc) + timedelta(seconds=boot_delay_s)
+        annotations[READY_AT_ANNOTATION] = ready_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         taints.append(dict(NOT_READY_TAINT))
     resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "1Ti", GPU_RESOURCE: str(gpus)}
     spec: dict[str, Any] = {"taints": taints} if taints else {}
