@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 STEP = "train"
 
 Reprovision = Callable[..., Capacity]
-"""``(spec, run_id, api, provider, *, lost: int, zone_hint: str, on_demand: bool) -> Capacity`` of the
-replacement nodes (:func:`kfp_gpu.steps.scale_up.reprovision`)."""
+"""``(spec, run_id, api, provider, *, lost: int, zone_hint: str, on_demand: bool) -> Capacity``: the
+replacement nodes, or the whole gang (:func:`kfp_gpu.steps.scale_up.reprovision`); merged either way."""
 
 
 class TrainState:
@@ -293,12 +293,13 @@ def _replace_nodes(st: TrainState, lost: list[str], decision: Decision, reprovis
     else:
         new = reprovision(st.spec, st.run_id, st.api, None, lost=len(lost), zone_hint=zone,
                           on_demand=decision.on_demand)
+    before = set(st.capacity.nodes)
     st.capacity = merge_capacity(st.capacity, set(lost), new)
     if new.timeline_json:
         from kfp_gpu.timeline import Timeline
 
         st.timeline.merge(Timeline.from_json(new.timeline_json))
-    st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in new.nodes if n not in lost]
+    st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
 
 
 def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:

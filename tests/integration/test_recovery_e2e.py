@@ -1,0 +1,80 @@
+"""Scale-up -> train -> spot preemption by the GKE stand-in -> scale_up.reprovision -> resume, all real."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from kfp_gpu.checkpoint.store import CheckpointStore
+from kfp_gpu.cluster import pytorchjob
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.providers.gke import GkeProvider
+from kfp_gpu.sim import scenario as scenario_mod
+from kfp_gpu.sim.server import SimServer
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
+from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps.capacity import Capacity
+from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def sim(kube: Kube) -> Iterator[SimServer]:
+    cluster = f"c{uuid.uuid4().hex[:6]}"
+    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data["cluster"] = cluster
+    for i, p in enumerate(data["pools"]):
+        p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}
+    server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
+    server.start()
+    yield server
+    server.stop()
+    core = client.CoreV1Api(kube.api)
+    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
+        core.delete_node(n.metadata.name)
+
+
+def test_sim_preemption_recovers_through_scale_up_reprovision(
+    kube: Kube, namespace: str, sim: SimServer, tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    spec = ProvisioningSpec(
+        "a100-80gb", 4, capacity=CapacityType.SPOT,
+        target=Target(kind="local", cluster=sim.state.scenario.cluster, region="us-central1", endpoint=sim.url,
+                      namespace=namespace),
+        zones=("us-central1-a", "us-central1-b"), scale_up_deadline_s=60, checkpoint_uri=str(ckpt),
+        recovery=Recovery(max_preemptions=2),
+    )
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    provider = GkeProvider.from_target(spec.target)
+    cap_json = scale_up.run(spec, run, "", api=kube.api, provider=provider).output_json
+    cap = Capacity.from_json(cap_json)
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=kube.api)
+    th.start()  # reprovision=None: the real scale_up.reprovision against the stand-in
+    job = pytorchjob.job_name(run, "train")
+    try:
+        wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
+        CheckpointStore(str(ckpt)).save(15, {"w": b"15"}, meta={"loss": 3.0})
+        victim = cap.nodes[1]
+        t0 = time.time()
+        sim.preempt(victim)
+        out = json.loads(th.outcome(240).output_json)
+    finally:
+        teardown.run(spec, run, "", api=kube.api, provider=provider)
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1, out
+    p = out["ledger"]["preemptions"][0]
+    assert p["lost_nodes"] == [victim] and p["checkpoint_step"] == 15
+    assert len(p["replacement_nodes"]) == 1 and victim not in out["capacity"]["placements"][0]["nodes"]
+    assert p["decided_at"] - t0 < 1.0
+    print(f"\nsim preemption -> decision: {(p['decided_at'] - t0) * 1000:.1f} ms; "
+          f"decision -> resumed gang running: {p['time_to_resume_s']:.2f} s")
