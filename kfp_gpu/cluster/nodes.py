@@ -70,19 +70,39 @@ def list_nodes(api: client.ApiClient, selector: str = "") -> tuple[list[client.V
     return list(resp.items), str(resp.metadata.resource_version)
 
 
-def claim(api: client.ApiClient, node: client.V1Node, run_id: str, lease_expires: float) -> bool:
-    """Label an unclaimed node with ``run_id``; False when another run got it first (or it vanished)."""
-    body = {"metadata": {
-        "resourceVersion": node.metadata.resource_version,
-        "labels": {LABEL_RUN_ID: label_safe(run_id), LABEL_LEASE: str(int(lease_expires))},
-    }}
-    try:
-        client.CoreV1Api(api).patch_node(node.metadata.name, body)
-        return True
-    except ApiException as exc:
-        if exc.status in (404, 409):
+def claim(api: client.ApiClient, node: client.V1Node, run_id: str, lease_expires: float, *, attempts: int = 8) -> bool:
+    """Label an unclaimed node with ``run_id``; False when another run got it first (or it vanished).
+
+    The patch is conditional on ``resourceVersion``; a conflict caused by a heartbeat (status update) is
+    retried on the fresh object as long as the node is still unclaimed.
+    """
+    core = client.CoreV1Api(api)
+    mine = label_safe(run_id)
+    for _ in range(attempts):
+        owner = (node.metadata.labels or {}).get(LABEL_RUN_ID, "")
+        if owner == mine:
+            return True
+        if owner:
             return False
-        raise
+        body = {"metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "labels": {LABEL_RUN_ID: mine, LABEL_LEASE: str(int(lease_expires))},
+        }}
+        try:
+            core.patch_node(node.metadata.name, body)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status != 409:
+                raise
+        try:
+            node = core.read_node(node.metadata.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+    return False
 
 
 def unclaim(api: client.ApiClient, name: str) -> bool:

@@ -29,12 +29,13 @@ from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
 from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef, PoolState
-from kfp_gpu.spec import CapacityType, ProvisioningSpec
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, TargetKind
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
+SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 
 
 def _key(ref: PoolRef) -> str:
@@ -110,12 +111,13 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         )
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
     tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot)
-    nodes, rv = list_nodes(api)
+    selector = node_selector(spec)
+    nodes, rv = list_nodes(api, selector)
     tracker.seed(nodes, time.time())
     gang = gang_size or spec.nodes
     if extra is not None:
         gang = len([n for n in tracker.claimed() if n.pool in tracker.pools]) + extra
-    watcher = NodeWatch(api, "", rv, tracker.on_event, relist=lambda: list_nodes(api)).start()
+    watcher = NodeWatch(api, selector, rv, tracker.on_event, relist=lambda: list_nodes(api, selector)).start()
     failover = FailoverState.from_dict(led.get("failover", {}))
     found: dict[str, int] = dict(led.get("found", {}))
     targets: dict[str, int] = dict(led.get("targets", {}))
@@ -150,9 +152,14 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             if err is None:
                 err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops)
             if err is None:
-                if tracker.ready_count(plan.zones) >= gang:
+                if tracker.ready_count(plan.zones) < gang:
+                    raise _timeout(spec, timeline, gang)
+                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones)
+                if len(cap.nodes) >= gang:
                     break
-                raise _timeout(spec, timeline, gang)
+                if time.time() >= deadline:  # another run claimed nodes we counted: re-plan until the deadline
+                    raise _timeout(spec, timeline, gang)
+                continue
             decision = failover.decide(err, Candidate(region, err_zone), candidates, at=time.time())
             if decision.action is Action.RETRY:
                 time.sleep(min(backoff.delay(attempt), max(0.0, deadline - time.time())))
@@ -163,7 +170,6 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 raise failover.exhausted(f"{gang} x {spec.gpus_per_node} {spec.accelerator} nodes")
             if time.time() >= deadline:
                 raise _timeout(spec, timeline, gang)
-        cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones)
         save(capacity=cap.to_json(), done=True)
         return cap
     except ProvisioningTimeout:
@@ -172,6 +178,12 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         raise
     finally:
         watcher.stop()
+
+
+def node_selector(spec: ProvisioningSpec) -> str:
+    """Nodes of the target cluster. The local stand-in labels its nodes with the simulated cluster name,
+    so several stand-ins (tests, benchmarks) can share one control plane; real clusters need no filter."""
+    return f"{SIM_CLUSTER_LABEL}={spec.target.cluster}" if spec.target.kind is TargetKind.LOCAL else ""
 
 
 def _resize_all(provider: CapacityProvider, owner: Owner, sizes: dict[PoolRef, int], tracker: GangTracker,
@@ -239,7 +251,7 @@ def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
 
 def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
            gang: int, zones: tuple[str, ...]) -> Capacity:
-    nodes, _ = list_nodes(api)
+    nodes, _ = list_nodes(api, node_selector(spec))
     by_name = {n.metadata.name: n for n in nodes}
     mine = [v.name for v in tracker.claimed()]
     for view in tracker.claimable(zones):

@@ -17,10 +17,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import balloons, ledger
-from kfp_gpu.cluster.nodes import list_nodes, unclaim
+from kfp_gpu.cluster.nodes import NodeView, list_nodes, unclaim
 from kfp_gpu.errors import KfpGpuError, is_transient
 from kfp_gpu.plan.scale import rollback_sizes
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Owner, PoolRef, label_safe
+from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Operation, Owner, PoolRef, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import NodeState, Timeline
@@ -34,6 +34,7 @@ class TeardownReport:
     jobs: list[str] = field(default_factory=list)
     balloons: list[str] = field(default_factory=list)
     nodes_released: list[str] = field(default_factory=list)
+    nodes_deleted: list[str] = field(default_factory=list)
     pools_restored: dict[str, int] = field(default_factory=dict)
     reservations: list[str] = field(default_factory=list)
     ledgers: list[str] = field(default_factory=list)
@@ -46,7 +47,7 @@ class TeardownReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"jobs": self.jobs, "balloons": self.balloons, "nodes_released": self.nodes_released,
-                "pools_restored": self.pools_restored, "reservations": self.reservations,
+                "nodes_deleted": self.nodes_deleted, "pools_restored": self.pools_restored, "reservations": self.reservations,
                 "ledgers": self.ledgers, "errors": self.errors, "noop": self.noop}
 
 
@@ -95,14 +96,19 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
             rep.errors.append(f"list pytorchjobs: {exc.reason}")
     rep.balloons = balloons.delete_balloons(api, ns, run_id)
     nodes, _ = list_nodes(api, selector)
+    claimed: dict[PoolRef, list[str]] = {}
+    for node in nodes:
+        view = NodeView.of(node)
+        claimed.setdefault(PoolRef(view.pool, view.zone, spec.target.region), []).append(view.name)
+    rep.pools_restored = _restore_pools(spec, provider, run_id, ledgers, rep, claimed)
     now = time.time()
     for node in nodes:
-        if unclaim(api, node.metadata.name):
-            rep.nodes_released.append(node.metadata.name)
-            tl = timeline.nodes.get(node.metadata.name)
+        name = node.metadata.name
+        if name in rep.nodes_deleted or unclaim(api, name):
+            rep.nodes_released.append(name)
+            tl = timeline.nodes.get(name)
             if tl is not None and tl.state is not NodeState.RELEASED:
                 tl.advance(NodeState.RELEASED, now)
-    rep.pools_restored = _restore_pools(spec, provider, run_id, ledgers, rep)
     try:
         rep.reservations = provider.release(run_id)
     except KfpGpuError as exc:
@@ -117,7 +123,14 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
 
 
 def _restore_pools(spec: ProvisioningSpec, provider: CapacityProvider, run_id: str,
-                   ledgers: list[client.V1ConfigMap], rep: TeardownReport) -> dict[str, int]:
+                   ledgers: list[client.V1ConfigMap], rep: TeardownReport,
+                   claimed: dict[PoolRef, list[str]]) -> dict[str, int]:
+    """Shrink every pool the run grew by what it added.
+
+    When the provider can delete specific nodes (GKE: instanceGroupManagers.deleteInstances), the run's
+    own claimed nodes go first, so a parallel run's nodes in the same pool are never the ones removed.
+    The rest is a plain resize to ``rollback_sizes`` (the size found, or current - added).
+    """
     found: dict[PoolRef, int] = {}
     targets: dict[PoolRef, int] = {}
     region = spec.target.region
@@ -132,23 +145,54 @@ def _restore_pools(spec: ProvisioningSpec, provider: CapacityProvider, run_id: s
             targets[ref] = max(targets.get(ref, 0), int(size))
     if not targets:
         return {}
-    current = {st.ref: st.size for st in provider.pools(region)}
-    current = {PoolRef(r.pool, r.zone, region): s for r, s in current.items()}
-    restore = rollback_sizes(found, targets, current)
     owner = Owner.for_step(run_id, STEP, 600)
-    done: dict[str, int] = {}
+    deleter = getattr(provider, "delete_nodes", None)
+    deleted: dict[PoolRef, int] = {}
+    if callable(deleter):
+        ops: list[Operation] = []
+        for ref, target in targets.items():
+            victims = claimed.get(ref, [])[: max(0, target - found.get(ref, 0))]
+            if victims and _with_retry(lambda r=ref, v=victims: ops.append(deleter(r, v)), rep,
+                                       f"delete nodes of {ref.pool}"):
+                deleted[ref] = len(victims)
+                rep.nodes_deleted += victims
+        _wait_ops(provider, ops)
+    for ref, k in deleted.items():  # those deletions removed k of what the run added
+        targets[ref] -= k
+    current = {PoolRef(st.ref.pool, st.ref.zone, region): st.size for st in provider.pools(region)}
+    restore = rollback_sizes(found, targets, current)
+    done: dict[str, int] = {f"{r.pool}|{r.zone}": targets[r] for r in deleted}
     for ref, size in restore.items():
-        for attempt in range(20):
-            try:
-                provider.resize(ref, size, owner)
-                done[f"{ref.pool}|{ref.zone}"] = size
-                break
-            except KfpGpuError as exc:
-                if not is_transient(exc) and "operating on node pool" not in exc.message:
-                    rep.errors.append(f"restore {ref.pool}/{ref.zone} to {size}: {exc.message}")
-                    break
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
+        if _with_retry(lambda r=ref, n=size: provider.resize(r, n, owner), rep, f"restore {ref.pool} to {size}"):
+            done[f"{ref.pool}|{ref.zone}"] = size
     return done
+
+
+def _wait_ops(provider: CapacityProvider, ops: list[Operation], timeout_s: float = 30.0) -> None:
+    end = time.time() + timeout_s
+    pending = list(ops)
+    while pending and time.time() < end:
+        try:
+            pending = [op for op in (provider.operation(o) for o in pending) if not op.done]
+        except KfpGpuError:
+            pass
+        if pending:
+            time.sleep(0.05)
+
+
+def _with_retry(fn: Any, rep: TeardownReport, what: str, attempts: int = 30) -> bool:
+    """Retry transient errors (and GKE's "operation in progress") with capped back-off."""
+    for attempt in range(attempts):
+        try:
+            fn()
+            return True
+        except KfpGpuError as exc:
+            if not is_transient(exc) and "operating on node pool" not in exc.message:
+                rep.errors.append(f"{what}: {exc.message}")
+                return False
+            time.sleep(min(1.0, 0.05 * 2 ** attempt))
+    rep.errors.append(f"{what}: still failing after {attempts} attempts")
+    return False
 
 
 def _ignore_404(fn: Any) -> bool:
