@@ -6,9 +6,14 @@ handler installed by :func:`on_preemption` runs the save callback and exits with
 which the launcher reads as "preempted", not "failed".
 
 Saving from inside a half-finished optimizer step would checkpoint a torn state, so a training loop wraps
-each step in ``guard.critical()``: a SIGTERM that lands inside the block is deferred to the block's end;
-one that lands outside runs the save at once. A watchdog ends the process with 143 shortly before the
-grace period runs out, so a save that hangs never turns into a SIGKILL in the middle of some other work
+each step in ``guard.critical()``. Once a program has entered ``critical()``, the signal handler never
+saves by itself: a SIGTERM inside a block is deferred to the block's end, one between blocks to the entry
+of the next block (before the next step starts). A program that never uses ``critical()`` gets the save
+run straight from the signal handler, interrupting whatever the main thread was doing; that is only safe
+when the callback shares no state with it (not even a buffered stream: Python raises "reentrant call"
+if the interrupted code was inside ``print`` on the same stream). A watchdog ends the process with 143
+shortly before the grace period runs out, so a save that hangs, or a loop that never reaches its next
+block, never turns into a SIGKILL in the middle of some other work
 (a torn save is harmless anyway: without its commit marker it is never used).
 """
 
@@ -46,14 +51,18 @@ class PreemptionGuard:
         *,
         exit_code: int | None,
         signals: tuple[signal.Signals, ...],
+        save_on_error: bool = False,
     ) -> None:
         self.callback = callback
         self.grace_s = grace_s
         self.exit_code = exit_code
         self.signals = signals
+        self.save_on_error = save_on_error
         self.requested_at: float | None = None
         self.saved = False
         self._depth = 0
+        self._uses_critical = False
+        self._handled = False
         self._running = False
         self._previous: dict[signal.Signals, object] = {}
 
@@ -76,13 +85,27 @@ class PreemptionGuard:
 
     @contextlib.contextmanager
     def critical(self) -> Iterator[None]:
-        """Defer a preemption that arrives inside the block until the block ends."""
+        """Defer a preemption signal to the end of this block (or, if it arrived between blocks, to the
+        start of this one), so the save never sees a half-applied step.
+
+        If the block raises after a preemption signal arrived and ``save_on_error`` is set (e.g. a
+        collective failed because a preempted peer already exited), the save still runs, then the
+        process exits; the callback must then save the last *completed* step, not the failed one.
+        """
+        self._uses_critical = True
+        if self._depth == 0 and self.requested and not self._handled:
+            self._run()  # the signal arrived between blocks: save before starting another step
         self._depth += 1
         try:
             yield
-        finally:
+        except Exception:
             self._depth -= 1
-        if self._depth == 0 and self.requested and not self._running:
+            if self._depth == 0 and self.requested and not self._handled and self.save_on_error:
+                log.warning("step failed after the preemption signal; saving the last completed step")
+                self._run()
+            raise
+        self._depth -= 1
+        if self._depth == 0 and self.requested and not self._handled:
             self._run()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -92,7 +115,7 @@ class PreemptionGuard:
         self.requested_at = time.monotonic()
         log.warning("received signal %d: emergency checkpoint within %.0f s grace", signum, self.grace_s)
         self._start_watchdog()
-        if self._depth == 0:
+        if self._depth == 0 and not self._uses_critical:
             self._run()
 
     def _start_watchdog(self) -> None:
@@ -100,8 +123,11 @@ class PreemptionGuard:
         code = self.exit_code if self.exit_code is not None else EXIT_CODE_PREEMPTED
 
         def expire() -> None:
-            log.error("emergency checkpoint did not finish within %.1f s; exiting %d", budget, code)
-            _flush()
+            # No logging or stream flushes here: the main thread may hold their locks (it was interrupted
+            # mid-write, or the hung save holds them), and waiting on them would deadlock past the grace.
+            msg = f"kfp_gpu.checkpoint: emergency checkpoint did not finish within {budget:.1f} s; exiting {code}\n"
+            with contextlib.suppress(OSError):
+                os.write(2, msg.encode())
             os._exit(code)
 
         if self.exit_code is not None:
@@ -111,7 +137,7 @@ class PreemptionGuard:
 
     def _run(self) -> None:
         """Run the save callback once, then exit with ``exit_code`` (unless it is None)."""
-        self._running = True
+        self._running = self._handled = True
         t0 = time.monotonic()
         try:
             self.callback()
@@ -132,19 +158,24 @@ def on_preemption(
     *,
     exit_code: int | None = EXIT_CODE_PREEMPTED,
     signals: tuple[signal.Signals, ...] = (signal.SIGTERM,),
+    save_on_error: bool = False,
 ) -> PreemptionGuard:
     """Install a SIGTERM handler that runs ``callback`` (the emergency save) and exits with 143.
 
     ``grace_s`` is the platform's grace period (:data:`GCE_SPOT_GRACE_S`, :data:`AWS_SPOT_GRACE_S`, or the
     pod's ``terminationGracePeriodSeconds``); a watchdog exits just before it ends. ``exit_code=None``
-    only records the save (for tests and for loops that exit by themselves). Returns the guard; wrap each
-    training step in ``guard.critical()`` so the save never sees a half-applied step.
+    only records the save (for tests and for loops that exit by themselves). ``save_on_error`` also saves
+    when a ``critical()`` block fails after the signal (distributed jobs: a peer that was preempted first
+    breaks the collective). Returns the guard; wrap each training step in ``guard.critical()`` so the
+    save never sees a half-applied step.
 
     Raises: ValueError when called off the main thread (Python only delivers signals there).
     """
     if grace_s <= 0:
         raise ValueError(f"grace_s must be > 0, got {grace_s}")
-    return PreemptionGuard(callback, grace_s, exit_code=exit_code, signals=tuple(signals)).install()
+    guard = PreemptionGuard(callback, grace_s, exit_code=exit_code, signals=tuple(signals),
+                            save_on_error=save_on_error)
+    return guard.install()
 
 
 def _flush() -> None:

@@ -176,7 +176,9 @@ def train(args: argparse.Namespace) -> int:
         save(state["step"])
         emit("preempted", saved_step=state["step"] if (store and writer) else None, rank=rank)
 
-    guard = ckpt.on_preemption(emergency, args.grace_s)
+    # Distributed: a peer preempted first breaks the all-reduce of the current step; the weights and
+    # optimizer state are still those of the last completed step, so save them anyway.
+    guard = ckpt.on_preemption(emergency, args.grace_s, save_on_error=distributed)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     for step in range(start, args.steps + 1):
@@ -193,8 +195,8 @@ def train(args: argparse.Namespace) -> int:
             emit("step", step=step, loss=losses[-1], rank=rank)
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save(step)
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
 
     with guard.critical():
         if writer and args.out:

@@ -60,6 +60,37 @@ def test_signal_inside_critical_is_deferred_to_step_end() -> None:
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
 
 
+def test_signal_between_blocks_saves_before_the_next_block() -> None:
+    calls: list[str] = []
+    guard = on_preemption(lambda: calls.append("saved"), 5, exit_code=None)
+    try:
+        with guard.critical():
+            calls.append("step 1")
+        os.kill(os.getpid(), signal.SIGTERM)  # e.g. while the loop prints or sleeps
+        time.sleep(0.01)
+        assert calls == ["step 1"]  # not from inside the signal handler
+        with guard.critical():
+            calls.append("step 2")
+        assert calls == ["step 1", "saved", "step 2"]
+    finally:
+        guard.uninstall()
+
+
+def test_step_failing_after_signal_saves_only_with_save_on_error() -> None:
+    for save_on_error, expected in ((True, ["saved"]), (False, [])):
+        calls: list[str] = []
+        guard = on_preemption(lambda c=calls: c.append("saved"), 5, exit_code=None,  # type: ignore[misc]
+                              save_on_error=save_on_error)
+        try:
+            with pytest.raises(RuntimeError, match="peer"), guard.critical():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+                raise RuntimeError("Connection closed by peer")
+            assert calls == expected
+        finally:
+            guard.uninstall()
+
+
 def test_bad_grace_rejected() -> None:
     with pytest.raises(ValueError):
         on_preemption(lambda: None, 0)
@@ -76,10 +107,14 @@ def _child(body: str, tmp_path: Path) -> subprocess.Popen[str]:
 
 def test_real_sigterm_saves_then_exits_143(tmp_path: Path) -> None:
     proc = _child("""
-        on_preemption(lambda: print("saved", flush=True), 5)
-        print("ready", flush=True)
+        guard = on_preemption(lambda: print("saved", flush=True), 5)
+        ready = False
         while True:
-            time.sleep(0.01)
+            with guard.critical():  # the recommended loop shape: all work, printing included, inside
+                if not ready:
+                    print("ready", flush=True)
+                    ready = True
+                time.sleep(0.01)
     """, tmp_path)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGTERM)
