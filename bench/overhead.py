@@ -24,7 +24,7 @@ GPUS = 8
 
 def _one(namespace: str) -> dict[str, float]:
     from kfp_gpu.cluster import pytorchjob
-    from kfp_gpu.dsl import JobTemplate
+    from kfp_gpu.job import JobTemplate
     from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.spec import ProvisioningSpec, Target, WarmPool
     from kfp_gpu.steps import scale_up, train, warm_pool

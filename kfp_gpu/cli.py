@@ -146,7 +146,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_gc)
     c = sub.add_parser("demo", help="run the example pipeline end to end on the local GKE")
     c.add_argument("--nodes", type=int, default=4)
-    c.add_argument("--keep", action="store_true", help="leave the local cluster running")
+    c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")
     c.set_defaults(fn=cmd_demo)
     c = sub.add_parser("submit", help="submit to Kubeflow Pipelines or Vertex AI Pipelines")
     c.add_argument("pipeline_file")

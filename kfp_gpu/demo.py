@@ -31,6 +31,7 @@ def _teardown_output(root: str) -> dict[str, object]:
 
 
 def main(nodes: int = 4, keep: bool = True) -> int:
+    """Run the demo; the local cluster stays up unless ``keep=False``. Returns the process exit code."""
     from kfp import local
 
     from kfp_gpu.devcluster import boot
@@ -53,13 +54,18 @@ def main(nodes: int = 4, keep: bool = True) -> int:
     example = importlib.import_module("pipelines.llm_finetune")
     spec: ProvisioningSpec = example.SPEC
     llm_finetune = example.llm_finetune
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=False)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     t0 = time.time()
-    llm_finetune()
+    failure = ""
+    try:
+        llm_finetune()
+    except Exception as exc:  # kfp.local raises after the exit handler (teardown) has run
+        failure = str(exc).splitlines()[0]
     took = time.time() - t0
     out = _teardown_output(root)
     sim.stop()
-    print(f"\n=== pipeline llm-finetune finished in {took:.1f}s (kfp.local, SubprocessRunner) ===")
+    status = f"FAILED: {failure}" if failure else "SUCCEEDED"
+    print(f"\n=== pipeline llm-finetune {status} in {took:.1f}s (kfp.local, SubprocessRunner) ===")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
     if tl.nodes:
         print("\nProvisioning timeline (requested -> registered -> Ready -> released):")
@@ -75,4 +81,4 @@ def main(nodes: int = 4, keep: bool = True) -> int:
     print(f"artifacts and HTML reports: {root}")
     if not keep:
         boot.down()
-    return 0 if tl.nodes and not leftovers else 1
+    return 0 if tl.nodes and not leftovers and not failure else 1

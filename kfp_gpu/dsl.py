@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,55 +28,12 @@ from kfp import dsl
 from kfp.dsl import base_component, graph_component
 
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.job import DEFAULT_TRAINER_IMAGE, JobTemplate
 from kfp_gpu.spec import ProvisioningSpec
 
 TARGETS = ("kfp", "vertex")
-DEFAULT_TRAINER_IMAGE = "ghcr.io/kfp-gpu/trainer:0.1.0"
 _ATTR = "_kfp_gpu"
 UNPROVISIONED = "__kfp_gpu_unprovisioned__"  # spec_json of a train() built without the decorator
-
-
-@dataclass(frozen=True)
-class JobTemplate:
-    """What the PyTorchJob runs. Travels to the train step as JSON."""
-
-    name: str = "train"
-    image: str = DEFAULT_TRAINER_IMAGE
-    command: tuple[str, ...] = ("python", "-m", "pipelines.trainer.train_lm")
-    args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    checkpoint_every: int = 10
-    sim_duration_s: float = 2.0  # local rehearsal only: how long KWOK keeps the pods Running
-
-    def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
-            raise InvalidSpec("train.name", self.name, "must be a lowercase DNS label like 'finetune'")
-        if not self.command:
-            raise InvalidSpec("train.command", self.command, "must not be empty")
-        if self.checkpoint_every < 1:
-            raise InvalidSpec("train.checkpoint_every", self.checkpoint_every, "must be >= 1 step")
-        if self.sim_duration_s < 0:
-            raise InvalidSpec("train.sim_duration_s", self.sim_duration_s, "must be >= 0 seconds")
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "name": self.name, "image": self.image, "command": list(self.command), "args": list(self.args),
-            "env": dict(self.env), "checkpoint_every": self.checkpoint_every,
-            "sim_duration_s": self.sim_duration_s,
-        }, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> JobTemplate:
-        """Raises: InvalidSpec when ``text`` is not a job template."""
-        try:
-            d = json.loads(text)
-            return cls(
-                name=d["name"], image=d["image"], command=tuple(d["command"]), args=tuple(d.get("args", ())),
-                env=tuple(sorted(dict(d.get("env", {})).items())), checkpoint_every=int(d["checkpoint_every"]),
-                sim_duration_s=float(d.get("sim_duration_s", 2.0)),
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidSpec("job_json", (text or "")[:80], f"is not a kfp-gpu job template ({exc})") from None
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.dsl import JobTemplate
+from kfp_gpu.job import JobTemplate
 from kfp_gpu.providers.base import label_safe
 from kfp_gpu.steps.capacity import Capacity
 

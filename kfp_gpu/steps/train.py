@@ -21,7 +21,6 @@ from kubernetes import client
 
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.watch import GangWatch
-from kfp_gpu.dsl import JobTemplate
 from kfp_gpu.errors import (
     Cancelled,
     GangPlacementFailed,
@@ -29,6 +28,7 @@ from kfp_gpu.errors import (
     RecoveryBudgetExhausted,
     TrainingFailed,
 )
+from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan.recovery import Action, Budget, Cause, Decision, Usage, Verdict, decide, steps_lost
 from kfp_gpu.providers.base import Owner
 from kfp_gpu.spec import ProvisioningSpec

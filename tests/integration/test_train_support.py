@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.devcluster.nodes import make_gpu_node
-from kfp_gpu.dsl import JobTemplate
+from kfp_gpu.job import JobTemplate
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import train
 from kfp_gpu.steps.capacity import Capacity, Placement
