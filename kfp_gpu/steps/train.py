@@ -80,6 +80,9 @@ class TrainState:
         self.ledger["attempts"] = self.attempt
         self.ledger["capacity"] = json.loads(self.capacity.to_json())
         self.ledger["gpu_hours"] = round(self.usage.gpu_hours, 6)
+        self.ledger["timeline"] = self.timeline.to_json()  # teardown's cost report reads job intervals here
+        self.ledger["spec"] = self.spec.to_json()  # the janitor tears down with the run's own spec
+        self.ledger.setdefault("started", time.time())
         try:
             ledger.write(self.api, self.namespace, self.owner, self.ledger)
         except Exception as exc:  # the ledger is a record; losing one write must not kill training
