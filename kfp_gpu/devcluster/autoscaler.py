@@ -139,10 +139,43 @@ def _apis_v1_copy(src: Path, dst: Path) -> None:
     for p in sorted(dst.rglob("*"), key=lambda x: -len(x.parts)):
         p.chmod(0o755 if p.is_dir() else 0o644)
         if p.is_file() and p.suffix == ".go":
-            p.write_text(p.read_text().replace("v1beta1", "v1").replace("V1beta1", "V1"))
+            p.write_text(_rename_v1beta1(p.read_text()))
         if p.is_dir() and p.name == "v1beta1":
             p.rename(p.with_name("v1"))
     dst.chmod(0o755)
+    (dst / "provisioningrequest" / "autoscaling.x-k8s.io" / "v1" / "kfpgpu_compat.go").write_text(APIS_COMPAT)
+
+
+# Constants the autoscaler imports that were added to the v1 API after the required apis version.
+APIS_COMPAT = """package v1
+
+const (
+\t// ProvisioningRequestPodAnnotationKey is a key used to annotate pods consuming provisioning request.
+\tProvisioningRequestPodAnnotationKey = "autoscaling.x-k8s.io/consume-provisioning-request"
+\t// ProvisioningClassPodAnnotationKey is a key used to add annotation about Provisioning Class.
+\tProvisioningClassPodAnnotationKey = "autoscaling.x-k8s.io/provisioning-class-name"
+)
+"""
+
+
+def _rename_v1beta1(src: str) -> str:
+    """v1beta1 -> v1 in import paths, package clauses, group versions and method names; Go identifiers that
+    qualify the imported package keep the name ``v1beta1`` (an import alias), so nothing clashes with metav1."""
+    lines = []
+    for line in src.splitlines(keepends=True):
+        s = line.strip()
+        if s.startswith("package v1beta1"):
+            line = line.replace("package v1beta1", "package v1")
+        elif "cluster-autoscaler/apis/" in s and s.endswith('/v1beta1"'):
+            path = s[s.index('"'):].replace('/v1beta1"', '/v1"')
+            alias = s[:s.index('"')].strip().removeprefix("import").strip() or "v1beta1"
+            line = line[: len(line) - len(line.lstrip())] + ("import " if s.startswith("import") else "") \
+                + f"{alias} {path}\n"
+        else:
+            line = line.replace('"autoscaling.x-k8s.io/v1beta1"', '"autoscaling.x-k8s.io/v1"')
+            line = line.replace('"v1beta1"', '"v1"').replace("V1beta1", "V1")
+        lines.append(line)
+    return "".join(lines)
 
 
 def wrapper_gomod(upstream: Mapping[str, Any], ver: str, *, local_src: str = "") -> str:
