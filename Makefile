@@ -31,8 +31,10 @@ cluster-build: venv
 
 cluster-up: venv
 	$(BIN)/python -m kfp_gpu.devcluster up
+	$(BIN)/python -m kfp_gpu.sim.daemon start
 
 cluster-down: venv
+	$(BIN)/python -m kfp_gpu.sim.daemon stop
 	$(BIN)/python -m kfp_gpu.devcluster down
 
 cluster-status: venv

@@ -42,13 +42,21 @@ def cmd_preflight(a: argparse.Namespace) -> int:
     from kfp_gpu.compile import load_pipeline
     from kfp_gpu.dsl import spec_of
     from kfp_gpu.providers import for_target
-    from kfp_gpu.steps.preflight import run_preflight
+    from kfp_gpu.steps.preflight import check, run_preflight
 
     spec = spec_of(load_pipeline(a.pipeline_file, a.pipeline))
     assert spec is not None
-    result = run_preflight(spec, for_target(spec.target))
+    api = None
+    try:
+        from kfp_gpu.cluster.kube import api_client
+
+        api = api_client(spec.target)
+    except KfpGpuError as exc:
+        print(f"(cluster checks skipped: {exc.message})", file=sys.stderr)
+    result = run_preflight(spec, for_target(spec.target), api, regions=a.regions or None)
     print(result.to_markdown())
-    return 0 if result.ok else 4
+    check(result, strict=a.strict)
+    return 0
 
 
 def cmd_gc(a: argparse.Namespace) -> int:
@@ -138,6 +146,8 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("preflight", help="quota + cluster preflight for a pipeline's spec")
     c.add_argument("pipeline_file")
     c.add_argument("--pipeline", default=None)
+    c.add_argument("--regions", nargs="*", default=[], help="more candidate regions after target.region")
+    c.add_argument("--strict", action="store_true", help="fail when a check is unknown, not only when short")
     c.set_defaults(fn=cmd_preflight)
     c = sub.add_parser("gc", help="janitor: delete kfp-gpu objects whose lease expired")
     c.add_argument("--namespace", default="default")

@@ -7,7 +7,7 @@ import os
 from kubernetes import client, config
 
 from kfp_gpu.errors import PermissionDenied
-from kfp_gpu.spec import Target
+from kfp_gpu.spec import Target, TargetKind
 
 
 def api_client(target: Target | None = None) -> client.ApiClient:
@@ -18,6 +18,10 @@ def api_client(target: Target | None = None) -> client.ApiClient:
     """
     context = (target.kube_context if target else "") or None
     kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if not os.path.exists(kubeconfig) and target is not None and target.kind is TargetKind.LOCAL:
+        from kfp_gpu.devcluster.boot import kubeconfig_path
+
+        kubeconfig = str(kubeconfig_path())
     cfg = client.Configuration()
     if os.path.exists(kubeconfig):
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)

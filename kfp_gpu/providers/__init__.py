@@ -29,6 +29,10 @@ def for_target(target: Target) -> CapacityProvider:
     if target.kind is TargetKind.LOCAL:
         endpoint = endpoint or os.environ.get(SIM_ENDPOINT_ENV, "")
         if not endpoint:
+            from kfp_gpu.sim.daemon import running_url
+
+            endpoint = running_url()
+        if not endpoint:
             raise InvalidSpec(
                 "target.endpoint", endpoint, "a local target needs the kfp_gpu.sim stand-in URL",
                 remediation=f"run `make cluster-up` (it starts the stand-in) or export {SIM_ENDPOINT_ENV}",

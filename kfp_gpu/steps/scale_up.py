@@ -212,12 +212,16 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
                provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]) -> tuple[str, KfpGpuError | None]:
     """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
     check the cloud operations meanwhile (a failed op is returned as (zone, error))."""
-    next_op_check = 0.0
+    next_op_check = next_progress = 0.0
     with tracker.cond:
         while True:
             if tracker.ready_count_locked(zones) >= gang:
+                _progress(tracker, gang)
                 return "", None
             now = time.time()
+            if now >= next_progress:
+                _progress(tracker, gang)
+                next_progress = now + 1.0
             if now >= deadline:
                 return "", None
             if ops and now >= next_op_check:
@@ -230,6 +234,13 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
                     return failed
                 next_op_check = now + 0.5
             tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
+
+
+def _progress(tracker: GangTracker, gang: int) -> None:
+    """One line for long waits: nodes Ready x/N and an ETA from the observed boot latencies."""
+    from kfp_gpu.report.terminal import progress_from_timeline
+
+    print(f"[scale-up] {progress_from_timeline(tracker.timeline, gang, time.time())}", flush=True)
 
 
 def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
