@@ -166,11 +166,13 @@ def _rename_v1beta1(src: str) -> str:
         s = line.strip()
         if s.startswith("package v1beta1"):
             line = line.replace("package v1beta1", "package v1")
-        elif "cluster-autoscaler/apis/" in s and s.endswith('/v1beta1"'):
-            path = s[s.index('"'):].replace('/v1beta1"', '/v1"')
-            alias = s[:s.index('"')].strip().removeprefix("import").strip() or "v1beta1"
+        elif "cluster-autoscaler/apis/" in s and "/v1beta1" in s and s.endswith('"'):
+            path = s[s.index('"'):].replace("/v1beta1/", "/v1/").replace('/v1beta1"', '/v1"')
+            alias = s[:s.index('"')].strip().removeprefix("import").strip()
+            if not alias and s.endswith('/v1beta1"'):
+                alias = "v1beta1"
             line = line[: len(line) - len(line.lstrip())] + ("import " if s.startswith("import") else "") \
-                + f"{alias} {path}\n"
+                + (f"{alias} " if alias else "") + f"{path}\n"
         else:
             line = line.replace('"autoscaling.x-k8s.io/v1beta1"', '"autoscaling.x-k8s.io/v1"')
             line = line.replace('"v1beta1"', '"v1"').replace("V1beta1", "V1")
