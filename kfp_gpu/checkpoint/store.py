@@ -89,11 +89,17 @@ class PayloadWriter:
         self.sizes: dict[str, int] = {}
 
     def put(self, name: str, data: bytes) -> None:
-        """Write one payload file. Raises: ValueError for a bad name or a name written twice."""
+        """Write one payload file.
+
+        Raises: ValueError for a bad name or a name written twice; StorageError when the backend fails.
+        """
         _check_name(name)
         if name in self.files:
             raise ValueError(f"payload file {name!r} written twice")
-        self._backend.put(f"{self._prefix}/{name}", bytes(data))
+        try:
+            self._backend.put(f"{self._prefix}/{name}", bytes(data))
+        except Exception as exc:
+            raise _storage_error(self._backend.uri, f"writing {self._prefix}/{name}", exc) from exc
         self.files[name] = hashlib.sha256(data).hexdigest()
         self.sizes[name] = len(data)
 
@@ -131,18 +137,22 @@ class CheckpointStore:
 
         Raises:
             ValueError: negative step, bad payload file name, or ``meta`` not JSON-serialisable.
-            StorageError: the backend failed; the attempt was cleaned up best-effort, and no reader
-                will ever see it as complete.
+            StorageError: the backend failed (transient).
+            Exception: whatever a callable ``payload`` raises, unchanged.
+            In every case the attempt is cleaned up best-effort, and no reader ever sees it as complete.
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         meta_obj = dict(meta or {})
-        json.dumps(meta_obj)  # fail before writing anything
+        try:
+            json.dumps(meta_obj)  # fail before writing anything
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
         attempt = f"step-{step:09d}.tmp-{uuid.uuid4().hex[:8]}"
         writer = PayloadWriter(self.backend, attempt)
         try:
             if callable(payload):
-                payload(writer)
+                payload(writer)  # errors from the caller's writer propagate unchanged
             else:
                 for name, data in payload.items():
                     writer.put(name, data)
@@ -156,18 +166,13 @@ class CheckpointStore:
                 "writer": {"host": socket.gethostname(), "pid": os.getpid()},
                 "meta": meta_obj,
             }
-            self.backend.put(f"{attempt}/{MARKER}", json.dumps(marker, sort_keys=True, indent=1).encode())
-            final = f"step-{step:09d}"
-            name = final if self.backend.rename_prefix(attempt, final) else attempt
-        except ValueError:
+            with self._io(f"committing step {step}"):
+                self.backend.put(f"{attempt}/{MARKER}", json.dumps(marker, sort_keys=True, indent=1).encode())
+                final = f"step-{step:09d}"
+                name = final if self.backend.rename_prefix(attempt, final) else attempt
+        except Exception:
             self._discard(attempt)
             raise
-        except Exception as exc:
-            self._discard(attempt)
-            raise StorageError(
-                f"saving checkpoint step {step} to {self.uri} failed: {type(exc).__name__}: {exc}",
-                remediation=credentials_hint(self.uri), uri=self.uri, step=step,
-            ) from exc
         ckpt = Checkpoint(step, name, self._uri(name), dict(writer.files), dict(writer.sizes), now, meta_obj)
         log.info("checkpoint step %d committed at %s (%d files, %d bytes)",
                  step, ckpt.uri, len(ckpt.files), sum(ckpt.sizes.values()))
@@ -357,10 +362,14 @@ class CheckpointStore:
         except (CheckpointError, BlobNotFound):
             raise
         except Exception as exc:
-            raise StorageError(
-                f"checkpoint storage {self.uri}: {what} failed: {type(exc).__name__}: {exc}",
-                remediation=credentials_hint(self.uri), uri=self.uri,
-            ) from exc
+            raise _storage_error(self.uri, what, exc) from exc
+
+
+def _storage_error(uri: str, what: str, exc: BaseException) -> StorageError:
+    return StorageError(
+        f"checkpoint storage {uri}: {what} failed: {type(exc).__name__}: {exc}",
+        remediation=credentials_hint(uri), uri=uri,
+    )
 
 
 def _check_name(name: str) -> None:

@@ -99,7 +99,7 @@ def test_failed_marker_write_leaves_no_checkpoint(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path), backend=FailingMarker(tmp_path))
     with pytest.raises(StorageError, match="No space left") as err:
         store.save(5, _payload(5))
-    assert err.value.transient and err.value.fields["step"] == 5
+    assert err.value.transient and "committing step 5" in err.value.message
     assert store.latest() is None and list(tmp_path.iterdir()) == []  # attempt cleaned up
 
 
@@ -138,6 +138,20 @@ def test_missing_payload_file_and_marker_step_mismatch(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFound):
         store.get(3)
     assert store.get(1).step == 1
+
+
+def test_writer_errors_propagate_unchanged_and_bad_meta(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+
+    def writer(w: PayloadWriter) -> None:
+        w.put("a", b"1")
+        raise KeyError("user bug")
+
+    with pytest.raises(KeyError, match="user bug"):
+        store.save(1, writer)
+    with pytest.raises(ValueError, match="JSON"):
+        store.save(1, {"a": b"1"}, meta={"x": object()})
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_resave_same_step_replaces(tmp_path: Path) -> None:
