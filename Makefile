@@ -38,7 +38,8 @@ lint: venv
 cluster-build: venv
 	$(BIN)/python -m kfp_gpu.devcluster build
 
-cluster-up: venv
+# Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
+cluster-up: cluster-build
 	$(BIN)/python -m kfp_gpu.devcluster up
 	$(BIN)/python -m kfp_gpu.sim.daemon start
 
