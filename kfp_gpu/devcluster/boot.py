@@ -27,6 +27,7 @@ from .procs import BootError
 from .versions import Versions, binaries, cluster_dir, share_dir
 
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
+KWOK_CONFIG_FILE = Path(__file__).with_name("kwok") / "kwok.yaml"
 WEBHOOK_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # hard-coded in training-operator v1.9
 
 # name -> (env var, default). Override e.g. KFP_GPU_APISERVER_PORT=26443.
@@ -119,7 +120,8 @@ def _scheduler(c: Ctx) -> list[str]:
 
 
 def _kwok(c: Ctx) -> list[str]:
-    return [str(c.bins["kwok"]), f"--kubeconfig={c.kubeconfig}", f"--config={STAGES_FILE}",
+    return [str(c.bins["kwok"]), f"--kubeconfig={c.kubeconfig}", f"--config={KWOK_CONFIG_FILE}",
+            f"--config={STAGES_FILE}",
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             "--cidr=10.240.0.1/12", "--node-ip=10.239.0.1", f"--server-address=127.0.0.1:{c.ports['kwok']}"]
 

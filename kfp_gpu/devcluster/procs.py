@@ -90,6 +90,8 @@ def stop(state: Path, name: str, binary: Path, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
+    while _alive(pid) and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
     return True
 
 
@@ -115,8 +117,12 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def check_ports_free(name: str, ports: Sequence[int]) -> None:
+def check_ports_free(name: str, ports: Sequence[int], grace: float = 5.0) -> None:
+    deadline = time.monotonic() + grace  # a just-stopped process may take a moment to release them
     busy = [p for p in ports if port_in_use(p)]
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.2)
+        busy = [p for p in ports if port_in_use(p)]
     if busy:
         raise BootError(
             f"{name}: port(s) {busy} on 127.0.0.1 already in use by another process "

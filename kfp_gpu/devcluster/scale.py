@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from .client import connect
 from .nodes import POOL_LABEL, make_gpu_node
@@ -35,21 +36,26 @@ def create_and_wait(count: int, pool: str = "scale", boot_delay_s: float = 0.0, 
     created = time.monotonic() - t0
     selector = f"{POOL_LABEL}={pool}"
     ready: set[str] = set()
-    lst = core.list_node(label_selector=selector)
-    ready.update(n.metadata.name for n in lst.items if _is_ready(n))
-    rv = lst.metadata.resource_version
     w = watch.Watch()
     while len(ready) < count:
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"only {len(ready)}/{count} nodes Ready after {timeout:.0f}s")
-        for ev in w.stream(core.list_node, label_selector=selector, resource_version=rv, timeout_seconds=30):
-            node = ev["object"]
-            rv = node.metadata.resource_version
-            if _is_ready(node):
-                ready.add(node.metadata.name)
-            if len(ready) >= count:
-                w.stop()
-                break
+        lst = core.list_node(label_selector=selector)
+        ready = {n.metadata.name for n in lst.items if _is_ready(n)}
+        if len(ready) >= count:
+            break
+        try:
+            for ev in w.stream(core.list_node, label_selector=selector,
+                               resource_version=lst.metadata.resource_version, timeout_seconds=30):
+                node = ev["object"]
+                if _is_ready(node):
+                    ready.add(node.metadata.name)
+                if len(ready) >= count:
+                    w.stop()
+                    break
+        except ApiException as e:
+            if e.status != 410:  # resource version expired: re-list
+                raise
     return ScaleResult(count=count, create_seconds=round(created, 2), ready_seconds=round(time.monotonic() - t0, 2))
 
 
