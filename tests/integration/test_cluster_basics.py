@@ -95,8 +95,9 @@ def test_pytorchjob_4x8_gpus_runs_to_success(kube: Kube, namespace: str, kwok_no
                        lambda: (c := job_conditions(kube, namespace, "train")).get("Succeeded") == "True" and c,
                        timeout=30)
     assert conds["Succeeded"] == "True"
-    phases = {p.metadata.name: p.status.phase for p in kube.core.list_namespaced_pod(namespace).items}
-    assert set(phases.values()) == {"Succeeded"}, phases
+    # The job succeeds when the master does; the workers finish within the same KWOK tick or so.
+    wait_until("all pods Succeeded", lambda: {p.status.phase for p in kube.core.list_namespaced_pod(namespace).items}
+               == {"Succeeded"}, timeout=10)
 
 
 def test_pytorchjob_fails_with_exit_code(kube: Kube, namespace: str, kwok_nodes: NodeFactory) -> None:
