@@ -59,7 +59,7 @@ def _k8s_ldflags(version: str) -> tuple[str, ...]:
     )
 
 
-def targets(v: Versions, with_autoscaler: bool = False) -> list[Target]:
+def targets(v: Versions) -> list[Target]:
     k8s = "k8s.io/kubernetes"
     out = [
         Target("etcd", "go.etcd.io/etcd/server/v3", v.etcd, "go.etcd.io/etcd/server/v3"),
@@ -75,11 +75,6 @@ def targets(v: Versions, with_autoscaler: bool = False) -> list[Target]:
             "github.com/kubeflow/training-operator/cmd/training-operator.v1",
         ),
     ]
-    if with_autoscaler:
-        if not v.cluster_autoscaler:
-            raise BuildError("CLUSTER_AUTOSCALER_VERSION is empty in versions.env")
-        ca = "k8s.io/autoscaler/cluster-autoscaler"
-        out.append(Target("cluster-autoscaler", ca, v.cluster_autoscaler, ca, tags=("kwok",)))
     return out
 
 
@@ -202,7 +197,7 @@ def check_toolchain() -> None:
 def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
     check_toolchain()
     v = Versions.load()
-    ts = targets(v, with_autoscaler)
+    ts = targets(v)
     _ALL[:] = ts
     logdir = cache_dir() / "build"
     logdir.mkdir(parents=True, exist_ok=True)
@@ -210,6 +205,15 @@ def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
     built: dict[str, Path] = {}
     for t in ts:
         built[t.name] = build_target(t, logdir / f"{t.name}-{t.version}.log")
+    if with_autoscaler:
+        # cluster-autoscaler (kwok provider, -tags kwok, one QPS patch) is built by autoscaler.py.
+        from .autoscaler import AutoscalerError
+        from .autoscaler import build as build_autoscaler
+
+        try:
+            built["cluster-autoscaler"] = build_autoscaler()
+        except AutoscalerError as e:
+            raise BuildError(f"cluster-autoscaler: {e}") from e
     print(f"[build] all done in {time.monotonic() - t0:.0f}s", flush=True)
     return built
 
