@@ -32,14 +32,16 @@ class Mode:
     name: str
     burst_ns: tuple[int, ...]
     seq_ns: tuple[int, ...]
+    ca_ns: tuple[int, ...]
+    rss: bool
     repeats: int
     preflight_repeats: int
     overhead_repeats: int
     critical_path: bool
 
 
-QUICK = Mode("quick", (4, 16), (4,), 1, 1, 1, False)
-FULL = Mode("full", (4, 16, 64, 128), (4, 16, 64, 128), 5, 5, 5, True)
+QUICK = Mode("quick", (4, 16), (4,), (16,), False, 1, 1, 1, False)
+FULL = Mode("full", (4, 16, 64, 128), (4, 16, 64, 128), (4, 16, 64, 128), True, 5, 5, 5, True)
 
 
 def _ensure_namespace() -> None:
@@ -79,7 +81,7 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
         log(f"[bench] {name} done in {time.time() - t:.1f}s")
 
     stage("burst", lambda: burst.run(list(mode.burst_ns), mode.repeats, list(mode.seq_ns), NAMESPACE, log=log,
-                                     rss_n=max(mode.burst_ns)))
+                                     rss_n=max(mode.burst_ns) if mode.rss else None, ca_ns=list(mode.ca_ns)))
     stage("control_plane_overhead_512",
           lambda: {"control_plane_overhead_512": overhead.run(mode.overhead_repeats, NAMESPACE, log=log)})
     stage("preflight_6x3", lambda: {"preflight_6x3": preflight_bench.run(mode.preflight_repeats, log=log)})
