@@ -88,6 +88,8 @@ def go_env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], cwd: Path, log: Path) -> str:
+    if cmd[0] == "go":
+        check_toolchain()
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
         fh.flush()
@@ -195,7 +197,6 @@ def check_toolchain() -> None:
 
 
 def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
-    check_toolchain()
     v = Versions.load()
     ts = targets(v)
     _ALL[:] = ts
