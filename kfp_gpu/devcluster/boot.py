@@ -28,7 +28,15 @@ from .versions import Versions, binaries, cluster_dir, share_dir
 
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
 KWOK_CONFIG_FILE = Path(__file__).with_name("kwok") / "kwok.yaml"
-WEBHOOK_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # hard-coded in training-operator v1.9
+# training-operator v1.9's cert rotator only checks that <ROTATOR_CERT_DIR>/tls.crt exists (path hard-coded),
+# while its webhook server reads the certs from $TMPDIR/k8s-webhook-server/serving-certs (controller-runtime
+# default). We point TMPDIR at the cluster dir so each cluster serves its own cert, and make sure the
+# hard-coded path has *a* tls.crt.
+ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+
+def webhook_cert_dir(state: Path) -> Path:
+    return state / "tmp" / "k8s-webhook-server" / "serving-certs"
 
 # name -> (env var, default). Override e.g. KFP_GPU_APISERVER_PORT=26443.
 PORT_DEFAULTS: dict[str, tuple[str, int]] = {
@@ -72,6 +80,7 @@ class Component:
     argv: Callable[[Ctx], list[str]]
     healthy: Callable[[Ctx], bool]
     timeout: float = 60.0
+    env: Callable[[Ctx], dict[str, str]] | None = None
 
 
 def _etcd(c: Ctx) -> list[str]:
@@ -149,7 +158,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("kube-scheduler", ("scheduler",), _scheduler, _https("scheduler", "/healthz")),
     Component("kwok", ("kwok",), _kwok, lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['kwok']}/healthz")),
     Component("training-operator", ("operator-metrics", "operator-probe", "operator-webhook"), _operator,
-              lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['operator-probe']}/readyz"), timeout=90.0),
+              lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['operator-probe']}/readyz"), timeout=90.0,
+              env=lambda c: {"TMPDIR": str(c.state / "tmp")}),
 )
 
 
@@ -222,9 +232,11 @@ def _ensure(c: Ctx, comp: Component) -> str:
     """Start ``comp`` unless our instance is already running and healthy."""
     binary, log = c.bins[comp.name], c.state / f"{comp.name}.log"
     argv = comp.argv(c)
+    env = comp.env(c) if comp.env else {}
+    fp = _fingerprint(argv + [f"# env {k}={v}" for k, v in sorted(env.items())])
     args_file = c.state / f"{comp.name}.args"
     pid = procs.running_pid(c.state, comp.name, binary)
-    if pid is not None and args_file.exists() and args_file.read_text() != _fingerprint(argv):
+    if pid is not None and args_file.exists() and args_file.read_text() != fp:
         print(f"[up] {comp.name} (pid {pid}) runs with other flags; restarting it", flush=True)
         procs.stop(c.state, comp.name, binary)
         pid = None
@@ -238,17 +250,21 @@ def _ensure(c: Ctx, comp: Component) -> str:
     else:
         procs.pid_file(c.state, comp.name).unlink(missing_ok=True)
     procs.check_ports_free(comp.name, [c.ports[k] for k in comp.port_keys])
-    new_pid = procs.start(c.state, comp.name, argv)
-    args_file.write_text(_fingerprint(argv))
+    new_pid = procs.start(c.state, comp.name, argv, env)
+    args_file.write_text(fp)
     procs.wait_for(comp.name, lambda: comp.healthy(c), comp.timeout, log,
                    alive=lambda: procs.running_pid(c.state, comp.name, binary) == new_pid)
     return "started"
 
 
 def _prepare_webhook_certs(c: Ctx) -> None:
-    WEBHOOK_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    d = webhook_cert_dir(c.state)
+    d.mkdir(parents=True, exist_ok=True)
     for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
-        shutil.copyfile(c.pki / src, WEBHOOK_CERT_DIR / dst)
+        shutil.copyfile(c.pki / src, d / dst)
+    if not (ROTATOR_CERT_DIR / "tls.crt").exists():
+        ROTATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(c.pki / "webhook.crt", ROTATOR_CERT_DIR / "tls.crt")
 
 
 def _wait_default_sa(c: Ctx, timeout: float = 60.0) -> None:
