@@ -253,7 +253,7 @@ def _ensure(c: Ctx, comp: Component) -> str:
     new_pid = procs.start(c.state, comp.name, argv, env)
     args_file.write_text(fp)
     procs.wait_for(comp.name, lambda: comp.healthy(c), comp.timeout, log,
-                   alive=lambda: procs.running_pid(c.state, comp.name, binary) == new_pid)
+                   alive=lambda: procs.is_alive(new_pid))
     return "started"
 
 

@@ -86,16 +86,16 @@ def stop(state: Path, name: str, binary: Path, timeout: float = 15.0) -> bool:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not is_alive(pid):
             return True
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
-    while _alive(pid) and time.monotonic() < deadline + 5:
+    while is_alive(pid) and time.monotonic() < deadline + 5:
         time.sleep(0.1)
     return True
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -125,8 +125,8 @@ def check_ports_free(name: str, ports: Sequence[int], grace: float = 5.0) -> Non
         busy = [p for p in ports if port_in_use(p)]
     if busy:
         raise BootError(
-            f"{name}: port(s) {busy} on 127.0.0.1 already in use by another process "
-            f"(not one started by kfp-gpu devcluster). Free them or override the port via the "
+            f"{name}: port(s) {busy} on 127.0.0.1 already in use by a process this cluster did not start "
+            f"(another program, or a dev cluster with another KFP_GPU_CACHE). Free them or override via the "
             f"KFP_GPU_*_PORT environment variables (see docs/local-cluster.md)."
         )
 
