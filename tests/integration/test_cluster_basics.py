@@ -157,3 +157,12 @@ def test_node_boot_delay_registered_then_ready(kube: Kube, kwok_nodes: NodeFacto
                timeout=20)
     alloc = kube.core.read_node(name).status.allocatable
     assert alloc[GPU_RESOURCE] == "8"
+
+
+def test_pytorchjob_validating_webhook_is_live(kube: Kube, namespace: str) -> None:
+    """The operator's webhook (out of cluster, https://127.0.0.1) rejects an invalid job."""
+    bad = pytorchjob("bad", "nowhere", workers=1, gpus=1, annotations={})
+    bad["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "not-pytorch"
+    with pytest.raises(ApiException) as err:
+        kube.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", bad)
+    assert err.value.status == 403 and "validator.pytorchjob.training-operator.kubeflow.org" in err.value.body
