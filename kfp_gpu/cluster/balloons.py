@@ -6,6 +6,8 @@ This is the cluster-autoscaler overprovisioning pattern: balloons hold warm GPU 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -40,13 +42,12 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
                     accelerator_label: str, pools: list[str]) -> list[str]:
     """Create ``count`` balloons (existing ones are kept: idempotent by name). Raises: ApiException."""
     core = client.CoreV1Api(api)
-    names = []
     affinity = client.V1Affinity(node_affinity=client.V1NodeAffinity(
         required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[
             client.V1NodeSelectorTerm(match_expressions=[
                 client.V1NodeSelectorRequirement(key="cloud.google.com/gke-nodepool", operator="In", values=pools),
             ])])))
-    for i in range(count):
+    def create(i: int) -> str:
         name = balloon_name(owner.run_id, i)
         pod = client.V1Pod(
             metadata=client.V1ObjectMeta(name=name, labels={**owner.labels(), BALLOON_LABEL: "true"}),
@@ -66,8 +67,12 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        names.append(name)
-    return names
+        return name
+
+    if count == 0:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, count)) as ex:
+        return list(ex.map(create, range(count)))
 
 
 def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:

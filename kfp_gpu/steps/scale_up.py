@@ -265,11 +265,12 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     nodes, _ = list_nodes(api, node_selector(spec))
     by_name = {n.metadata.name: n for n in nodes}
     mine = [v.name for v in tracker.claimed()]
-    for view in tracker.claimable(zones):
-        if len(mine) >= gang:
-            break
-        if view.name not in mine and view.name in by_name and claim(api, by_name[view.name], run_id, owner.lease_expires):
-            mine.append(view.name)
+    free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
+    while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
+        batch, free = free[: gang - len(mine)], free[gang - len(mine):]
+        with ThreadPoolExecutor(max_workers=min(32, len(batch))) as pool:
+            won = list(pool.map(lambda n: claim(api, by_name[n], run_id, owner.lease_expires), batch))
+        mine += [n for n, ok in zip(batch, won, strict=True) if ok]
     views = {v.name: v for v in tracker.claimable(tracker_zones(tracker))}
     placements: dict[tuple[str, str], list[str]] = {}
     for name in mine:
