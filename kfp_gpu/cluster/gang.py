@@ -6,9 +6,7 @@ import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
 
-from kubernetes import client
-
-from kfp_gpu.cluster.nodes import NodeView
+from kfp_gpu.cluster.nodes import Node, NodeView
 from kfp_gpu.plan.scale import PoolObservation
 from kfp_gpu.providers.base import PoolState, label_safe
 from kfp_gpu.timeline import NodeState, Timeline
@@ -28,11 +26,11 @@ class GangTracker:
         self.requested_at: dict[tuple[str, str], float] = {}  # (pool, zone) -> last resize request time
         self.cond = threading.Condition()
 
-    def seed(self, nodes: Sequence[client.V1Node], at: float) -> None:
+    def seed(self, nodes: Sequence[Node], at: float) -> None:
         for n in nodes:
             self.on_event("ADDED", n, at, preexisting=True)
 
-    def on_event(self, kind: str, node: client.V1Node, at: float, *, preexisting: bool = False) -> None:
+    def on_event(self, kind: str, node: Node, at: float, *, preexisting: bool = False) -> None:
         view = NodeView.of(node)
         if view.pool not in self.pools:
             return

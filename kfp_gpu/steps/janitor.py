@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from kubernetes import client
 
 from kfp_gpu.cluster import balloons, ledger
-from kfp_gpu.cluster.nodes import list_nodes, unclaim
+from kfp_gpu.cluster.nodes import labels_of, list_nodes, name_of, unclaim
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
 
@@ -76,11 +76,11 @@ def collect(namespace: str = "default", *, dry_run: bool = False, endpoint: str 
                 balloons.delete_balloons(api, namespace, (pod.metadata.labels or {}).get(LABEL_RUN_ID))
     nodes, _ = list_nodes(api, LABEL_RUN_ID)
     for node in nodes:
-        labels = node.metadata.labels or {}
+        labels = labels_of(node)
         if _expired(labels, now) and labels.get(LABEL_RUN_ID) not in live:
-            rep.orphans.append(f"node-claim/{node.metadata.name}")
+            rep.orphans.append(f"node-claim/{name_of(node)}")
             if not dry_run:
-                unclaim(api, node.metadata.name)
+                unclaim(api, name_of(node))
     return rep
 
 

@@ -22,7 +22,7 @@ from kubernetes import client
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.gang import GangTracker
-from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes
+from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes, name_of
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, ProvisioningTimeout
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
@@ -263,7 +263,7 @@ def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
 def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
            gang: int, zones: tuple[str, ...]) -> Capacity:
     nodes, _ = list_nodes(api, node_selector(spec))
-    by_name = {n.metadata.name: n for n in nodes}
+    by_name = {name_of(n): n for n in nodes}
     mine = [v.name for v in tracker.claimed()]
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import balloons, ledger
-from kfp_gpu.cluster.nodes import NodeView, list_nodes, unclaim
+from kfp_gpu.cluster.nodes import NodeView, list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError, is_transient
 from kfp_gpu.plan.scale import rollback_sizes
 from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Operation, Owner, PoolRef, label_safe
@@ -103,7 +103,7 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     rep.pools_restored = _restore_pools(spec, provider, run_id, ledgers, rep, claimed)
     now = time.time()
     for node in nodes:
-        name = node.metadata.name
+        name = name_of(node)
         if name in rep.nodes_deleted or unclaim(api, name):
             rep.nodes_released.append(name)
             tl = timeline.nodes.get(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client
 
@@ -48,9 +49,11 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     names: list[str] = []
     if wp.nodes:
         balloons.ensure_priority_class(api)
-        provision(spec, run_id, api, provider, step=STEP, gang_size=wp.nodes, wait=False, lease_ttl_s=ttl)
-        names = balloons.create_balloons(api, spec.target.namespace, owner, wp.nodes, spec.gpus_per_node,
-                                         acc.gke_label, list(spec.target.pools))
+        with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
+            pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, owner, wp.nodes,
+                             spec.gpus_per_node, acc.gke_label, list(spec.target.pools))
+            provision(spec, run_id, api, provider, step=STEP, gang_size=wp.nodes, wait=False, lease_ttl_s=ttl)
+            names = pods.result()
         led = ledger.read(api, spec.target.namespace, run_id, STEP)
         ledger.write(api, spec.target.namespace, owner, {**led, "balloons": names, "reservation": reservation})
     took = time.time() - t0
