@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from kfp_gpu.cluster.nodes import Node, NodeView
 from kfp_gpu.plan.scale import PoolObservation
@@ -25,6 +25,11 @@ class GangTracker:
         self.nodes: dict[str, NodeView] = {}
         self.requested_at: dict[tuple[str, str], float] = {}  # (pool, zone) -> last resize request time
         self.cond = threading.Condition()
+        self._claim: Callable[[Node], object] | None = None
+        self._claim_zones: set[str] = set()
+        self._claim_limit = 0
+        self.claim_submitted: set[str] = set()
+        self._raw: dict[str, Node] = {}
 
     def seed(self, nodes: Sequence[Node], at: float) -> None:
         for n in nodes:
@@ -43,6 +48,8 @@ class GangTracker:
             else:
                 first = view.name not in self.nodes
                 self.nodes[view.name] = view
+                self._raw[view.name] = node
+                self._maybe_claim(view)
                 if first and not (preexisting and view.run_id not in ("", self.run_label)):
                     self._register(view, at, preexisting)
                 tl = self.timeline.nodes.get(view.name)
@@ -62,6 +69,21 @@ class GangTracker:
         tl.advance(NodeState.REGISTERED, at)
         if preexisting:
             tl.times["preexisting"] = 1.0
+
+    def claim_early(self, submit: Callable[[Node], object], zones: Iterable[str], limit: int) -> None:
+        """Claim nodes *as they turn Ready* (up to ``limit`` more), so claim round trips overlap boot."""
+        with self.cond:
+            self._claim, self._claim_zones, self._claim_limit = submit, set(zones), limit
+            for view in list(self.nodes.values()):
+                self._maybe_claim(view)
+
+    def _maybe_claim(self, view: NodeView) -> None:
+        if (self._claim is None or view.name in self.claim_submitted or view.run_id
+                or len(self.claim_submitted) >= self._claim_limit or view.zone not in self._claim_zones
+                or not view.ready or view.deleting or view.gpus < self.gpus_per_node):
+            return
+        self.claim_submitted.add(view.name)
+        self._claim(self._raw[view.name])
 
     def mark_requested(self, pool: str, zone: str, at: float) -> None:
         with self.cond:

@@ -36,7 +36,8 @@ class KubeBackend:
         self.api_client = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api_client)
 
-    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float) -> None:
+    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
+               sampled_s: float | None = None) -> None:
         """Register one Node for ``pool``. An existing Node of that name is adopted.
 
         Raises: kubernetes.client.ApiException for anything but 409 Conflict.
@@ -58,6 +59,8 @@ class KubeBackend:
             cpu=str(machine.vcpus), memory=f"{machine.vcpus * 8}Gi",
         )
         body["metadata"]["annotations"]["kfp-gpu.io/created-by"] = "kfp-gpu-sim"
+        if sampled_s is not None:  # the whole sampled boot latency, counted from the setSize request
+            body["metadata"]["annotations"]["kfp-gpu.io/boot-sample"] = f"{sampled_s:g}"
         try:
             self.core.create_node(body=body)
         except ApiException as exc:

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeBackend(Protocol):
-    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float) -> None: ...
+    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
+               sampled_s: float | None = None) -> None: ...
 
     def delete(self, name: str) -> None: ...
 
@@ -39,7 +40,8 @@ class MemoryBackend:
         self.deleted: list[str] = []
         self.preempted: list[str] = []
 
-    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float) -> None:
+    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
+               sampled_s: float | None = None) -> None:
         self.created.append(name)
 
     def delete(self, name: str) -> None:
@@ -242,6 +244,7 @@ class SimState:
                 p.running_op = ""
 
     def _grow(self, p: PoolRuntime, n: int) -> None:
+        requested = time.monotonic()  # boot latency runs from the request, as a VM's does
         with self.lock:
             names, delays = [], []
             for _ in range(n):
@@ -249,10 +252,13 @@ class SimState:
                 delays.append(round(p.spec.boot.sample(p.rng), 3))
                 p.next_index += 1
             p.target = max(p.target, len(p.nodes) + n)
-        futures = [
-            self.pool_exec.submit(self.backend.create, p.spec, self.scenario.cluster, name, delay)
-            for name, delay in zip(names, delays, strict=True)
-        ]
+        def create(name: str, delay: float) -> None:
+            # Registering the Node object itself takes time here (API calls); that time is part of the
+            # sampled boot latency, not added to it: the node turns Ready at request + delay.
+            left = max(0.0, delay - (time.monotonic() - requested))
+            self.backend.create(p.spec, self.scenario.cluster, name, round(left, 3), sampled_s=delay)
+
+        futures = [self.pool_exec.submit(create, name, delay) for name, delay in zip(names, delays, strict=True)]
         errors = []
         for name, fut in zip(names, futures, strict=True):
             try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
@@ -130,6 +130,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         ledger.write(api, ns, owner, {"spec": spec.to_json(), "started": started, "found": found, "targets": targets,
                                       "failover": failover.to_dict(), "timeline": timeline.to_json(), **more})
 
+    early: dict[str, Future[bool]] = {}
+    claimer = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kfp-gpu-claim")
     try:
         while True:
             plan = plan_scale(gang, tracker.observations(states), zones=zones,
@@ -150,11 +152,14 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label,
                                 spec.spot, timeline.to_json(), {"zones": list(plan.zones)})
             if err is None:
+                tracker.claim_early(lambda node: early.setdefault(
+                    node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires)),
+                    plan.zones, gang - len(tracker.claimed()))
                 err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops)
             if err is None:
                 if tracker.ready_count(plan.zones) < gang:
                     raise _timeout(spec, timeline, gang)
-                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones)
+                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early)
                 if len(cap.nodes) >= gang:
                     break
                 if time.time() >= deadline:  # another run claimed nodes we counted: re-plan until the deadline
@@ -178,6 +183,7 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         raise
     finally:
         watcher.stop()
+        claimer.shutdown(wait=True)
 
 
 def node_selector(spec: ProvisioningSpec) -> str:
@@ -261,10 +267,11 @@ def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
 
 
 def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
-           gang: int, zones: tuple[str, ...]) -> Capacity:
-    nodes, _ = list_nodes(api, node_selector(spec))
-    by_name = {name_of(n): n for n in nodes}
-    mine = [v.name for v in tracker.claimed()]
+           gang: int, zones: tuple[str, ...], early: dict[str, Future[bool]]) -> Capacity:
+    """The gang's nodes, claimed: the early claims made while nodes booted, topped up if any were lost."""
+    mine = list(dict.fromkeys([v.name for v in tracker.claimed()]
+                              + [n for n, f in list(early.items()) if f.result()]))
+    by_name = {name_of(n): n for n in list_nodes(api, node_selector(spec))[0]} if len(mine) < gang else {}
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
