@@ -60,7 +60,7 @@ class NodeTimeline:
         """
         if to is self.state and to.value in self.times:
             return
-        if to not in TRANSITIONS[self.state] and not (to is self.state):
+        if to not in TRANSITIONS[self.state] and to is not self.state:
             raise ValueError(f"node {self.name}: {self.state.value} -> {to.value} is not allowed")
         self.state = to
         self.times.setdefault(to.value, at)
