@@ -11,10 +11,14 @@ from kfp_gpu.spec import Target, TargetKind
 
 
 def api_client(target: Target | None = None) -> client.ApiClient:
-    """An ApiClient for ``target``: its kube context, else $KUBECONFIG / ~/.kube/config, else in-cluster.
+    """An ApiClient for ``target``.
+
+    In order: ``target.kube_context`` in $KUBECONFIG / ~/.kube/config (the local dev cluster's kubeconfig for
+    ``local`` targets), in-cluster config inside a pod, and for GKE targets outside any cluster (Vertex AI
+    Pipelines) the cluster endpoint from google-cloud-container plus an access token.
 
     Raises:
-        PermissionDenied: no kubeconfig and not running in a pod.
+        PermissionDenied: no way to reach the cluster (or the GKE lookup was denied).
     """
     context = (target.kube_context if target else "") or None
     kubeconfig = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
@@ -27,6 +31,13 @@ def api_client(target: Target | None = None) -> client.ApiClient:
         config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)
+    elif target is not None and target.kind is TargetKind.GKE:
+        # Launched outside the cluster (e.g. by Vertex AI Pipelines): reach GKE through
+        # google-cloud-container get_cluster + the service account's token (docs/vertex.md lists the IAM).
+        from kfp_gpu.submit.gke_access import gke_api_client
+
+        api: client.ApiClient = gke_api_client(target.project, target.region, target.cluster)
+        return api
     else:
         raise PermissionDenied(
             f"no Kubernetes credentials: {kubeconfig} does not exist and this is not a pod",
