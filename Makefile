@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev]'
 	$(BIN)/pip install -q --no-deps $(TORCH_CPU)
-	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy
+	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy 'setuptools>=77.0.3'
 	$(BIN)/python -c "import torch; torch.ones(1)"  # fail fast: a broken torch install must stop here
 	touch $(STAMP)
 

@@ -10,7 +10,7 @@ PyTorchJob waits for the GPUs. Evaluation runs after training.
 
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Metrics, Output
+from kfp.dsl import Dataset, Metrics, Output
 
 import kfp_gpu
 from kfp_gpu.spec import CapacityType, CostInputs, ProvisioningSpec, Recovery, Target, WarmPool
