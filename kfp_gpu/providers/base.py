@@ -162,8 +162,11 @@ class CapacityProvider(Protocol):
         """
         ...
 
-    def pools(self, region: str) -> list[PoolState]:
+    def pools(self, region: str, *, sizes: bool = True) -> list[PoolState]:
         """Scalable units of the target cluster in ``region``.
+
+        ``sizes=False`` lets a provider skip per-pool size reads (one round trip instead of two, for
+        preflight); such pools report ``size=-1`` (unknown) and callers count the pool's nodes instead.
 
         Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
         """

@@ -203,7 +203,7 @@ class FakeProvider:
                 if r.metric in metrics and (r.location in (region, "global") or region_of(r.location) == region)
             ]
 
-    def pools(self, region: str) -> list[PoolState]:
+    def pools(self, region: str, *, sizes: bool = True) -> list[PoolState]:
         """Raises: NotFound (region not in ``regions``) and anything injected."""
         self._enter("pools", region=region)
         self._check_region(region)

@@ -58,7 +58,7 @@ def run_preflight(
     cands = list(dict.fromkeys([spec.target.region, *(regions or ())]))
     with ThreadPoolExecutor(max_workers=2 * len(cands) + 5, thread_name_prefix="preflight") as ex:
         quota_f = {r: ex.submit(provider.quota, spec.accelerator, r, spot=spec.spot) for r in cands}
-        pools_f = {r: ex.submit(provider.pools, r) for r in cands}
+        pools_f = {r: ex.submit(provider.pools, r, sizes=False) for r in cands}
         kube_f: dict[str, Future[ClusterCheck]] = {}
         if kube_api is not None:
             kube_f = {
@@ -234,30 +234,37 @@ def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
     return labels.get("cloud.google.com/gke-accelerator") == acc.gke_label
 
 
-def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> int:
-    from kubernetes import client
+def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, int]]:
+    """(Ready schedulable matching GPU nodes, node count per pool label) from one raw Node list."""
+    from kfp_gpu.cluster.nodes import NodeView, labels_of, list_nodes
 
-    count = 0
-    for node in client.CoreV1Api(api).list_node().items:
-        ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-        gpus = _qty((node.status.allocatable or {}).get(GPU, 0))
-        if ready and not node.spec.unschedulable and gpus >= spec.gpus_per_node and _node_matches(
-            spec, node.metadata.labels or {}
+    count, per_pool = 0, dict[str, int]()
+    for node in list_nodes(api)[0]:
+        view = NodeView.of(node)
+        if view.pool:
+            per_pool[view.pool] = per_pool.get(view.pool, 0) + 1
+        unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
+        if view.ready and not unschedulable and view.gpus >= spec.gpus_per_node and _node_matches(
+            spec, labels_of(node)
         ):
             count += 1
-    return count
+    return count, per_pool
 
 
-def _capacity_check(spec: ProvisioningSpec, nodes_f: Future[int], pools: list[PoolState] | None) -> ClusterCheck:
+def _capacity_check(spec: ProvisioningSpec, nodes_f: Future[tuple[int, dict[str, int]]],
+                    pools: list[PoolState] | None) -> ClusterCheck:
     name = "gpu-capacity"
     try:
-        ready = nodes_f.result()
+        ready, per_pool = nodes_f.result()
     except Exception as exc:
         return _api_error(name, exc, "Nodes")
     if pools is None:
         return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); pool headroom unknown",
                             spec.nodes, ready)
-    headroom = sum(max(0, p.max_size - p.size) for p in matching_pools(spec, pools))
+    # Pool sizes are read without the per-pool size calls (one round trip): a pool's current size is the
+    # number of its nodes the cluster shows.
+    headroom = sum(max(0, p.max_size - (p.size if p.size >= 0 else per_pool.get(p.ref.pool, 0)))
+                   for p in matching_pools(spec, pools))
     reach = ready + headroom
     verdict = Verdict.FITS if reach >= spec.nodes else Verdict.SHORT
     return ClusterCheck(

@@ -251,7 +251,7 @@ class EksProvider(ReservationsMixin):
                           clusterName=self.cluster, nodegroupName=name)
         return dict(resp["nodegroup"])
 
-    def pools(self, region: str) -> list[PoolState]:
+    def pools(self, region: str, *, sizes: bool = True) -> list[PoolState]:
         """GPU managed node groups of the cluster. Zone = the AZ of its subnets, or the region when
         it spans several. Non-GPU node groups are skipped.
 

@@ -206,14 +206,15 @@ class GkeProvider:
         return quota_mod.request_increase(self, metric, region, value, justification)
 
     # ---- pools --------------------------------------------------------------------------------
-    def pools(self, region: str) -> list[PoolState]:
-        """One PoolState per (GPU node pool, zone) of the cluster inside ``region``.
+    def pools(self, region: str, *, sizes: bool = True) -> list[PoolState]:
+        """One PoolState per (GPU node pool, zone) of the cluster inside ``region``; ``sizes=False`` skips
+        the instance-group reads (size -1).
 
         Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
         """
-        return self.gpu_pools(region)
+        return self.gpu_pools(region, sizes=sizes)
 
-    def gpu_pools(self, region: str, accelerator_types: Sequence[str] = ()) -> list[PoolState]:
+    def gpu_pools(self, region: str, accelerator_types: Sequence[str] = (), *, sizes: bool = True) -> list[PoolState]:
         """Like :meth:`pools`, optionally only pools whose GKE accelerator type is listed.
 
         Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
@@ -229,9 +230,10 @@ class GkeProvider:
             for zone in list(np.locations) or list(urls):
                 if zone.rsplit("-", 1)[0] == region:
                     rows.append((np, zone, urls.get(zone, "")))
-        sizes = self.parallel([functools.partial(self._target_size, np, url) for np, _, url in rows])
+        got: list[Any] = (self.parallel([functools.partial(self._target_size, np, url) for np, _, url in rows])
+                          if sizes else [-1] * len(rows))
         out = []
-        for (np, zone, _), size in zip(rows, sizes, strict=True):
+        for (np, zone, _), size in zip(rows, got, strict=True):
             if isinstance(size, KfpGpuError):
                 raise size
             out.append(self._pool_state(np, zone, region, size))
