@@ -89,7 +89,11 @@ def test_set_size_produces_ready_gpu_nodes(kube: Kube, cluster_sim: Any) -> None
     assert labels["node.kubernetes.io/instance-type"] == "g2-standard-4"
     assert labels["cloud.google.com/gke-spot"] == "true"
     assert n.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
-    assert n.metadata.annotations["kfp-gpu.io/boot-delay"] == "0.5s"
+    # The whole sampled boot latency counts from the setSize request; the Node carries the sample and
+    # what was left of it when the Node object was registered.
+    assert n.metadata.annotations["kfp-gpu.io/boot-sample"] == "0.5"
+    left = float(n.metadata.annotations["kfp-gpu.io/boot-delay"].rstrip("s"))
+    assert 0.0 < left <= 0.5
     assert n.status.allocatable["nvidia.com/gpu"] == "1"
     assert any(t.key == "nvidia.com/gpu" and t.effect == "NoSchedule" for t in n.spec.taints)
     assert sorted(x.metadata.name for x in nodes) == sorted(sim.nodes("l4-spot-b"))
