@@ -15,7 +15,7 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
   nvidia-cufft==12.2.0.57 nvidia-cuda-runtime==13.2.86 nvidia-cuda-cupti==13.2.86 \
   nvidia-cuda-nvrtc==13.2.86 nvidia-nvjitlink==13.5.37 nvidia-cufile==1.17.1.22
 
-.PHONY: sysdeps venv lint cluster-build cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
+.PHONY: sysdeps venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
 
 # System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
 sysdeps:
@@ -65,10 +65,14 @@ components: venv
 	$(BIN)/kfp-gpu compile pipelines/llm_finetune.py -o pipelines/llm_finetune.yaml --target kfp
 	$(BIN)/kfp-gpu compile pipelines/llm_finetune.py -o pipelines/llm_finetune.vertex.yaml --target vertex
 
-bench: venv cluster-up
+# The cluster-autoscaler peer (-tags kwok) is built from its Go module on first use, cached like the rest.
+cluster-build-ca: venv
+	$(BIN)/python -m kfp_gpu.devcluster build --with-autoscaler
+
+bench: cluster-build-ca cluster-up
 	$(BIN)/python -m bench.run --full
 
-bench-quick: venv cluster-up
+bench-quick: cluster-build-ca cluster-up
 	$(BIN)/python -m bench.run --quick
 
 clean: cluster-down
