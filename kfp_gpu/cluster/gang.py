@@ -51,7 +51,7 @@ class GangTracker:
                 self._raw[view.name] = node
                 self._maybe_claim(view)
                 if first and not (preexisting and view.run_id not in ("", self.run_label)):
-                    self._register(view, at, preexisting)
+                    self._register(view, _created_at(node, at) if preexisting else at, preexisting)
                 tl = self.timeline.nodes.get(view.name)
                 if tl is not None and view.ready and view.gpus >= self.gpus_per_node:
                     if tl.state is NodeState.REQUESTED:
@@ -129,3 +129,14 @@ class GangTracker:
 
     def ready_count(self, zones: Iterable[str]) -> int:
         return len(self.claimable(zones))
+
+
+def _created_at(node: Node, default: float) -> float:
+    """A pre-existing node registered at its creationTimestamp (second precision), not when we first saw it."""
+    import datetime as dt
+
+    stamp = (node.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return min(default, dt.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return default

@@ -111,6 +111,11 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         )
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
     tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot)
+    if step == STEP:  # nodes the warm pool requested were requested then, not when scale-up first sees them
+        warm = ledger.read(api, ns, run_id, "warm_pool")
+        for key in warm.get("targets", {}):
+            pool, zone = key.split("|", 1)
+            tracker.mark_requested(pool, zone, float(warm.get("started", time.time())))
     selector = node_selector(spec)
     nodes, rv = list_nodes(api, selector)
     tracker.seed(nodes, time.time())
