@@ -11,8 +11,10 @@ keeps counting) and to the timeline. Cancel (SIGTERM -> ``Cancelled``) deletes t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -236,18 +238,45 @@ def _supervise(
                 remediation="fix the training code or inputs (see the log tail); this was not a preemption",
                 pods=list(outcome.pods), logs=logs,
             )
+        replacing = None
+        if outcome.cause is Cause.PREEMPTION:
+            lost = st.watch.lost_nodes(outcome)
+            st.ledger["preemptions"][-1]["lost_nodes"] = lost
+            if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
+                replacing = _Background(functools.partial(_replace_nodes, st, lost, decision, reprovision))
         pytorchjob.delete(st.api, st.namespace, st.job)
         if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
                 f"job {st.job}: old pods still present after {cleanup_s:g}s; refusing to start a second copy",
                 remediation="check for pods stuck Terminating and delete them with --grace-period=0 --force",
             )
-        if outcome.cause is Cause.PREEMPTION:
-            lost = st.watch.lost_nodes(outcome)
-            st.ledger["preemptions"][-1]["lost_nodes"] = lost
-            if lost:
-                _replace_nodes(st, lost, decision, reprovision)
+        if replacing is not None:
+            replacing.result()
         st.save_ledger()
+
+
+class _Background:
+    """Run ``fn`` on a daemon thread (a cancelled step must not wait for it); ``result()`` re-raises."""
+
+    def __init__(self, fn: Any) -> None:
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the step thread by result()
+                self._error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, name="kfp-gpu-reprovision", daemon=True).start()
+
+    def result(self) -> None:
+        while not self._done.wait(0.2):  # short waits keep the step thread responsive to SIGTERM
+            pass
+        if self._error is not None:
+            raise self._error
 
 
 def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobTemplate) -> None:
