@@ -10,6 +10,7 @@ from blank to full block with the fraction of that group's nodes Ready at that i
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections import defaultdict
 
@@ -27,6 +28,19 @@ LEGEND = (
 
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(0, n - 1)] + "\u2026"
+
+
+def _short_names(nodes: list[NodeTimeline], width: int) -> list[str]:
+    """Node names share long prefixes (gke-<cluster>-<pool>-NNNN): when full labels would be cut, drop the
+    shared prefix so every row still says which node it is."""
+    full = [label(n) for n in nodes]
+    if max(len(f) for f in full) <= width or len(nodes) < 2:
+        return full
+    if max(len(n.name) for n in nodes) <= width:
+        return [n.name for n in nodes]
+    prefix = os.path.commonprefix([n.name for n in nodes])
+    prefix = prefix[: prefix.rfind("-") + 1]
+    return [("\u2026" + n.name[len(prefix):]) if prefix else n.name for n in nodes]
 
 
 def _cell_at(node: NodeTimeline, t: float, t_end: float) -> str:
@@ -64,7 +78,7 @@ def gantt(tl: Timeline, *, width: int = 100, max_rows: int = 40) -> str:
     t0, t1 = span(tl)
     extent = max(t1 - t0, 1e-9)
     if len(nodes) <= max_rows:
-        labels = [label(n) for n in nodes]
+        labels = _short_names(nodes, min(32, width // 3))
     else:
         groups: dict[str, list[NodeTimeline]] = defaultdict(list)
         for n in nodes:
