@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,7 @@ from kfp_gpu.devcluster.nodes import (
     SIM_DURATION_ANNOTATION,
     SIM_EXIT_CODE_ANNOTATION,
 )
+from tests.waiting import wait_until as _wait_until
 
 NodeFactory = Callable[..., tuple[str, list[str]]]  # the kwok_nodes fixture (see conftest.py)
 
@@ -25,15 +27,7 @@ pytestmark = pytest.mark.integration
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+wait_until = functools.partial(_wait_until, timeout=30.0)
 
 
 def _replica(pool: str, annotations: dict[str, str], gpus: int, replicas: int) -> dict[str, Any]:

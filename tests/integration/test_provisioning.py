@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target, WarmPool
 from kfp_gpu.steps import janitor, scale_up, teardown, warm_pool
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,13 +166,7 @@ def _step_proc(step: str, spec: ProvisioningSpec, run: str, upstream: str = "") 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ})
 
 
-def _wait_for(pred, timeout: float = 30.0) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
+_wait_for = functools.partial(wait_until, "the condition", timeout=30.0, every=0.05)
 
 
 def test_sigkill_then_retry_does_not_double_resize(env):

@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,20 +26,13 @@ from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import train
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu.steps.result import StepResult
+from tests.waiting import wait_until as _wait_until
 
 ACCEL, ACCEL_LABEL, ZONE = "h100-80gb", "nvidia-h100-80gb", "us-central1-a"
 IMPENDING = "cloud.google.com/impending-node-termination"
 
 
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 60.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
+wait_until = functools.partial(_wait_until, every=0.1)
 
 
 def make_spec(namespace: str, ckpt: Path, *, nodes: int = 4, spot: bool = True, **recovery: int) -> ProvisioningSpec:

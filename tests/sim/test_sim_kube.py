@@ -19,21 +19,11 @@ from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer, from_dict
 from tests.integration.conftest import kube, namespace  # noqa: F401 - fixtures
 from tests.sim._helpers import PROJECT, REGION, scenario
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 OWNER = Owner("run-int", "scale-up", 2_000_000_000.0)
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
 
 
 @pytest.fixture
