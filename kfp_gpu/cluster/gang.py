@@ -16,8 +16,9 @@ class GangTracker:
     """Thread-safe: the watch thread calls ``on_event``; the step thread waits on ``cond``."""
 
     def __init__(self, run_id: str, pools: Iterable[str], timeline: Timeline, gpus_per_node: int,
-                 spot: bool) -> None:
+                 spot: bool, exclude: Iterable[str] = ()) -> None:
         self.run_label = label_safe(run_id)
+        self.exclude = frozenset(exclude)  # nodes already given up (preempted) though the API may still show them
         self.pools = set(pools)
         self.timeline = timeline
         self.gpus_per_node = gpus_per_node
@@ -37,7 +38,7 @@ class GangTracker:
 
     def on_event(self, kind: str, node: Node, at: float, *, preexisting: bool = False) -> None:
         view = NodeView.of(node)
-        if view.pool not in self.pools:
+        if view.pool not in self.pools or view.name in self.exclude:
             return
         with self.cond:
             if kind == "DELETED":

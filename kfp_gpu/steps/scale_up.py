@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -71,8 +72,12 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
 
 
 def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
-                lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1) -> Capacity:
+                lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1,
+                lost_nodes: Sequence[str] = ()) -> Capacity:
     """Replace ``lost`` nodes of a running gang (spot recovery): same zone first, on-demand when asked.
+
+    ``lost_nodes`` names them: a preempted node can still be listed (tainted, being drained) while the
+    replacement is requested, and must not count as capacity the run still holds.
 
     Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
     """
@@ -82,13 +87,14 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
             app_failure_retries=spec.recovery.app_failure_retries))
     if zone_hint and zone_hint in spec.zones:
         spec = spec.replace(zones=(zone_hint, *[z for z in spec.zones if z != zone_hint]))
-    return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True)
+    return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True,
+                     exclude=lost_nodes)
 
 
 def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
               extra: int | None = None, step: str = STEP, allow_spread: bool | None = None,
               rng: random.Random | None = None, gang_size: int | None = None, wait: bool = True,
-              lease_ttl_s: float | None = None) -> Capacity:
+              lease_ttl_s: float | None = None, exclude: Sequence[str] = ()) -> Capacity:
     """Make ``spec.nodes`` (or, with ``extra``, our claimed nodes + extra) GPU nodes Ready and claimed.
 
     Raises:
@@ -110,7 +116,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             remediation="create a matching GPU node pool or fix target.pools / accelerator / capacity in the spec",
         )
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
-    tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot)
+    tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot,
+                          exclude=exclude)
     if step == STEP:  # nodes the warm pool requested were requested then, not when scale-up first sees them
         warm = ledger.read(api, ns, run_id, "warm_pool")
         for key in warm.get("targets", {}):

@@ -321,7 +321,8 @@ def _replace_nodes(st: TrainState, lost: list[str], decision: Decision, reprovis
 
         # attempt keys the provider's idempotency: each recovery is a distinct (run_id, step) mutation
         new = default_reprovision(st.spec, st.run_id, st.api, for_target(st.spec.target), lost=len(lost),
-                                  zone_hint=zone, on_demand=decision.on_demand, attempt=st.budget.preemptions)
+                                  zone_hint=zone, on_demand=decision.on_demand, attempt=st.budget.preemptions,
+                                  lost_nodes=lost)
     else:
         new = reprovision(st.spec, st.run_id, st.api, None, lost=len(lost), zone_hint=zone,
                           on_demand=decision.on_demand)
