@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.accelerators import GCP_ALL_REGIONS_METRIC, GCP_GPU_FAMILY_QUOTA_ID, Accelerator
@@ -79,8 +82,32 @@ def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str])
     return rows
 
 
+_GLOBAL_TTL_S = 2.0
+_global_lock = threading.Lock()
+_global_memo: dict[tuple[str, str], tuple[float, Future[Any]]] = {}  # (endpoint, project) -> in flight
+
+
 def _global(p: GkeProvider) -> list[QuotaAmount]:
-    proj = p._call("projects", "get", project=p.project)
+    """GPUS_ALL_REGIONS. A preflight asks once per candidate region at the same moment; those concurrent
+    asks share one projects.get (single flight, reused for ``_GLOBAL_TTL_S``)."""
+    key = (p.endpoint, p.project)  # the same project's global quota, whichever provider object asks
+    with _global_lock:
+        hit = _global_memo.get(key)
+        mine = hit is None or time.monotonic() - hit[0] > _GLOBAL_TTL_S
+        if mine:
+            fut: Future[Any] = Future()
+            _global_memo[key] = (time.monotonic(), fut)
+        else:
+            assert hit is not None
+            fut = hit[1]
+    if mine:
+        try:
+            fut.set_result(p._call("projects", "get", project=p.project))
+        except BaseException as exc:
+            fut.set_exception(exc)
+            with _global_lock:
+                _global_memo.pop(key, None)
+    proj = fut.result()
     for q in proj.quotas:
         if q.metric == GCP_ALL_REGIONS_METRIC:
             return [QuotaAmount(GCP_ALL_REGIONS_METRIC, "global", float(q.limit), float(q.usage),
