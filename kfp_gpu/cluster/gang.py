@@ -108,15 +108,15 @@ class GangTracker:
             return sum(1 for n in self.nodes.values()
                        if n.pool == pool and n.zone == zone and n.run_id not in ("", self.run_label))
 
-    def claimable(self, zones: Iterable[str]) -> list[NodeView]:
-        """Ready GPU nodes in ``zones`` that are ours or unclaimed; ours first."""
+    def claimable(self, zones: Iterable[str] | None = None) -> list[NodeView]:
+        """Ready GPU nodes in ``zones`` (every zone when None) that are ours or unclaimed; ours first."""
         with self.cond:
-            ok = self._claimable(set(zones))
+            ok = self._claimable(None if zones is None else set(zones))
         return sorted(ok, key=lambda n: (n.run_id != self.run_label, n.name))
 
-    def _claimable(self, zones: set[str]) -> list[NodeView]:
+    def _claimable(self, zones: set[str] | None) -> list[NodeView]:
         return [n for n in self.nodes.values()
-                if n.zone in zones and n.ready and not n.deleting and n.gpus >= self.gpus_per_node
+                if (zones is None or n.zone in zones) and n.ready and not n.deleting and n.gpus >= self.gpus_per_node
                 and n.run_id in ("", self.run_label)]
 
     def ready_count_locked(self, zones: Iterable[str]) -> int:

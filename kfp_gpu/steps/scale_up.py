@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -29,13 +31,15 @@ from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
-from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef, PoolState
+from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, TargetKind
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu.steps.retry import retry_transient
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
+log = logging.getLogger(__name__)
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 
 
@@ -290,7 +294,7 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
         with ThreadPoolExecutor(max_workers=min(32, len(batch))) as pool:
             won = list(pool.map(lambda n: claim(api, by_name[n], run_id, owner.lease_expires), batch))
         mine += [n for n, ok in zip(batch, won, strict=True) if ok]
-    views = {v.name: v for v in tracker.claimable(tracker_zones(tracker))}
+    views = {v.name: v for v in tracker.claimable()}
     placements: dict[tuple[str, str], list[str]] = {}
     for name in mine:
         v = views.get(name)
@@ -301,31 +305,25 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
                     spot=spec.spot, timeline_json=tracker.timeline.to_json())
 
 
-def tracker_zones(tracker: GangTracker) -> set[str]:
-    with tracker.cond:
-        return {n.zone for n in tracker.nodes.values()}
-
-
 def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], targets: dict[str, int],
               region: str, zone: str | None = None) -> None:
-    """Shrink pools this run grew back toward what it found (only ``zone`` when given). Best effort."""
+    """Shrink pools this run grew back toward what it found (only ``zone`` when given).
+
+    Transient errors (e.g. the resize just issued still in progress) are retried; anything else is logged:
+    teardown retries from the ledger, which still lists these pools.
+    """
     refs = {k: _ref(k, region) for k in targets if zone is None or _ref(k, region).zone == zone}
     if not refs:
         return
+    errors: list[str] = []
     current: dict[PoolRef, int] = {}
-    try:
-        for st in provider.pools(region):
-            current[st.ref] = st.size
-    except KfpGpuError:
-        pass
-    restore = rollback_sizes({refs[k]: found.get(k, 0) for k in refs}, {refs[k]: targets[k] for k in refs},
-                             {r: current[PoolRef(r.pool, r.zone, r.region)] for r in refs.values()
-                              if PoolRef(r.pool, r.zone, r.region) in current})
+    retry_transient(lambda: current.update({_ref(_key(st.ref), region): st.size for st in provider.pools(region)}),
+                    errors, "read pool sizes")
+    restore = rollback_sizes({refs[k]: found.get(k, 0) for k in refs}, {refs[k]: targets[k] for k in refs}, current)
     for ref, size in restore.items():
-        try:
-            provider.resize(ref, size, owner)
-        except KfpGpuError:
-            pass
+        retry_transient(functools.partial(provider.resize, ref, size, owner), errors, f"roll back {ref.pool} to {size}")
+    for err in errors:
+        log.warning("scale-up rollback: %s", err)
     for k in refs:
         targets.pop(k, None)
 
@@ -350,4 +348,4 @@ def _html(spec: ProvisioningSpec, tl: Timeline, md: str) -> str:
         return ""
 
 
-__all__ = ["run", "provision", "reprovision", "PoolState"]
+__all__ = ["run", "provision", "reprovision"]

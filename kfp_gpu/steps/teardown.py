@@ -8,6 +8,7 @@ idempotent: a second or concurrent teardown finds nothing left and is a no-op. I
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -18,11 +19,12 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.nodes import NodeView, list_nodes, name_of, unclaim
-from kfp_gpu.errors import KfpGpuError, is_transient
+from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.plan.scale import rollback_sizes
 from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Operation, Owner, PoolRef, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu.steps.retry import retry_transient
 from kfp_gpu.timeline import NodeState, Timeline
 
 STEP = "teardown"
@@ -152,8 +154,8 @@ def _restore_pools(spec: ProvisioningSpec, provider: CapacityProvider, run_id: s
         ops: list[Operation] = []
         for ref, target in targets.items():
             victims = claimed.get(ref, [])[: max(0, target - found.get(ref, 0))]
-            if victims and _with_retry(lambda r=ref, v=victims: ops.append(deleter(r, v)), rep,
-                                       f"delete nodes of {ref.pool}"):
+            if victims and retry_transient(functools.partial(_submit, ops, deleter, ref, victims), rep.errors,
+                                           f"delete nodes of {ref.pool}"):
                 deleted[ref] = len(victims)
                 rep.nodes_deleted += victims
         _wait_ops(provider, ops)
@@ -163,9 +165,14 @@ def _restore_pools(spec: ProvisioningSpec, provider: CapacityProvider, run_id: s
     restore = rollback_sizes(found, targets, current)
     done: dict[str, int] = {f"{r.pool}|{r.zone}": targets[r] for r in deleted}
     for ref, size in restore.items():
-        if _with_retry(lambda r=ref, n=size: provider.resize(r, n, owner), rep, f"restore {ref.pool} to {size}"):
+        if retry_transient(functools.partial(provider.resize, ref, size, owner), rep.errors,
+                           f"restore {ref.pool} to {size}"):
             done[f"{ref.pool}|{ref.zone}"] = size
     return done
+
+
+def _submit(ops: list[Operation], deleter: Any, ref: PoolRef, names: list[str]) -> None:
+    ops.append(deleter(ref, names))
 
 
 def _wait_ops(provider: CapacityProvider, ops: list[Operation], timeout_s: float = 30.0) -> None:
@@ -178,21 +185,6 @@ def _wait_ops(provider: CapacityProvider, ops: list[Operation], timeout_s: float
             pass
         if pending:
             time.sleep(0.05)
-
-
-def _with_retry(fn: Any, rep: TeardownReport, what: str, attempts: int = 30) -> bool:
-    """Retry transient errors (and GKE's "operation in progress") with capped back-off."""
-    for attempt in range(attempts):
-        try:
-            fn()
-            return True
-        except KfpGpuError as exc:
-            if not is_transient(exc) and "operating on node pool" not in exc.message:
-                rep.errors.append(f"{what}: {exc.message}")
-                return False
-            time.sleep(min(1.0, 0.05 * 2 ** attempt))
-    rep.errors.append(f"{what}: still failing after {attempts} attempts")
-    return False
 
 
 def _ignore_404(fn: Any) -> bool:
