@@ -117,6 +117,22 @@ class PreemptionEvent:
 
 
 @dataclass(frozen=True)
+class ApiSpec:
+    """The API layer's hardness (docs/sim.md, "API layer"): a per-project, per-service request budget
+    per compressed minute, and a seeded rate of 5xx answers.
+
+    ``requests_per_minute`` 0 = unlimited; ``retry_after_s`` None = the real seconds until the budget
+    refills; ``committed_5xx`` = fraction of mutation 5xx answers sent after the change took effect.
+    """
+
+    requests_per_minute: int = 1500
+    error_rate: float = 0.01
+    seed: int = 0
+    committed_5xx: float = 0.5
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
 class Scenario:
     project: str = "local-project"
     cluster: str = "kfp-gpu-local"
@@ -128,6 +144,7 @@ class Scenario:
     preemptions: tuple[PreemptionEvent, ...] = ()
     api_latency_ms: float = 0.0
     node_create_workers: int = 32
+    api: ApiSpec = field(default_factory=ApiSpec)
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -168,7 +185,7 @@ def from_dict(data: Any) -> Scenario:
     """
     d = _obj(data, "scenario", {
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
-        "preemptions", "api_latency_ms", "node_create_workers",
+        "preemptions", "api_latency_ms", "node_create_workers", "api",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -227,9 +244,26 @@ def from_dict(data: Any) -> Scenario:
         regions=regions, global_quotas=gq, pools=pools, stockouts=tuple(stockouts), faults=tuple(faults),
         preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
         node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
+        api=parse_api(d.get("api", {})),
     )
     _check_quota_usage(sc)
     return sc
+
+
+def parse_api(data: Any, f: str = "api") -> ApiSpec:
+    """Validate the ``api:`` block. Raises: InvalidSpec naming the field (``api.error_rate``...)."""
+    a = _obj(data, f, {"requests_per_minute", "error_rate", "seed", "committed_5xx", "retry_after_s"})
+    d = ApiSpec()
+    rate, committed = (_num(a.get(k, getattr(d, k)), f"{f}.{k}", 0.0) for k in ("error_rate", "committed_5xx"))
+    for k, v in (("error_rate", rate), ("committed_5xx", committed)):
+        if v > 1:
+            raise InvalidSpec(f"{f}.{k}", v, "must be a fraction in [0, 1]")
+    ra = a.get("retry_after_s")
+    return ApiSpec(
+        int(_num(a.get("requests_per_minute", d.requests_per_minute), f"{f}.requests_per_minute", 0.0)),
+        rate, int(_num(a.get("seed", d.seed), f"{f}.seed", 0.0)), committed,
+        None if ra is None else _num(ra, f"{f}.retry_after_s", 0.0),
+    )
 
 
 def _region(name: str, data: Any) -> RegionSpec:
