@@ -12,8 +12,14 @@ The user's body is called *inline* inside the exit handler, so user steps that d
 tasks ``train()`` creates depend on ``scale_up``. Teardown finds everything by run-id label (exit
 tasks cannot take inputs from other tasks).
 
-Two compile targets exist: ``kfp`` (default; adds kfp-kubernetes pod labels and timeouts) and
+Two compile targets exist: ``kfp`` (default; adds kfp-kubernetes pod labels and annotations) and
 ``vertex`` (a single-document YAML with no kubernetes platform config, which Vertex AI requires).
+
+Every kfp-gpu task carries a KFP retry policy (:data:`RETRIES`): a step pod that is evicted or dies is
+started again with the same run id, and the step re-attaches to what its first pod made (ledger, claims,
+job by deterministic name). On the ``kfp`` target the step pods also carry
+``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`` so the cluster-autoscaler never drains the node a
+supervisor runs on; Vertex AI's single-document YAML has no place for pod annotations (docs/user-guide.md).
 """
 
 from __future__ import annotations
@@ -34,6 +40,28 @@ from kfp_gpu.spec import ProvisioningSpec
 TARGETS = ("kfp", "vertex")
 _ATTR = "_kfp_gpu"
 UNPROVISIONED = "__kfp_gpu_unprovisioned__"  # spec_json of a train() built without the decorator
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A KFP retry policy (``PipelineTask.set_retry``); ``max_duration`` bounds the window, from the first try."""
+
+    retries: int
+    backoff: str
+    factor: float
+    max_duration: str
+
+
+# Argo ends retrying once max_duration has passed since the first attempt started, so train's window
+# covers multi-day runs. Preflight is read-only; the others re-attach by run id (idempotent).
+RETRIES: dict[str, Retry] = {
+    "quota preflight": Retry(2, "10s", 2.0, "1800s"),
+    "warm pool": Retry(3, "15s", 2.0, "3600s"),
+    "burst scale-up": Retry(3, "30s", 2.0, "7200s"),
+    "train": Retry(3, "30s", 2.0, f"{30 * 86400}s"),
+    "teardown": Retry(5, "15s", 2.0, "3600s"),
+}
 
 
 @dataclass
@@ -221,10 +249,15 @@ def _pushed(ctx: _Context) -> Iterator[None]:
 
 
 def _platform(task: dsl.PipelineTask, target: str, label: str) -> None:
-    """kfp target only: pod labels for the janitor/RBAC; vertex gets no kubernetes platform config."""
+    """The retry policy on every target; kfp target only: pod labels for the janitor/RBAC and the
+    cluster-autoscaler annotation (vertex gets no kubernetes platform config)."""
+    r = RETRIES[label]
+    task.set_retry(num_retries=r.retries, backoff_duration=r.backoff, backoff_factor=r.factor,
+                   backoff_max_duration=r.max_duration)
     if target != "kfp":
         return
     from kfp import kubernetes
 
     kubernetes.add_pod_label(task, "kfp-gpu.io/managed", "true")
     kubernetes.add_pod_label(task, "kfp-gpu.io/component", label.replace(" ", "-"))
+    kubernetes.add_pod_annotation(task, SAFE_TO_EVICT, "false")

@@ -160,3 +160,37 @@ def test_cli_bad_input_is_one_line_not_traceback(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "nodes=0" in r.stderr and "fix:" in r.stderr
+
+
+KFP_GPU_TASKS = ("quota-preflight", "reserve-warm-pool", "burst-scale-up", "train-pytorchjob", "teardown")
+
+
+def _tasks(doc):
+    tasks = dict(doc["root"]["dag"]["tasks"])
+    for comp in doc["components"].values():  # the exit handler's body is a sub-DAG
+        tasks.update((comp.get("dag") or {}).get("tasks") or {})
+    return tasks
+
+
+@pytest.mark.parametrize("target", ["kfp", "vertex"])
+def test_every_kfp_gpu_task_is_retried_with_backoff(tmp_path, target):
+    doc = next(yaml.safe_load_all(compile_pipeline(EXAMPLE, tmp_path / "p.yaml", target=target).read_text()))
+    tasks = _tasks(doc)
+    for name in KFP_GPU_TASKS:
+        policy = tasks[name].get("retryPolicy")
+        assert policy, f"{name} has no retry policy"
+        assert policy["maxRetryCount"] >= 2
+        assert policy["backoffDuration"] not in ("0s", None) and policy["backoffFactor"] >= 2
+    # a multi-day run must stay retryable: Argo stops retrying once backoffMaxDuration has passed
+    assert int(tasks["train-pytorchjob"]["retryPolicy"]["backoffMaxDuration"].rstrip("s")) >= 7 * 86400
+    assert "retryPolicy" not in tasks["prepare-data"]  # the user's own steps are left as they are
+
+
+def test_kfp_step_pods_are_not_evictable_by_the_cluster_autoscaler(tmp_path):
+    docs = [d for d in yaml.safe_load_all(compile_pipeline(EXAMPLE, tmp_path / "k.yaml").read_text()) if d]
+    executors = docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for name in KFP_GPU_TASKS:
+        meta = executors[f"exec-{name}"]["podMetadata"]
+        assert meta["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false", name
+    v = compile_pipeline(EXAMPLE, tmp_path / "v.yaml", target="vertex").read_text()
+    assert "safe-to-evict" not in v  # Vertex's single document cannot carry pod annotations
