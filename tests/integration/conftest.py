@@ -6,6 +6,13 @@
 ``namespace``  a fresh namespace per test, deleted afterwards.
 ``kwok_nodes`` factory ``kwok_nodes(n, gpus=8, boot_delay_s=0.0, spot=False) -> (pool, [names])``
                creating KWOK GPU nodes in a pool unique to the test; deleted afterwards.
+``rbac_identity`` factory ``rbac_identity(sa="kfp-gpu", drop=()) -> Identity``: deploy/rbac.yaml rendered for
+               the test namespace (ClusterRoles renamed per test; ``drop`` takes verbs out) and applied, and
+               a client holding only a TokenRequest token of ServiceAccount ``sa`` (tests/integration/
+               rbac_support.py). Cluster-scoped objects are deleted afterwards.
+``step_identity`` / ``step_api``       the components' ServiceAccount (kfp-gpu): Identity / its ApiClient.
+               Steps run with this; ``kube.api`` (admin) stays for setup, assertions and the stand-in.
+``janitor_identity`` / ``janitor_api`` the janitor's ServiceAccount (kfp-gpu-janitor), the same way.
 """
 
 from __future__ import annotations
@@ -13,12 +20,24 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.devcluster.client import Kube, ensure_up
 from kfp_gpu.devcluster.nodes import make_gpu_node
+from tests.integration.rbac_support import (
+    JANITOR_SA,
+    STEP_SA,
+    Drop,
+    Identity,
+    Obj,
+    bind,
+    delete_cluster_scoped,
+    render,
+)
 
 NodeFactory = Callable[..., tuple[str, list[str]]]
 
@@ -69,3 +88,40 @@ def kwok_nodes(kube: Kube, request: pytest.FixtureRequest) -> Iterator[NodeFacto
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+IdentityFactory = Callable[..., Identity]
+
+
+@pytest.fixture
+def rbac_identity(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[IdentityFactory]:
+    applied: list[list[Obj]] = []
+
+    def make(sa: str = STEP_SA, drop: tuple[Drop, ...] = ()) -> Identity:
+        objs = render(namespace, isolate=namespace, drop=drop)
+        applied.append(objs)
+        return bind(kube.api, namespace, sa, tmp_path, objs)
+
+    yield make
+    for objs in applied:
+        delete_cluster_scoped(kube.api, objs)
+
+
+@pytest.fixture
+def step_identity(rbac_identity: IdentityFactory) -> Identity:
+    return rbac_identity(STEP_SA)
+
+
+@pytest.fixture
+def step_api(step_identity: Identity) -> client.ApiClient:
+    return step_identity.api
+
+
+@pytest.fixture
+def janitor_identity(rbac_identity: IdentityFactory) -> Identity:
+    return rbac_identity(JANITOR_SA)
+
+
+@pytest.fixture
+def janitor_api(janitor_identity: Identity) -> client.ApiClient:
+    return janitor_identity.api

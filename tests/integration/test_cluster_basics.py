@@ -1,4 +1,8 @@
-"""The dev cluster end to end: real Training Operator + real scheduler + KWOK nodes."""
+"""The dev cluster end to end: real Training Operator + real scheduler + KWOK nodes.
+
+PyTorchJobs are created the way the train step creates them: as the kfp-gpu ServiceAccount of
+deploy/rbac.yaml (``step_api``); nodes and plain pods are set up by the admin.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.devcluster.client import Kube
@@ -69,10 +74,11 @@ def job_conditions(kube: Kube, ns: str, name: str) -> dict[str, str]:
     return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
 
 
-def test_pytorchjob_4x8_gpus_runs_to_success(kube: Kube, namespace: str, kwok_nodes: NodeFactory) -> None:
+def test_pytorchjob_4x8_gpus_runs_to_success(kube: Kube, namespace: str, kwok_nodes: NodeFactory,
+                                             step_api: client.ApiClient) -> None:
     pool, nodes = kwok_nodes(4, gpus=8)
     wait_until("nodes Ready", lambda: all(_ready(kube, n) for n in nodes))
-    kube.custom.create_namespaced_custom_object(
+    client.CustomObjectsApi(step_api).create_namespaced_custom_object(
         "kubeflow.org", "v1", namespace, "pytorchjobs",
         pytorchjob("train", pool, workers=3, gpus=8, annotations={SIM_DURATION_ANNOTATION: "2s"}))
 
@@ -94,10 +100,11 @@ def test_pytorchjob_4x8_gpus_runs_to_success(kube: Kube, namespace: str, kwok_no
                == {"Succeeded"}, timeout=10)
 
 
-def test_pytorchjob_fails_with_exit_code(kube: Kube, namespace: str, kwok_nodes: NodeFactory) -> None:
+def test_pytorchjob_fails_with_exit_code(kube: Kube, namespace: str, kwok_nodes: NodeFactory,
+                                        step_api: client.ApiClient) -> None:
     pool, nodes = kwok_nodes(2, gpus=8)
     wait_until("nodes Ready", lambda: all(_ready(kube, n) for n in nodes))
-    kube.custom.create_namespaced_custom_object(
+    client.CustomObjectsApi(step_api).create_namespaced_custom_object(
         "kubeflow.org", "v1", namespace, "pytorchjobs",
         pytorchjob("boom", pool, workers=1, gpus=8,
                    annotations={SIM_DURATION_ANNOTATION: "1s", SIM_EXIT_CODE_ANNOTATION: "3"}))
@@ -153,10 +160,11 @@ def test_node_boot_delay_registered_then_ready(kube: Kube, kwok_nodes: NodeFacto
     assert alloc[GPU_RESOURCE] == "8"
 
 
-def test_pytorchjob_validating_webhook_is_live(kube: Kube, namespace: str) -> None:
-    """The operator's webhook (out of cluster, https://127.0.0.1) rejects an invalid job."""
+def test_pytorchjob_validating_webhook_is_live(namespace: str, step_api: client.ApiClient) -> None:
+    """The operator's webhook (out of cluster, https://127.0.0.1) rejects an invalid job (RBAC admits it)."""
     bad = pytorchjob("bad", "nowhere", workers=1, gpus=1, annotations={})
     bad["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["name"] = "not-pytorch"
     with pytest.raises(ApiException) as err:
-        kube.custom.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", bad)
+        client.CustomObjectsApi(step_api).create_namespaced_custom_object("kubeflow.org", "v1", namespace,
+                                                                          "pytorchjobs", bad)
     assert err.value.status == 403 and "validator.pytorchjob.training-operator.kubeflow.org" in err.value.body

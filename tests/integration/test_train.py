@@ -1,4 +1,8 @@
-"""The train step against the real control plane: Training Operator + scheduler + KWOK GPU nodes."""
+"""The train step against the real control plane: Training Operator + scheduler + KWOK GPU nodes.
+
+The step runs as the kfp-gpu ServiceAccount of deploy/rbac.yaml (``step_api`` / ``step_identity``, token
+only); ``kube`` (admin) sets up nodes and checks the outcome.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import ledger, pytorchjob
@@ -19,6 +24,7 @@ from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import GangPlacementFailed
 from kfp_gpu.steps import train
 from kfp_gpu.timeline import Timeline
+from tests.integration.rbac_support import Identity
 from tests.integration.test_train_support import (
     StepThread,
     job_json,
@@ -35,14 +41,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gang_of_4x8_runs_to_succeeded_after_capacity_is_ready(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path, step_api: ApiClient,
 ) -> None:
     pool, names = kwok_nodes(4, gpus=8, boot_delay_s=3.0, spot=True)  # NotReady for 3 s
     run_id = f"run-ok-{namespace}"
     spec = make_spec(namespace, tmp_path / "ckpt")
     t0 = time.time()
     res = train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0),
-                    api=kube.api)
+                    api=step_api)
     out = json.loads(res.output_json)
     assert out["status"] == "Succeeded" and out["preemptions"] == 0 and out["attempts"] == 1
 
@@ -76,14 +82,14 @@ def test_gang_of_4x8_runs_to_succeeded_after_capacity_is_ready(
 
     # idempotent: a retried step re-attaches to the finished job instead of creating a second one
     again = json.loads(train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(),
-                                 job_json=job_json(3.0), api=kube.api).output_json)
+                                 job_json=job_json(3.0), api=step_api).output_json)
     assert again["status"] == "Succeeded" and again["job"] == out["job"]
     events = [e["kind"] for e in Timeline.from_json(again["timeline"]).events]
     assert "job-attached" in events and "job-created" not in events
 
 
 def test_gate_fails_fast_when_capacity_never_gets_ready(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path, step_api: ApiClient,
 ) -> None:
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     names = names + [f"{pool}-missing"]  # capacity claims a node that does not exist
@@ -91,11 +97,12 @@ def test_gate_fails_fast_when_capacity_never_gets_ready(
     spec = make_spec(namespace, tmp_path, nodes=3)
     with pytest.raises(GangPlacementFailed, match="missing"):
         train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0),
-                  api=kube.api, gate_timeout_s=3.0)
+                  api=step_api, gate_timeout_s=3.0)
     assert pytorchjob.get(kube.api, namespace, pytorchjob.job_name(run_id, "train")) is None
 
 
-def test_partial_placement_watchdog(kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path) -> None:
+def test_partial_placement_watchdog(kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+                                    step_api: ApiClient) -> None:
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     run_id = f"run-wd-{namespace}"
     # a pod of another tenant takes all GPUs of node 1 after the gate passed: the gang cannot complete
@@ -111,7 +118,7 @@ def test_partial_placement_watchdog(kube: Kube, namespace: str, kwok_nodes: Node
                == "Running")
     with pytest.raises(GangPlacementFailed, match="partial placement: 1/2"):
         train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(30.0),
-                  api=kube.api, placement_timeout_s=4.0)
+                  api=step_api, placement_timeout_s=4.0)
     assert pytorchjob.get(kube.api, namespace, pytorchjob.job_name(run_id, "train")) is None
 
 
@@ -123,12 +130,12 @@ run_component("train", sys.argv[1], sys.argv[2], sys.argv[3], job_json=sys.argv[
 
 
 def test_sigterm_during_training_deletes_the_job(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path, step_identity: Identity,
 ) -> None:
     pool, names = kwok_nodes(4, gpus=8, spot=True)
     run_id = f"run-cancel-{namespace}"
     spec = make_spec(namespace, tmp_path)
-    env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "KUBECONFIG": str(step_identity.kubeconfig), "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-c", _CANCEL_SCRIPT, spec.to_json(), run_id,
          make_capacity(run_id, pool, names).to_json(), job_json(120.0)],
@@ -153,13 +160,13 @@ def test_sigterm_during_training_deletes_the_job(
 
 
 def test_job_deleted_by_someone_else_fails_the_step(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path, step_api: ApiClient,
 ) -> None:
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     run_id = f"run-cthread-{namespace}"
     spec = make_spec(namespace, tmp_path, nodes=2)
     th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(120.0), api=kube.api)
+                    job_json=job_json(120.0), api=step_api)
     th.start()
     job = pytorchjob.job_name(run_id, "train")
     wait_until("2 pods running", lambda: running_pods(kube.core, namespace, job, 2), timeout=90)

@@ -1,0 +1,186 @@
+"""Run code as the ServiceAccounts of deploy/rbac.yaml (no tests here; fixtures in conftest.py).
+
+* :func:`render` turns the manifest into objects for a test namespace (the documented ``kubeflow-user``
+  replaced structurally), optionally with rules taken out (negative tests).
+* :func:`apply` creates them with the admin client; :func:`delete_cluster_scoped` removes what the
+  namespace's deletion does not.
+* :func:`identity` mints a token for a ServiceAccount with the TokenRequest API and returns an ApiClient
+  that talks to the same apiserver with only that bearer token (no client certificate), plus a kubeconfig
+  file for step subprocesses.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "deploy" / "rbac.yaml"
+DOC_NAMESPACE = "kubeflow-user"  # the namespace the manifest documents (its header says to replace it)
+STEP_SA, JANITOR_SA = "kfp-gpu", "kfp-gpu-janitor"
+NAMESPACED = {"ServiceAccount", "Role", "RoleBinding"}
+CLUSTER = {"ClusterRole", "ClusterRoleBinding"}
+
+Obj = dict[str, Any]
+# (apiGroup, resource, verb) -> keep the rule? Used to take one permission out of a rendered manifest.
+Drop = tuple[str, str, str]
+
+
+def manifest_docs(path: Path = MANIFEST) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path: Path = MANIFEST) -> list[Obj]:
+    """The manifest's objects for ``namespace``.
+
+    ``isolate`` (a suffix) renames the ClusterRoles so a test's copy never changes another test's rules
+    (the manifest shares them between namespaces). ``drop`` removes single verbs from every rule that
+    grants them.
+
+    Raises: AssertionError for a kind this renderer does not know (extend it with the manifest).
+    """
+    out: list[Obj] = []
+    dropped = set(drop)
+    for doc in manifest_docs(path):
+        doc = copy.deepcopy(doc)
+        kind, meta = doc["kind"], doc["metadata"]
+        assert kind in NAMESPACED | CLUSTER, f"deploy/rbac.yaml: unexpected kind {kind}"
+        if kind in NAMESPACED:
+            meta["namespace"] = namespace
+        if kind == "ClusterRoleBinding":
+            assert meta["name"].endswith(f"-{DOC_NAMESPACE}"), f"{meta['name']}: must end in -{DOC_NAMESPACE}"
+            meta["name"] = meta["name"][: -len(DOC_NAMESPACE)] + namespace
+        if kind == "ClusterRole" and isolate:
+            meta["name"] = f"{meta['name']}-{isolate}"
+        ref = doc.get("roleRef")
+        if ref and ref["kind"] == "ClusterRole" and isolate:
+            ref["name"] = f"{ref['name']}-{isolate}"
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = namespace
+        if dropped and "rules" in doc:
+            doc["rules"] = [_without(rule, dropped) for rule in doc["rules"]]
+            doc["rules"] = [r for r in doc["rules"] if r["verbs"]]
+        out.append(doc)
+    return out
+
+
+def _without(rule: Obj, dropped: set[Drop]) -> Obj:
+    rule = dict(rule)
+    rule["verbs"] = [v for v in rule["verbs"]
+                     if not any((g, r, v) in dropped for g in rule["apiGroups"] for r in rule["resources"])]
+    return rule
+
+
+def apply(api: client.ApiClient, objs: list[Obj]) -> None:
+    """Create (or replace) ``objs`` as the admin. Raises: ApiException."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    calls: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+        "ServiceAccount": (core.create_namespaced_service_account, core.replace_namespaced_service_account),
+        "Role": (rbac.create_namespaced_role, rbac.replace_namespaced_role),
+        "RoleBinding": (rbac.create_namespaced_role_binding, rbac.replace_namespaced_role_binding),
+        "ClusterRole": (rbac.create_cluster_role, rbac.replace_cluster_role),
+        "ClusterRoleBinding": (rbac.create_cluster_role_binding, rbac.replace_cluster_role_binding),
+    }
+    for obj in objs:
+        create, replace = calls[obj["kind"]]
+        ns = [obj["metadata"]["namespace"]] if obj["kind"] in NAMESPACED else []
+        try:
+            create(*ns, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            replace(obj["metadata"]["name"], *ns, obj)
+
+
+def delete_cluster_scoped(api: client.ApiClient, objs: list[Obj]) -> None:
+    rbac = client.RbacAuthorizationV1Api(api)
+    for obj in objs:
+        fn = {"ClusterRole": rbac.delete_cluster_role,
+              "ClusterRoleBinding": rbac.delete_cluster_role_binding}.get(obj["kind"])
+        if fn is None:
+            continue
+        try:
+            fn(obj["metadata"]["name"])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A ServiceAccount as seen by the apiserver: ``api`` sends only its bearer token."""
+
+    namespace: str
+    name: str
+    api: client.ApiClient
+    kubeconfig: Path
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.name}"
+
+    def can(self, verb: str, resource: str, group: str = "", namespace: str = "", subresource: str = "",
+            name: str = "") -> bool:
+        """``kubectl auth can-i`` as this identity (a SelfSubjectAccessReview sent with its token)."""
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, group=group, namespace=namespace or None,
+                subresource=subresource or None, name=name or None)))
+        res = client.AuthorizationV1Api(self.api).create_self_subject_access_review(review)
+        return bool(res.status.allowed)
+
+
+def identity(admin: client.ApiClient, namespace: str, sa: str, tmp: Path, ttl_s: int = 3600) -> Identity:
+    """Mint a token for ``namespace/sa`` (TokenRequest) and a client using only it. Raises: ApiException."""
+    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[],
+                                                                             expiration_seconds=ttl_s))
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, namespace, req).status.token
+    src = admin.configuration
+    cfg = client.Configuration()
+    cfg.host = src.host
+    cfg.ssl_ca_cert = src.ssl_ca_cert
+    cfg.verify_ssl = True
+    cfg.api_key = {"authorization": token}
+    cfg.api_key_prefix = {"authorization": "Bearer"}
+    cfg.connection_pool_maxsize = 64
+    kubeconfig = tmp / f"kubeconfig-{namespace}-{sa}"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "kfp-gpu", "cluster": {"server": src.host, "certificate-authority": src.ssl_ca_cert}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "kfp-gpu", "user": sa, "namespace": namespace}}],
+    }))
+    kubeconfig.chmod(0o600)
+    return Identity(namespace, sa, client.ApiClient(cfg), kubeconfig)
+
+
+def bind(admin: client.ApiClient, namespace: str, sa: str, tmp: Path, objs: list[Obj]) -> Identity:
+    """Apply ``objs`` and return ``sa``'s identity once the apiserver's RBAC cache grants its first rule."""
+    apply(admin, objs)
+    ident = identity(admin, namespace, sa, tmp)
+    for probe in _probes(objs, sa):
+        wait_until(f"RBAC for {sa} to take effect ({probe})", lambda p=probe: ident.can(*p, namespace=namespace),
+                   timeout=10, every=0.05)
+    return ident
+
+
+def _probes(objs: list[Obj], sa: str) -> list[tuple[str, str, str]]:
+    """One plain rule of every role bound to ``sa``: granted once the apiserver has seen all bindings."""
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in objs
+             if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+             and any(s["name"] == sa for s in b.get("subjects") or [])}
+    out = []
+    for obj in objs:
+        if (obj["kind"], obj["metadata"]["name"]) in bound:
+            out += [(r["verbs"][0], r["resources"][0], r["apiGroups"][0]) for r in obj.get("rules") or []
+                    if r["verbs"] and not r.get("resourceNames") and "/" not in r["resources"][0]][:1]
+    return out
