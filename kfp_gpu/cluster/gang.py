@@ -18,7 +18,10 @@ class GangTracker:
     def __init__(self, run_id: str, pools: Iterable[str], timeline: Timeline, gpus_per_node: int,
                  spot: bool, exclude: Iterable[str] = ()) -> None:
         self.run_label = label_safe(run_id)
-        self.exclude = frozenset(exclude)  # nodes already given up (preempted) though the API may still show them
+        # nodes already given up (preempted) though the API may still show them: ignored while they still carry
+        # this run's claim; a managed instance group recreates a VM under the same name, and that fresh Node
+        # (unclaimed) is a valid replacement
+        self.exclude = frozenset(exclude)
         self.pools = set(pools)
         self.timeline = timeline
         self.gpus_per_node = gpus_per_node
@@ -38,7 +41,7 @@ class GangTracker:
 
     def on_event(self, kind: str, node: Node, at: float, *, preexisting: bool = False) -> None:
         view = NodeView.of(node)
-        if view.pool not in self.pools or view.name in self.exclude:
+        if view.pool not in self.pools or (view.name in self.exclude and view.run_id == self.run_label):
             return
         with self.cond:
             if kind == "DELETED":
@@ -81,7 +84,7 @@ class GangTracker:
     def _maybe_claim(self, view: NodeView) -> None:
         if (self._claim is None or view.name in self.claim_submitted or view.run_id
                 or len(self.claim_submitted) >= self._claim_limit or view.zone not in self._claim_zones
-                or not view.ready or view.deleting or view.gpus < self.gpus_per_node):
+                or not view.ready or view.deleting or view.going or view.gpus < self.gpus_per_node):
             return
         self.claim_submitted.add(view.name)
         self._claim(self._raw[view.name])
@@ -116,7 +119,8 @@ class GangTracker:
 
     def _claimable(self, zones: set[str] | None) -> list[NodeView]:
         return [n for n in self.nodes.values()
-                if (zones is None or n.zone in zones) and n.ready and not n.deleting and n.gpus >= self.gpus_per_node
+                if (zones is None or n.zone in zones) and n.ready and not n.deleting and not n.going
+                and n.gpus >= self.gpus_per_node
                 and n.run_id in ("", self.run_label)]
 
     def ready_count_locked(self, zones: Iterable[str]) -> int:
@@ -125,7 +129,8 @@ class GangTracker:
 
     def claimed(self) -> list[NodeView]:
         with self.cond:
-            return sorted((n for n in self.nodes.values() if n.run_id == self.run_label and not n.deleting),
+            return sorted((n for n in self.nodes.values()
+                           if n.run_id == self.run_label and not n.deleting and not n.going),
                           key=lambda n: n.name)
 
     def ready_count(self, zones: Iterable[str]) -> int:

@@ -40,6 +40,7 @@ from kfp_gpu.plan.recovery import (
     node_shutdown_reason,
     watchdog,
 )
+from kfp_gpu.providers.base import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,7 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
         taints=tuple(str(t.get("key", "")) for t in spec.get("taints") or []),
         gpus=quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
+        claimed_by=str((meta.get("labels") or {}).get(LABEL_RUN_ID, "")),
     )
 
 

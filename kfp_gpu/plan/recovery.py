@@ -60,6 +60,7 @@ class NodeFact:
     taints: tuple[str, ...] = ()
     gpus: float = 0.0  # allocatable nvidia.com/gpu
     zone: str = ""
+    claimed_by: str = ""  # the kfp-gpu.io/run-id claim label ("" when unclaimed)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,39 @@ def gang_ready(gang: Iterable[str], nodes: Mapping[str, NodeFact], gpus_per_node
                 or n.gpus < gpus_per_node):
             missing.append(name)
     return tuple(missing)
+
+
+def gang_losses(gang: Iterable[str], nodes: Mapping[str, NodeFact], run_label: str) -> tuple[str, ...]:
+    """The gang nodes lost for good, as opposed to merely not Ready yet.
+
+    A node is lost when it is absent or deleted, tainted for shutdown (a preemption notice), or claimed by
+    another run. Lost nodes must be replaced (and counted as a preemption); nodes that are only NotReady
+    or still lack GPUs are waited for. An *unclaimed* gang node is not lost: a managed instance group
+    recreates a preempted VM under the same name, and the fresh Node is this run's again once claimed
+    (:func:`unclaimed`).
+    """
+    lost = []
+    for name in gang:
+        n = nodes.get(name)
+        if n is None or node_shutdown_reason(n) or (n.claimed_by and n.claimed_by != run_label):
+            lost.append(name)
+    return tuple(lost)
+
+
+def unclaimed(gang: Iterable[str], nodes: Mapping[str, NodeFact]) -> tuple[str, ...]:
+    """Gang nodes that exist, are not going away, and carry no run's claim: to be claimed (again)."""
+    return tuple(n for n in gang if n in nodes and not nodes[n].claimed_by and not node_shutdown_reason(nodes[n]))
+
+
+def loss_reason(name: str, nodes: Mapping[str, NodeFact], run_label: str) -> str:
+    """Why :func:`gang_losses` counted ``name`` as lost, for the ledger and the timeline."""
+    n = nodes.get(name)
+    if n is None:
+        return "missing"
+    why = node_shutdown_reason(n)
+    if why:
+        return why
+    return f"claimed by run {n.claimed_by}" if n.claimed_by and n.claimed_by != run_label else ""
 
 
 def classify(

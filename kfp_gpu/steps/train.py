@@ -14,9 +14,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
@@ -31,19 +30,31 @@ from kfp_gpu.errors import (
     TrainingFailed,
 )
 from kfp_gpu.job import JobTemplate
-from kfp_gpu.plan.recovery import Action, Budget, Cause, Decision, Usage, Verdict, decide, steps_lost
-from kfp_gpu.providers.base import Owner
+from kfp_gpu.plan.recovery import (
+    Action,
+    Budget,
+    Cause,
+    Decision,
+    Usage,
+    Verdict,
+    decide,
+    gang_losses,
+    gang_ready,
+    loss_reason,
+    steps_lost,
+    unclaimed,
+)
+from kfp_gpu.providers.base import Owner, label_safe
 from kfp_gpu.spec import ProvisioningSpec
-from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu.steps.train_report import result as _result
 from kfp_gpu.timeline import NodeState, Timeline
 
 log = logging.getLogger(__name__)
 STEP = "train"
-
-Reprovision = Callable[..., Capacity]
-"""``(spec, run_id, api, provider, *, lost: int, zone_hint: str, on_demand: bool) -> Capacity``: the
-replacement nodes, or the whole gang (:func:`kfp_gpu.steps.scale_up.reprovision`); merged either way."""
+__all__ = ["run", "merge_capacity", "Reprovision", "TrainState"]
 
 
 class TrainState:
@@ -203,7 +214,7 @@ def _supervise(
         attach = None
     while True:
         if attach is None:
-            st.watch.gate(st.capacity.nodes, st.capacity.gpus_per_node, gate_s)
+            _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = pytorchjob.manifest(
@@ -223,12 +234,7 @@ def _supervise(
         decision = decide(spec.recovery, spot=spec.spot, budget=st.budget, verdict=outcome)
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
-            raise RecoveryBudgetExhausted(
-                f"job {st.job}: {decision.message}; last: {outcome.reason}",
-                remediation="raise recovery.max_preemptions, use on-demand capacity (recovery.on_demand_after) "
-                "or a reservation, or checkpoint more often",
-                preemptions=st.ledger.get("preemptions", []), budget=spec.recovery.max_preemptions,
-            )
+            raise _exhausted(st, decision, outcome)
         if decision.action is Action.FAIL:
             logs = st.watch.log_tails(outcome.pods)
             st.ledger.setdefault("app_failures", [])[-1]["logs"] = logs
@@ -243,7 +249,7 @@ def _supervise(
             lost = st.watch.lost_nodes(outcome)
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
-                replacing = _Background(functools.partial(_replace_nodes, st, lost, decision, reprovision))
+                replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
         pytorchjob.delete(st.api, st.namespace, st.job)
         if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
@@ -255,31 +261,76 @@ def _supervise(
         st.save_ledger()
 
 
-class _Background:
-    """Run ``fn`` on a daemon thread (a cancelled step must not wait for it); ``result()`` re-raises."""
+def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) -> None:
+    """Return once every node of the gang is Ready, claimed by this run, with its GPUs allocatable.
 
-    def __init__(self, fn: Any) -> None:
-        self._error: BaseException | None = None
-        self._done = threading.Event()
+    The gang is re-derived from live Nodes on every event, never from a list taken before the latest
+    preemption: a node lost while no job runs (a survivor or a replacement preempted while a recovery was
+    in flight, or a VM recreated without our claim) is a preemption like any other. It is counted against
+    the budget, replaced, and waited for, so any sequence of preemptions within the budget converges.
+    The deadline (``gate_s``) restarts after each replacement.
 
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # handed to the step thread by result()
-                self._error = exc
-            finally:
-                self._done.set()
+    Raises: RecoveryBudgetExhausted, GangPlacementFailed (not Ready within ``gate_s``), and the provisioning
+    errors of the replacement (ProvisioningTimeout, CapacityUnavailable, NotFound...).
+    """
+    w, label = st.watch, label_safe(st.run_id)
+    deadline = time.time() + gate_s
+    while True:
+        w.drain()
+        gang = st.capacity.nodes
+        lost = gang_losses(gang, w.nodes, label)
+        if lost:
+            now = time.time()
+            reason = "; ".join(f"node {n}: {loss_reason(n, w.nodes, label)}" for n in lost)
+            verdict = Verdict(Cause.PREEMPTION, now, tuple(lost), reason + " (while recovering)")
+            decision = decide(st.spec.recovery, spot=st.spec.spot, budget=st.budget, verdict=verdict)
+            w.decided_at = now
+            _record(st, verdict, decision, None)
+            if decision.action is Action.EXHAUSTED:
+                raise _exhausted(st, decision, verdict)
+            _replace_nodes(st, list(lost), decision.on_demand, reprovision)
+            st.save_ledger()
+            deadline = time.time() + gate_s
+            continue
+        if _claim(st, unclaimed(gang, w.nodes)):
+            continue
+        missing = gang_ready(gang, w.nodes, st.capacity.gpus_per_node)
+        if not missing:
+            return
+        left = deadline - time.time()
+        if left <= 0:
+            raise GangPlacementFailed(
+                f"gang not Ready after {gate_s:g}s: {len(missing)}/{len(gang)} nodes NotReady or without "
+                f"{st.capacity.gpus_per_node} allocatable GPUs: {', '.join(missing)}",
+                remediation="check the scale-up output and the nodes (kubectl describe node ...)", nodes=list(missing))
+        w.wait(min(left, 5.0))
 
-        threading.Thread(target=run, name="kfp-gpu-reprovision", daemon=True).start()
 
-    def result(self) -> None:
-        while not self._done.wait(0.2):  # short waits keep the step thread responsive to SIGTERM
-            pass
-        if self._error is not None:
-            raise self._error
+def _claim(st: TrainState, names: tuple[str, ...]) -> bool:
+    """Claim gang nodes that carry no claim (a VM recreated under its old name). True when any was tried;
+    the watch then shows each as ours, or as another run's (then it is lost)."""
+    from kfp_gpu.cluster.nodes import claim, read_node
+
+    for name in names:
+        node = read_node(st.api, name)
+        if node is not None:
+            claim(st.api, node, st.run_id, st.owner.lease_expires)
+    if names:
+        st.watch.wait(1.0)  # let the watch deliver the labels (or the loss) before looking again
+    return bool(names)
 
 
-def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobTemplate) -> None:
+def _exhausted(st: TrainState, decision: Decision, verdict: Verdict) -> RecoveryBudgetExhausted:
+    return RecoveryBudgetExhausted(
+        f"job {st.job}: {decision.message}; last: {verdict.reason}",
+        remediation="raise recovery.max_preemptions, use on-demand capacity (recovery.on_demand_after) "
+        "or a reservation, or checkpoint more often",
+        preemptions=st.ledger.get("preemptions", []), budget=st.spec.recovery.max_preemptions,
+    )
+
+
+def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobTemplate | None) -> None:
+    """Count an incident: budget, usage, ledger entry (with steps lost) and timeline."""
     now = time.time()
     st.budget = decision.budget
     st.close_usage(now)
@@ -291,8 +342,9 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
     entry: dict[str, Any] = {
         "t": verdict.at, "decided_at": st.watch.decided_at, "reason": verdict.reason, "action": decision.action.value,
         "checkpoint_step": ck_step, "checkpoint_uri": ck.uri if ck is not None else "",
-        "steps_lost": steps_lost(checkpoint_step=ck_step, checkpoint_at=ck.created if ck else None,
-                                 failed_at=verdict.at, steps_per_s=rate, checkpoint_every=template.checkpoint_every),
+        "steps_lost": 0 if template is None else steps_lost(  # no job ran while recovering: nothing lost
+            checkpoint_step=ck_step, checkpoint_at=ck.created if ck else None, failed_at=verdict.at,
+            steps_per_s=rate, checkpoint_every=template.checkpoint_every),
         "message": decision.message,
     }
     if verdict.cause is Cause.PREEMPTION:
@@ -304,48 +356,25 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
             st.mark_node_preempted(node, verdict.at)
         if not verdict.lost_nodes:
             st.timeline.event("preemption", verdict.at, node="", reason=verdict.reason, job=st.job)
+        if template is None:
+            entry["during"] = "recovery"
     else:
         st.ledger.setdefault("app_failures", []).append(entry)
-    st.timeline.event("job-finished", now, job=st.job, status=verdict.cause.value, attempt=st.attempt)
+    if template is not None:
+        st.timeline.event("job-finished", now, job=st.job, status=verdict.cause.value, attempt=st.attempt)
     st.ledger["budget"] = {"preemptions": st.budget.preemptions, "app_failures": st.budget.app_failures,
                            "on_demand": st.budget.on_demand}
     st.save_ledger()
 
 
-def _replace_nodes(st: TrainState, lost: list[str], decision: Decision, reprovision: Reprovision | None) -> None:
+def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None) -> None:
+    """Replace ``lost`` (same zone first) and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
-    if reprovision is None:
-        from kfp_gpu.providers import for_target
-        from kfp_gpu.steps.scale_up import reprovision as default_reprovision
-
-        # attempt keys the provider's idempotency: each recovery is a distinct (run_id, step) mutation
-        new = default_reprovision(st.spec, st.run_id, st.api, for_target(st.spec.target), lost=len(lost),
-                                  zone_hint=zone, on_demand=decision.on_demand, attempt=st.budget.preemptions,
-                                  lost_nodes=lost)
-    else:
-        new = reprovision(st.spec, st.run_id, st.api, None, lost=len(lost), zone_hint=zone,
-                          on_demand=decision.on_demand)
-    before = set(st.capacity.nodes)
-    st.capacity = merge_capacity(st.capacity, set(lost), new)
-    if new.timeline_json:
-        from kfp_gpu.timeline import Timeline
-
-        st.timeline.merge(Timeline.from_json(new.timeline_json))
+    before = set(st.capacity.nodes) - set(lost)
+    st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
+                          attempt=st.budget.preemptions, reprovision=reprovision)
     st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
-
-
-def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:
-    """``old`` without the ``lost`` nodes, plus the replacement nodes of ``new`` (deduplicated)."""
-    seen: set[str] = set()
-    placements: list[Placement] = []
-    for p in (*old.placements, *new.placements):
-        nodes = tuple(n for n in p.nodes if n not in lost and n not in seen)
-        seen.update(nodes)
-        if nodes:
-            placements.append(Placement(p.pool, p.zone, nodes))
-    return Capacity(old.run_id, tuple(placements), old.gpus_per_node, old.accelerator_label,
-                    spot=old.spot and new.spot, timeline_json=old.timeline_json, extra=dict(old.extra))
 
 
 def _cleanup(st: TrainState, timeout_s: float) -> None:
@@ -362,54 +391,5 @@ def _cleanup(st: TrainState, timeout_s: float) -> None:
         log.warning("job %s: second cancel during cleanup; job deletion was already requested", st.job)
     except Exception as exc:  # cleanup must not mask the original error
         log.warning("job %s: cleanup failed: %s", st.job, exc)
-
-
-def _result(st: TrainState, status: str, wall_s: float) -> StepResult:
-    st.close_usage(time.time())
-    st.timeline.event("job-finished", time.time(), job=st.job, status=status, attempt=st.attempt)
-    ck = st.checkpoint()
-    final_step = ck.step if ck is not None else None
-    final_loss = (ck.meta or {}).get("loss") if ck is not None else None
-    st.ledger["status"] = status
-    st.save_ledger()
-    pre = list(st.ledger.get("preemptions", []))
-    lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
-    out = {
-        "job": st.job, "namespace": st.namespace, "status": status, "final_step": final_step,
-        "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
-        "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
-        "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
-        "timeline": st.timeline.to_json(),
-    }
-    metrics = {
-        "gpu_hours": st.usage.gpu_hours, "preemptions": float(len(pre)), "attempts": float(st.attempt),
-        "app_failures": float(st.budget.app_failures), "wall_s": wall_s,
-        "steps_lost": float(sum(int(p.get("steps_lost", 0)) for p in pre)),
-    }
-    if lat:
-        metrics["preemption_detect_latency_max_s"] = max(lat)
-    if final_step is not None:
-        metrics["final_step"] = float(final_step)
-    if isinstance(final_loss, (int, float)):
-        metrics["final_loss"] = float(final_loss)
-    return StepResult(json.dumps(out, sort_keys=True), metrics, _markdown(out, pre))
-
-
-def _markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
-    lines = [
-        f"# Training job `{out['job']}`: {out['status']}", "",
-        f"- attempts: {out['attempts']}, preemptions: {out['preemptions']}, app failures: {out['app_failures']}",
-        f"- GPU-hours: {out['gpu_hours']:.4f}; on-demand fallback: {'yes' if out['on_demand'] else 'no'}",
-        f"- final step: {out['final_step'] if out['final_step'] is not None else 'unknown'}"
-        + (f", loss {out['final_loss']}" if out["final_loss"] is not None else ""),
-    ]
-    if pre:
-        lines += ["", "| # | lost nodes | reason | checkpoint | steps lost | detect (s) | resume (s) |",
-                  "|---|---|---|---|---|---|---|"]
-        for i, p in enumerate(pre, 1):
-            lines.append(f"| {i} | {', '.join(p.get('lost_nodes', [])) or '-'} | {p.get('reason', '')} | "
-                         f"{p.get('checkpoint_step', 0)} | {p.get('steps_lost', 0)} | "
-                         f"{p.get('detect_latency_s', '')} | {p.get('time_to_resume_s', '')} |")
-    return "\n".join(lines)
 
 

@@ -17,9 +17,12 @@ from kfp_gpu.plan.recovery import (
     Verdict,
     classify,
     decide,
+    gang_losses,
     gang_ready,
+    loss_reason,
     node_shutdown_reason,
     steps_lost,
+    unclaimed,
     watchdog,
 )
 from kfp_gpu.spec import Recovery
@@ -55,6 +58,26 @@ def test_gang_ready_lists_every_unusable_node() -> None:
     }
     assert gang_ready(GANG + ("n4",), nodes, 8) == ("n1", "n2", "n3", "n4")
     assert gang_ready(("n0",), nodes, 8) == ()
+
+
+def test_gang_losses_separates_lost_from_not_ready_yet() -> None:
+    """Overlapping preemptions: the gang is re-derived from live nodes, whatever list was taken before."""
+    nodes = {
+        "n0": NodeFact("n0", 0, gpus=8, claimed_by="run-a"),
+        "n1": NodeFact("n1", 0, gpus=0, ready=False, claimed_by="run-a"),  # booting: wait, not lost
+        "n2": NodeFact("n2", 0, gpus=8, claimed_by="run-a",
+                       taints=("cloud.google.com/impending-node-termination",)),  # notice: lost
+        "n3": NodeFact("n3", 0, gpus=8, claimed_by="run-b"),  # someone else's now: lost
+        "n5": NodeFact("n5", 0, gpus=8),  # recreated under its old name, unclaimed: claim it again
+    }
+    gang = ("n0", "n1", "n2", "n3", "n4", "n5")
+    assert gang_losses(gang, nodes, "run-a") == ("n2", "n3", "n4")
+    assert unclaimed(gang, nodes) == ("n5",)
+    assert gang_ready(("n0", "n1"), nodes, 8) == ("n1",)
+    assert loss_reason("n4", nodes, "run-a") == "missing"
+    assert loss_reason("n2", nodes, "run-a") == "cloud.google.com/impending-node-termination"
+    assert loss_reason("n3", nodes, "run-a") == "claimed by run run-b"
+    assert gang_losses(("n0",), {"n0": NodeFact("n0", 0, exists=False, claimed_by="run-a")}, "run-a") == ("n0",)
 
 
 # ---- classification ------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""The train step's result: the JSON output, metrics and Markdown summary of one supervised run."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from kfp_gpu.steps.result import StepResult
+
+if TYPE_CHECKING:
+    from kfp_gpu.steps.train import TrainState
+
+
+def result(st: TrainState, status: str, wall_s: float) -> StepResult:
+    """Close the books of ``st`` (usage, timeline, ledger) and summarise the run."""
+    st.close_usage(time.time())
+    st.timeline.event("job-finished", time.time(), job=st.job, status=status, attempt=st.attempt)
+    ck = st.checkpoint()
+    final_step = ck.step if ck is not None else None
+    final_loss = (ck.meta or {}).get("loss") if ck is not None else None
+    st.ledger["status"] = status
+    st.save_ledger()
+    pre = list(st.ledger.get("preemptions", []))
+    lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
+    out = {
+        "job": st.job, "namespace": st.namespace, "status": status, "final_step": final_step,
+        "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
+        "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
+        "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
+        "timeline": st.timeline.to_json(),
+    }
+    metrics = {
+        "gpu_hours": st.usage.gpu_hours, "preemptions": float(len(pre)), "attempts": float(st.attempt),
+        "app_failures": float(st.budget.app_failures), "wall_s": wall_s,
+        "steps_lost": float(sum(int(p.get("steps_lost", 0)) for p in pre)),
+    }
+    if lat:
+        metrics["preemption_detect_latency_max_s"] = max(lat)
+    if final_step is not None:
+        metrics["final_step"] = float(final_step)
+    if isinstance(final_loss, (int, float)):
+        metrics["final_loss"] = float(final_loss)
+    return StepResult(json.dumps(out, sort_keys=True), metrics, markdown(out, pre))
+
+
+def markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
+    lines = [
+        f"# Training job `{out['job']}`: {out['status']}", "",
+        f"- attempts: {out['attempts']}, preemptions: {out['preemptions']}, app failures: {out['app_failures']}",
+        f"- GPU-hours: {out['gpu_hours']:.4f}; on-demand fallback: {'yes' if out['on_demand'] else 'no'}",
+        f"- final step: {out['final_step'] if out['final_step'] is not None else 'unknown'}"
+        + (f", loss {out['final_loss']}" if out["final_loss"] is not None else ""),
+    ]
+    if pre:
+        lines += ["", "| # | lost nodes | reason | checkpoint | steps lost | detect (s) | resume (s) |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, p in enumerate(pre, 1):
+            lines.append(f"| {i} | {', '.join(p.get('lost_nodes', [])) or '-'} | {p.get('reason', '')} | "
+                         f"{p.get('checkpoint_step', 0)} | {p.get('steps_lost', 0)} | "
+                         f"{p.get('detect_latency_s', '')} | {p.get('time_to_resume_s', '')} |")
+    return "\n".join(lines)
+
+
