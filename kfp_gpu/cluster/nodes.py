@@ -1,8 +1,10 @@
 """GPU nodes as the cluster sees them: readiness, pool membership, run claims, and a Node watch.
 
-A run *claims* the Ready nodes of its gang by labelling them with its run id (a conditional patch, so two
-runs never claim the same node). The PyTorchJob then selects on that label, parallel runs on one pool stay
-apart, and teardown releases exactly its own nodes.
+A run *claims* the Ready nodes of its gang by labelling them with its run id and tainting them
+``kfp-gpu.io/run=<run id>:NoSchedule`` in one conditional patch, so two runs never claim the same node and no
+pod that lacks the run's own toleration (:func:`run_toleration`) is scheduled there: another team's GPU pod
+that tolerates ``nvidia.com/gpu`` stays off the gang. The PyTorchJob then selects on that label, parallel runs
+on one pool stay apart, and teardown (or the janitor) releases exactly its own nodes with :func:`unclaim`.
 
 Nodes travel as plain JSON dicts (``_preload_content=False``): the kubernetes client builds a
 ``Configuration`` (and resets logger levels) for every model object it deserialises, which made a 64-node
@@ -42,6 +44,8 @@ class NodeView:
     gpus: int
     run_id: str  # claim label value, "" when unclaimed
     deleting: bool
+    going: bool = False  # cordoned or tainted for shutdown (a preemption notice): never usable again
+
 
     @classmethod
     def of(cls, node: Node) -> NodeView:
@@ -55,7 +59,17 @@ class NodeView:
             gpus=gpu_allocatable(node),
             run_id=labels.get(LABEL_RUN_ID, ""),
             deleting=meta.get("deletionTimestamp") is not None,
+            going=is_going(node),
         )
+
+
+def is_going(node: Node) -> bool:
+    """Cordoned, or tainted by a shutdown/termination notice (:data:`kfp_gpu.plan.recovery.SHUTDOWN_TAINTS`)."""
+    from kfp_gpu.plan.recovery import SHUTDOWN_TAINTS
+
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")) or any(
+        t.get("key") in SHUTDOWN_TAINTS for t in spec.get("taints") or [])
 
 
 def is_ready(node: Node) -> bool:
@@ -92,24 +106,60 @@ def _read(core: client.CoreV1Api, name: str) -> Node:
     return dict(json.loads(core.read_node(name, _preload_content=False).data))
 
 
-def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, attempts: int = 8) -> bool:
-    """Label an unclaimed node with ``run_id``; False when another run got it first (or it vanished).
+def read_node(api: client.ApiClient, name: str) -> Node | None:
+    """One Node as JSON, or None when it does not exist. Raises: ApiException (non-404)."""
+    try:
+        return _read(client.CoreV1Api(api), name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
-    The patch is conditional on ``resourceVersion``; a conflict caused by a heartbeat (status update) is
+
+RUN_TAINT_KEY = "kfp-gpu.io/run"
+
+
+def run_taint(run_id: str) -> dict[str, str]:
+    """The NoSchedule taint a claim puts on a node: only pods with :func:`run_toleration` land there."""
+    return {"key": RUN_TAINT_KEY, "value": label_safe(run_id), "effect": "NoSchedule"}
+
+
+def run_toleration(run_id: str) -> dict[str, str]:
+    """The toleration of :func:`run_taint` that the run's own pods carry."""
+    return {"key": RUN_TAINT_KEY, "operator": "Equal", "value": label_safe(run_id), "effect": "NoSchedule"}
+
+
+def _taints(node: Node) -> list[dict[str, Any]]:
+    return [dict(t) for t in (node.get("spec") or {}).get("taints") or []]
+
+
+def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, attempts: int = 8) -> bool:
+    """Label an unclaimed node with ``run_id`` and taint it for the run; False when another run got it first
+    (or it vanished).
+
+    Label and taint go in one patch conditional on ``resourceVersion`` (the taint list is replaced whole, so
+    the patch carries the node's other taints as read); a conflict caused by a heartbeat (status update) is
     retried on the fresh object as long as the node is still unclaimed.
+
+    Raises:
+        ApiException: any API error other than 404 (node gone) and 409 (conflict, retried).
     """
     core = client.CoreV1Api(api)
     mine = label_safe(run_id)
     for _ in range(attempts):
         owner = labels_of(node).get(LABEL_RUN_ID, "")
-        if owner == mine:
+        taints = _taints(node)
+        if owner == mine and run_taint(run_id) in taints:
             return True
-        if owner:
+        if owner and owner != mine:
             return False
-        body = {"metadata": {
-            "resourceVersion": node["metadata"]["resourceVersion"],
-            "labels": {LABEL_RUN_ID: mine, LABEL_LEASE: str(int(lease_expires))},
-        }}
+        body = {
+            "metadata": {
+                "resourceVersion": node["metadata"]["resourceVersion"],
+                "labels": {LABEL_RUN_ID: mine, LABEL_LEASE: str(int(lease_expires))},
+            },
+            "spec": {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY] + [run_taint(run_id)]},
+        }
         try:
             core.patch_node(name_of(node), body, _preload_content=False)
             return True
@@ -127,16 +177,40 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
     return False
 
 
-def unclaim(api: client.ApiClient, name: str) -> bool:
-    """Remove the run claim from a node. Missing nodes are a no-op (returns False)."""
-    body = {"metadata": {"labels": {LABEL_RUN_ID: None, LABEL_LEASE: None}}}
-    try:
-        client.CoreV1Api(api).patch_node(name, body, _preload_content=False)
-        return True
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
+def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
+    """Remove the run claim (label, lease label and run taint) from a node. Missing nodes are a no-op
+    (returns False).
+
+    The taint list is replaced whole, so the patch is conditional on the ``resourceVersion`` read and retried
+    on a conflict: a taint another actor added in between (a shutdown notice) is kept.
+
+    Raises:
+        ApiException: any API error other than 404, or a conflict on every attempt.
+    """
+    core = client.CoreV1Api(api)
+    for attempt in range(attempts):
+        try:
+            node = _read(core, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        taints = _taints(node)
+        body: dict[str, Any] = {"metadata": {
+            "resourceVersion": node["metadata"]["resourceVersion"],
+            "labels": {LABEL_RUN_ID: None, LABEL_LEASE: None},
+        }}
+        if any(t.get("key") == RUN_TAINT_KEY for t in taints):
+            body["spec"] = {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY]}
+        try:
+            core.patch_node(name, body, _preload_content=False)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status != 409 or attempt == attempts - 1:
+                raise
+    return False
 
 
 EventFn = Callable[[str, Node, float], None]
