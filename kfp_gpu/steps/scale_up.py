@@ -31,8 +31,8 @@ from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
-from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef, PoolState
-from kfp_gpu.spec import CapacityType, ProvisioningSpec, TargetKind
+from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef
+from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.retry import retry_transient
@@ -73,50 +73,6 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     md = [f"## burst scale-up: {len(cap.nodes)}/{spec.nodes} nodes Ready in {metrics['scale_up_seconds']:.2f}s"]
     md += [f"- {p.pool} ({p.zone}): {len(p.nodes)} nodes" for p in cap.placements]
     return StepResult(cap.to_json(), metrics, "\n".join(md), _html(spec, tl, "\n".join(md)))
-
-
-def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
-                lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1,
-                lost_nodes: Sequence[str] = ()) -> Capacity:
-    """Replace ``lost`` nodes of a running gang (spot recovery): same zone first, on-demand when asked.
-
-    ``lost_nodes`` names them: a preempted node can still be listed (tainted, being drained) while the
-    replacement is requested, and must not count as capacity the run still holds.
-
-    Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
-    """
-    if on_demand and spec.capacity is CapacityType.SPOT:
-        spec = on_demand_spec(spec, provider.pools(spec.target.region, sizes=False))
-    if zone_hint and zone_hint in spec.zones:
-        spec = spec.replace(zones=(zone_hint, *[z for z in spec.zones if z != zone_hint]))
-    return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True,
-                     exclude=lost_nodes)
-
-
-def on_demand_spec(spec: ProvisioningSpec, pools: Sequence[PoolState]) -> ProvisioningSpec:
-    """``spec`` switched to on-demand capacity of the same accelerator, for the recovery fallback.
-
-    The target's on-demand pools are used even when ``target.pools`` lists only spot pools: the listed
-    on-demand pools first (in the listed order), else every on-demand pool that matches.
-
-    Raises: NotFound naming what to add when the cluster offers no such on-demand pool.
-    """
-    base = spec.replace(capacity=CapacityType.ON_DEMAND, recovery=spec.recovery.__class__(
-        max_preemptions=spec.recovery.max_preemptions, on_demand_after=0,
-        app_failure_retries=spec.recovery.app_failure_retries))
-    if matching_pools(base, pools):
-        return base
-    import dataclasses
-
-    unrestricted = base.replace(target=dataclasses.replace(base.target, pools=()))
-    if matching_pools(unrestricted, pools):
-        return unrestricted
-    raise NotFound(
-        f"recovery.on_demand_after={spec.recovery.on_demand_after}: on-demand fallback needs an on-demand node "
-        f"pool with {spec.gpus_per_node}x {spec.accelerator} in {spec.target.region}, and the cluster has none",
-        remediation=f"add an on-demand (non-spot) {spec.accelerator} node pool with {spec.gpus_per_node} GPUs per "
-        "node (and list it in target.pools if you restrict pools), or set recovery.on_demand_after=0",
-    )
 
 
 def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
@@ -372,4 +328,4 @@ def _html(spec: ProvisioningSpec, tl: Timeline, md: str) -> str:
         return ""
 
 
-__all__ = ["run", "provision", "reprovision"]
+__all__ = ["run", "provision"]

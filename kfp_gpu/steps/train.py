@@ -373,7 +373,7 @@ def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
     before = set(st.capacity.nodes) - set(lost)
     st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
-                          attempt=st.budget.preemptions, reprovision=reprovision)
+                          attempt=st.budget.preemptions, hook=reprovision)
     st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
 
 

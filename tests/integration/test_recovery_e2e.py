@@ -1,4 +1,4 @@
-"""Scale-up -> train -> spot preemption by the GKE stand-in -> scale_up.reprovision -> resume, all real."""
+"""Scale-up -> train -> spot preemption by the GKE stand-in -> replace.reprovision -> resume, all real."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def sim(kube: Kube) -> Iterator[SimServer]:
         core.delete_node(n.metadata.name)
 
 
-def test_sim_preemption_recovers_through_scale_up_reprovision(
+def test_sim_preemption_recovers_through_replace.reprovision(
     kube: Kube, namespace: str, sim: SimServer, tmp_path: Path,
 ) -> None:
     ckpt = tmp_path / "ckpt"
@@ -60,7 +60,7 @@ def test_sim_preemption_recovers_through_scale_up_reprovision(
     cap_json = scale_up.run(spec, run, "", api=kube.api, provider=provider).output_json
     cap = Capacity.from_json(cap_json)
     th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=kube.api)
-    th.start()  # reprovision=None: the real scale_up.reprovision against the stand-in
+    th.start()  # reprovision=None: the real replace.reprovision against the stand-in
     job = pytorchjob.job_name(run, "train")
     try:
         wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
