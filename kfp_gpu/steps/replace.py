@@ -100,8 +100,14 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
                                                                                      spec.lease_ttl_s))
     if zone_hint and zone_hint in spec.zones:
         spec = spec.replace(zones=(zone_hint, *[z for z in spec.zones if z != zone_hint]))
+    owner = Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s)
+
+    def blocked(zone: str) -> None:  # a stocked-out group would bring the node back later, unused
+        release_slots(provider, spec.target.region, {n: pz for n, pz in (lost_where or {}).items() if pz[1] == zone},
+                      owner)
+
     return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True,
-                     exclude=lost_nodes)
+                     exclude=lost_nodes, on_zone_blocked=blocked)
 
 
 def release_slots(provider: CapacityProvider, region: str, lost_where: Mapping[str, tuple[str, str]],

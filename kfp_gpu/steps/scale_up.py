@@ -16,7 +16,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -78,8 +78,13 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
 def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
               extra: int | None = None, step: str = STEP, allow_spread: bool | None = None,
               rng: random.Random | None = None, gang_size: int | None = None, wait: bool = True,
-              lease_ttl_s: float | None = None, exclude: Sequence[str] = ()) -> Capacity:
+              lease_ttl_s: float | None = None, exclude: Sequence[str] = (),
+              on_zone_blocked: Callable[[str], None] | None = None) -> Capacity:
     """Make ``spec.nodes`` (or, with ``extra``, our claimed nodes + extra) GPU nodes Ready and claimed.
+
+    With ``extra`` (recovery), the instance groups of the candidate zones are watched too: nodes they are
+    recreating count as coming (no resize is issued for them), and a stockout they report while we wait
+    blocks that zone like a failed resize would; ``on_zone_blocked(zone)`` is called when a zone is given up.
 
     Raises:
         ProvisioningTimeout: the deadline passed; this run's resizes were rolled back.
@@ -151,7 +156,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 tracker.claim_early(lambda node: early.setdefault(
                     node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires)),
                     plan.zones, gang - len(tracker.claimed()))
-                err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops)
+                watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
+                err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops, watched, started)
             if err is None:
                 if tracker.ready_count(plan.zones) < gang:
                     raise _timeout(spec, timeline, gang)
@@ -167,6 +173,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 attempt += 1
             elif decision.action is Action.FAILOVER:
                 _rollback(provider, owner, found, targets, region, zone=err_zone)
+                if on_zone_blocked is not None:
+                    on_zone_blocked(err_zone)
             else:
                 raise failover.exhausted(f"{gang} x {spec.gpus_per_node} {spec.accelerator} nodes")
             if time.time() >= deadline:
@@ -211,9 +219,11 @@ def _resize_all(provider: CapacityProvider, owner: Owner, sizes: dict[PoolRef, i
 
 
 def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline: float,
-               provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]) -> tuple[str, KfpGpuError | None]:
+               provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]], watched: Sequence[PoolRef] = (),
+               since: float = 0.0) -> tuple[str, KfpGpuError | None]:
     """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
-    check the cloud operations meanwhile (a failed op is returned as (zone, error))."""
+    check the cloud operations, and the ``watched`` pools' instance groups (stockouts since ``since``),
+    meanwhile. A failure is returned as (zone, error)."""
     next_op_check = next_progress = 0.0
     with tracker.cond:
         while True:
@@ -235,7 +245,34 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
                 if failed is not None:
                     return failed
                 next_op_check = now + 0.5
+            if watched and now >= next_op_check:
+                tracker.cond.release()
+                try:
+                    failed = _stockout(provider, watched, since)
+                finally:
+                    tracker.cond.acquire()
+                if failed is not None:
+                    return failed
+                next_op_check = now + 1.0
             tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
+
+
+def _stockout(provider: CapacityProvider, watched: Sequence[PoolRef], since: float
+              ) -> tuple[str, KfpGpuError] | None:
+    """The first watched pool whose instance group hit a stockout at or after ``since``, as (zone, error)."""
+    for ref in watched:
+        try:
+            act = provider.pool_activity(ref, since)
+        except KfpGpuError as exc:  # a read that failed after retries: look again next time
+            log.debug("pool activity of %s: %s", ref.pool, exc)
+            continue
+        hits = [e for e in act.errors if e.stockout]
+        if hits and act.running < act.target:
+            return ref.zone, CapacityUnavailable(
+                f"node pool {ref.pool} ({ref.zone}) cannot create its VMs: {hits[-1].code}: {hits[-1].message}",
+                remediation="the zone is out of stock; kfp-gpu fails over to the next candidate zone",
+                zone=ref.zone, pool=ref.pool, running=act.running, target=act.target)
+    return None
 
 
 def _progress(tracker: GangTracker, gang: int) -> None:
