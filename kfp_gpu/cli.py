@@ -46,13 +46,19 @@ def cmd_preflight(a: argparse.Namespace) -> int:
 
     spec = spec_of(load_pipeline(a.pipeline_file, a.pipeline))
     assert spec is not None
-    api = None
-    try:
-        from kfp_gpu.cluster.kube import api_client
+    from kfp_gpu.cluster.kube import api_client
+    from kfp_gpu.errors import NoKubeCredentials
 
+    api = None
+    try:  # a broken kubeconfig, a dead API server or the wrong cluster fail here, in one line
         api = api_client(spec.target)
-    except KfpGpuError as exc:
-        print(f"(cluster checks skipped: {exc.message})", file=sys.stderr)
+    except NoKubeCredentials as exc:  # no cluster at all: the cloud checks still run
+        print(f"kfp-gpu: cluster checks skipped: {exc.message}", file=sys.stderr)
+    if api is not None:
+        from kfp_gpu.cluster import pytorchjob
+
+        if not pytorchjob.served(api):
+            raise pytorchjob.crd_missing()
     result = run_preflight(spec, for_target(spec.target), api, regions=a.regions or None)
     print(result.to_markdown())
     check(result, strict=a.strict)
@@ -193,12 +199,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except KfpGpuError as err:
-        print(f"kfp-gpu: {err.message}", file=sys.stderr)
-        if err.remediation:
-            print(f"  fix: {err.remediation}", file=sys.stderr)
+        print(one_line(err), file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # noqa: BLE001 - a Kubernetes API refusal is an environment problem, not a bug
+        if type(exc).__name__ != "ApiException":
+            raise
+        print(f"kfp-gpu: the Kubernetes API answered {getattr(exc, 'status', '?')} {getattr(exc, 'reason', '')}"
+              " (fix: check that the credentials' user or service account has the RBAC of deploy/rbac.yaml "
+              "and that the namespace exists)", file=sys.stderr)
+        return 1
+
+
+def one_line(err: KfpGpuError) -> str:
+    """``kfp-gpu: <what went wrong> (fix: <remediation>)`` for the terminal."""
+    return f"kfp-gpu: {err}"
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ class KfpGpuError(Exception):
 
     def __str__(self) -> str:
         text = self.message
-        if self.remediation:
-            text += f"\n  fix: {self.remediation}"
+        if self.remediation:  # one line: what went wrong, then the fix
+            text += f" (fix: {self.remediation})"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -172,6 +172,32 @@ class Cancelled(KfpGpuError):
     exit_code = 130
 
 
+class NoKubeCredentials(PermissionDenied):
+    """No kubeconfig file, not in a pod: there is no cluster to talk to at all."""
+
+
+class KubeconfigInvalid(KfpGpuError):
+    """The kubeconfig is missing, empty or cannot be parsed, or names a context it does not have."""
+
+    exit_code = 2
+
+
+class ClusterUnreachable(KfpGpuError):
+    """The Kubernetes API server named by the credentials does not answer (refused, DNS, TLS, timeout)."""
+
+
+class WrongCluster(KfpGpuError):
+    """The credentials point at a different cluster than ``target.cluster``. Permanent."""
+
+    exit_code = 2
+
+
+class CrdMissing(NotFound):
+    """A custom resource the step needs (e.g. PyTorchJob kubeflow.org/v1) is not installed in the cluster."""
+
+    default_scope = Scope.PROVIDER
+
+
 class CloudError(KfpGpuError):
     """An error from a cloud API that no table recognised. Logged verbatim; blocks the narrowest scope."""
 
@@ -196,6 +222,11 @@ _REGISTRY: dict[str, type[KfpGpuError]] = {
         RecoveryBudgetExhausted,
         Cancelled,
         CloudError,
+        NoKubeCredentials,
+        KubeconfigInvalid,
+        ClusterUnreachable,
+        WrongCluster,
+        CrdMissing,
     )
 }
 

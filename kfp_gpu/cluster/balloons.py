@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster.nodes import ACCELERATOR_LABEL, GPU
+from kfp_gpu.cluster.nodes import ACCELERATOR_LABEL, GPU, run_toleration
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 
 PRIORITY_CLASS = "kfp-gpu-balloon"
@@ -54,7 +54,10 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
             spec=client.V1PodSpec(
                 priority_class_name=PRIORITY_CLASS, termination_grace_period_seconds=0,
                 node_selector={ACCELERATOR_LABEL: accelerator_label}, affinity=affinity if pools else None,
-                tolerations=[client.V1Toleration(key=GPU, operator="Exists", effect="NoSchedule")],
+                # its own run's claim taint too: a balloon still Pending when scale-up claims the warm node it
+                # was meant for must not look unschedulable (a cluster-autoscaler would add a node for it)
+                tolerations=[client.V1Toleration(key=GPU, operator="Exists", effect="NoSchedule"),
+                             client.V1Toleration(**run_toleration(owner.run_id))],
                 containers=[client.V1Container(
                     name="balloon", image=PAUSE_IMAGE,
                     resources=client.V1ResourceRequirements(requests={GPU: str(gpus_per_node)},

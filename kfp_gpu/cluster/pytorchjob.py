@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.providers.base import label_safe
 from kfp_gpu.steps.capacity import Capacity
@@ -119,7 +120,9 @@ def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | No
 def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Create the job, or return the existing one of that name (re-attach). Returns (job, created).
 
-    Raises: ApiException.
+    Raises:
+        CrdMissing: the cluster does not serve PyTorchJob kubeflow.org/v1 (Training Operator not installed).
+        ApiException: any other API error.
     """
     name = body["metadata"]["name"]
     existing = get(api, namespace, name)
@@ -130,12 +133,41 @@ def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -
             GROUP, VERSION, namespace, PLURAL, body)
         return obj, True
     except ApiException as exc:
+        if exc.status == 404 and not served(api):
+            raise crd_missing() from None
         if exc.status != 409:
             raise
         again = get(api, namespace, name)
         if again is None:
             raise
         return again, False
+
+
+def served(api: client.ApiClient, group: str = GROUP, version: str = VERSION, plural: str = PLURAL) -> bool:
+    """True when the API server serves ``plural`` in ``group/version`` (pytorchjobs in kubeflow.org/v1), by
+    discovery, which every authenticated user may read.
+
+    Raises: ApiException (other than 404).
+    """
+    try:
+        doc = api.call_api(f"/apis/{group}/{version}", "GET", response_type="object", auth_settings=["BearerToken"],
+                           _return_http_data_only=True, _request_timeout=10)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.get("name") == plural for r in (doc or {}).get("resources") or [])
+
+
+def crd_missing() -> CrdMissing:
+    return CrdMissing(
+        f"the cluster has no {KIND} {GROUP}/{VERSION} resource (CustomResourceDefinition {PLURAL}.{GROUP} is not "
+        "installed)",
+        remediation="install the Kubeflow Training Operator v1: kubectl apply --server-side -k "
+        "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.3\" "
+        "(the local dev cluster installs it on make cluster-up)",
+        crd=f"{PLURAL}.{GROUP}",
+    )
 
 
 def delete(api: client.ApiClient, namespace: str, name: str) -> bool:

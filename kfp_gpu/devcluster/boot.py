@@ -283,6 +283,13 @@ def _wait_default_sa(c: Ctx, timeout: float = 60.0) -> None:
     procs.wait_for("default serviceaccount", ok, timeout, c.state / "kube-controller-manager.log")
 
 
+def _record_identity(c: Ctx) -> None:
+    """Name this control plane as the kfp-gpu dev cluster (kfp_gpu.cluster.identity reads it back)."""
+    from kfp_gpu.cluster.identity import record_local
+
+    record_local(crds.api_client(c.kubeconfig), f"https://127.0.0.1:{c.ports['apiserver']}")
+
+
 def up() -> Ctx:
     c = _ctx()
     _check_binaries(c)
@@ -305,6 +312,7 @@ def _up(c: Ctx) -> Ctx:
         status[comp.name] = _ensure(c, comp)
         print(f"[up] {comp.name}: {status[comp.name]} ({time.monotonic() - t0:.1f}s)", flush=True)
     _wait_default_sa(c)
+    _record_identity(c)
     (c.state / "state.json").write_text(json.dumps(
         {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
          "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_gpu.cluster.nodes import run_toleration
 from kfp_gpu.errors import InvalidSpec
 
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -42,9 +43,10 @@ class Capacity:
             return {"cloud.google.com/gke-nodepool": self.pools[0]}
         return {"cloud.google.com/gke-accelerator": self.accelerator_label}
 
-    @staticmethod
-    def tolerations() -> list[dict[str, str]]:
-        return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    def tolerations(self) -> list[dict[str, str]]:
+        """The GPU taint and this run's own claim taint (kfp_gpu.cluster.nodes.run_taint): the run's pods
+        land on the nodes it claimed, and only there among claimed nodes."""
+        return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}, run_toleration(self.run_id)]
 
     def to_json(self) -> str:
         return json.dumps({
