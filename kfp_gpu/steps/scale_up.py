@@ -25,6 +25,7 @@ from kubernetes import client
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.gang import GangTracker
+from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes, name_of
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, ProvisioningTimeout
 from kfp_gpu.plan.backoff import Backoff
@@ -61,7 +62,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     api = api or api_client(spec.target)
     provider = provider or for_target(spec.target)
     t0 = time.time()
-    cap = provision(spec, run_id, api, provider)
+    with Heartbeat(api, spec.target.namespace, run_id, STEP, spec.lease_ttl_s):  # renewed while we hold nodes
+        cap = provision(spec, run_id, api, provider)
     tl = Timeline.from_json(cap.timeline_json)
     lat = sorted(tl.ready_latencies())
     metrics = {

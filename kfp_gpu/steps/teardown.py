@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster import balloons, ledger
+from kfp_gpu.cluster import balloons, lease, ledger
 from kfp_gpu.cluster.nodes import NodeView, list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.plan.scale import rollback_sizes
@@ -118,6 +118,10 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     for cm in ledgers:
         if _ignore_404(lambda n=cm.metadata.name: client.CoreV1Api(api).delete_namespaced_config_map(n, ns)):
             rep.ledgers.append(cm.metadata.name)
+    try:  # the run's heartbeat Leases go last: until here they told the janitor the run was alive
+        lease.delete_run_leases(api, ns, run_id)
+    except ApiException as exc:
+        rep.errors.append(f"delete leases: {exc.reason}")
     for tl in timeline.nodes.values():
         if tl.state is not NodeState.RELEASED:
             tl.advance(NodeState.RELEASED, now)

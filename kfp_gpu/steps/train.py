@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import (
     Cancelled,
@@ -64,7 +65,8 @@ class TrainState:
                  job: str) -> None:
         self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
         self.namespace = spec.target.namespace
-        self.owner = Owner.for_step(run_id, STEP, spec.lease_ttl_s)
+        # renews this run's leases while the step lives (a multi-day run outlives any fixed lease_ttl_s)
+        self.heartbeat = Heartbeat(api, self.namespace, run_id, STEP, spec.lease_ttl_s)
         self.timeline = Timeline(run_id=run_id)
         if capacity.timeline_json:
             self.timeline.merge(Timeline.from_json(capacity.timeline_json))
@@ -76,6 +78,11 @@ class TrainState:
         self._usage_closed = True
         self.watch = GangWatch(api, self.namespace, job, pytorchjob.GROUP, pytorchjob.VERSION,
                                pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={job}")
+
+    @property
+    def owner(self) -> Owner:
+        """The step's ownership, with the lease expiry the heartbeat last renewed."""
+        return self.heartbeat.owner
 
     @property
     def running_at(self) -> float | None:
@@ -182,6 +189,7 @@ def run(
     api = api if api is not None else api_client(spec.target)
     st = TrainState(spec, run_id, api, capacity, pytorchjob.job_name(run_id, template.name))
     started = time.time()
+    st.heartbeat.start()
     st.load_ledger()
     try:
         status = _supervise(st, template, dataset_uri, reprovision, admission_timeout_s, placement_timeout_s,
@@ -197,6 +205,7 @@ def run(
         raise
     finally:
         st.watch.stop()
+        st.heartbeat.stop()
         if own_api:
             api.close()
     return _result(st, status, time.time() - started)
