@@ -114,6 +114,9 @@ class CostInputs:
         _check_range("cost.sla_penalty_per_hour", self.sla_penalty_per_hour, 0.0, 1e9, (int, float))
 
 
+LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, still well inside the lease
+
+
 @dataclass(frozen=True)
 class ProvisioningSpec:
     accelerator: str
@@ -129,7 +132,7 @@ class ProvisioningSpec:
     recovery: Recovery = field(default_factory=Recovery)
     checkpoint_uri: str = ""
     cost: CostInputs = field(default_factory=CostInputs)
-    lease_ttl_s: float = 6 * 3600.0  # ownership lease on every object we create (janitor bound)
+    lease_ttl_s: float = 6 * 3600.0  # ownership lease, renewed by a heartbeat every min(ttl/4, 300 s) (janitor bound)
 
     def __post_init__(self) -> None:
         acc = accelerators.get(self.accelerator)
@@ -144,7 +147,7 @@ class ProvisioningSpec:
             acc.gce_machine_for(self.gpus_per_node)
         self._check_zones()
         _check_range("scale_up_deadline_s", self.scale_up_deadline_s, 0.001, 86400.0, (int, float))
-        _check_range("lease_ttl_s", self.lease_ttl_s, 60.0, 30 * 86400.0, (int, float))
+        _check_range("lease_ttl_s", self.lease_ttl_s, LEASE_TTL_MIN_S, 30 * 86400.0, (int, float))
         if self.capacity is CapacityType.SPOT and self.reservation:
             raise InvalidSpec(
                 "reservation", self.reservation, "spot capacity cannot consume a reservation",

@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.providers.base import LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
+from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
 
 LEDGER_LABEL = "kfp-gpu.io/ledger"
 
@@ -34,21 +34,42 @@ def read(api: client.ApiClient, namespace: str, run_id: str, step: str) -> dict[
 
 
 def write(api: client.ApiClient, namespace: str, owner: Owner, data: dict[str, Any]) -> None:
-    """Create or replace the ledger of ``owner``. Raises: ApiException."""
+    """Create or replace the ledger of ``owner``.
+
+    The replace is conditional on the resourceVersion read just before it, and keeps the existing
+    ``kfp-gpu.io/lease-expires`` label when it is later than ``owner``'s: a step writing with an older
+    :class:`Owner` never shortens a lease the heartbeat extended.
+
+    Raises: ApiException (a conflict only when every attempt met a concurrent write).
+    """
     core = client.CoreV1Api(api)
+    name = ledger_name(owner.run_id, owner.step)
+    labels = {**owner.labels(), LEDGER_LABEL: "true"}
     body = client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(
-            name=ledger_name(owner.run_id, owner.step), labels={**owner.labels(), LEDGER_LABEL: "true"},
-            annotations={"kfp-gpu.io/run-id-raw": owner.run_id},
-        ),
+        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations={"kfp-gpu.io/run-id-raw": owner.run_id}),
         data={"ledger": json.dumps(data, sort_keys=True)},
     )
     try:
         core.create_namespaced_config_map(namespace, body)
+        return
     except ApiException as exc:
         if exc.status != 409:
             raise
-        core.replace_namespaced_config_map(body.metadata.name, namespace, body)
+    for attempt in range(5):
+        cur = core.read_namespaced_config_map(name, namespace)
+        old = (cur.metadata.labels or {}).get(LABEL_LEASE, "")
+        try:
+            newer = float(old) > owner.lease_expires
+        except ValueError:
+            newer = False
+        body.metadata.labels = {**labels, LABEL_LEASE: old} if newer else labels
+        body.metadata.resource_version = cur.metadata.resource_version
+        try:
+            core.replace_namespaced_config_map(name, namespace, body)
+            return
+        except ApiException as exc:
+            if exc.status != 409 or attempt == 4:
+                raise
 
 
 def list_for_run(api: client.ApiClient, namespace: str, run_id: str | None) -> list[client.V1ConfigMap]:
@@ -65,3 +86,8 @@ def step_of(cm: client.V1ConfigMap) -> str:
 
 def data_of(cm: client.V1ConfigMap) -> dict[str, Any]:
     return dict(json.loads((cm.data or {}).get("ledger", "{}")))
+
+
+def data_of_json(cm: dict[str, Any]) -> dict[str, Any]:
+    """``data_of`` for a ConfigMap as the API server's JSON (the janitor lists raw objects)."""
+    return dict(json.loads((cm.get("data") or {}).get("ledger", "{}")))

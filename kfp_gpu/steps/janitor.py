@@ -1,87 +1,286 @@
 """The janitor (`kfp-gpu gc`): reclaim what runs left behind when their exit handler never ran.
 
-Everything kfp-gpu creates carries ``kfp-gpu.io/lease-expires``. A run whose newest lease has expired is
-torn down with the spec recorded in its own ledger, exactly as its exit handler would have done. Orphans
-without a ledger (balloons, node claims, jobs) are released by their own lease label. Run it as the
-CronJob in deploy/janitor-cronjob.yaml.
+It groups every kfp-gpu object by run (ledgers, balloon pods, claimed Nodes, PyTorchJobs, run Leases; in one
+namespace or, with ``all_namespaces``, in all of them) and releases a run only when all its leases expired
+**and** no live owner is found (:func:`kfp_gpu.plan.lease.decide`): a step pod that still exists and has not
+finished, an Argo Workflow still running (checked only when the Workflow CRD is served), or a
+``local:<host>:<pid>`` process alive on this host keeps the run. A run with a ledger that recorded its spec
+is torn down exactly as its exit handler would have done (:func:`kfp_gpu.steps.teardown.release_run`); what
+is left (or a run without a spec) is released object by object.
+
+Before releasing anything it takes the Lease lock ``kfp-gpu-janitor`` (:class:`kfp_gpu.cluster.lease.
+JanitorLock`) in the namespace it runs in, so two janitors never race; the second one reports who holds the
+lock and does nothing. Run it as the CronJob in deploy/janitor-cronjob.yaml.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
+import os
+import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster import balloons, ledger
-from kfp_gpu.cluster.nodes import labels_of, list_nodes, name_of, unclaim
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, CapacityProvider
+from kfp_gpu.cluster import lease, ledger, owned
+from kfp_gpu.cluster.nodes import unclaim
+from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.plan.lease import (
+    LOCAL_OWNER,
+    POD_OWNER,
+    LeaseRecord,
+    OwnerRef,
+    OwnerState,
+    Verdict,
+    decide,
+    label_expiry,
+    local_state,
+    owners_to_check,
+    pod_state,
+    run_expiry,
+    workflow_state,
+)
+from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, CapacityProvider, label_safe
 from kfp_gpu.spec import ProvisioningSpec
+
+log = logging.getLogger(__name__)
+ARGO = "/apis/argoproj.io/v1alpha1"
 
 
 @dataclass
 class GcReport:
-    runs: dict[str, str] = field(default_factory=dict)  # run label -> "released" | "would release" | "live"
-    orphans: list[str] = field(default_factory=list)
+    runs: dict[str, str] = field(default_factory=dict)  # run label -> "released" | "would release" | "live" | "error"
+    reasons: dict[str, str] = field(default_factory=dict)  # run label -> why (the decision, or the failure)
+    namespaces: dict[str, list[str]] = field(default_factory=dict)  # run label -> namespaces it has objects in
+    orphans: list[str] = field(default_factory=list)  # objects released one by one ("kind ns/name")
+    errors: list[str] = field(default_factory=list)
+    scope: str = ""
+    lock: str = ""
+    lock_held_by: str = ""  # set when another janitor held the lock and this one did nothing
 
     def __str__(self) -> str:
-        lines = [f"kfp-gpu gc: {len(self.runs)} run(s) seen, {len(self.orphans)} orphan object(s)"]
-        lines += [f"  run {r}: {s}" for r, s in sorted(self.runs.items())]
-        lines += [f"  orphan {o}" for o in self.orphans]
+        count = {s: sum(1 for v in self.runs.values() if v == s) for s in ("released", "would release", "live",
+                                                                              "error")}
+        head = f"kfp-gpu gc ({self.scope}): "
+        if self.lock_held_by:
+            return head + self.lock
+        lines = [head + f"{len(self.runs)} run(s) seen: " + ", ".join(f"{n} {s}" for s, n in count.items() if n)
+                 + (f"; {len(self.orphans)} object(s) released" if self.orphans else "")]
+        if self.lock:
+            lines.append(f"  lock: {self.lock}")
+        for run, status in sorted(self.runs.items()):
+            where = ",".join(self.namespaces.get(run, [])) or "-"
+            lines.append(f"  run {run} [{where}]: {status} ({self.reasons.get(run, '')})")
+        lines += [f"  released {o}" for o in self.orphans]
+        lines += [f"  error: {e}" for e in self.errors]
         return "\n".join(lines)
 
 
-def _expired(labels: dict[str, str] | None, now: float) -> bool:
-    try:
-        return float((labels or {}).get(LABEL_LEASE, "inf")) < now
-    except ValueError:
-        return False
+@dataclass
+class _Run:
+    label: str
+    run_id: str = ""
+    objects: list[tuple[owned.Kind, owned.Obj]] = field(default_factory=list)
+    leases: list[LeaseRecord] = field(default_factory=list)
+    namespaces: set[str] = field(default_factory=set)
+    spec_json: str = ""
+
+    def label_expiries(self) -> list[float]:
+        values = (label_expiry(owned.labels(o).get(LABEL_LEASE)) for _, o in self.objects)
+        return [v for v in values if v is not None]
 
 
 def collect(namespace: str = "default", *, dry_run: bool = False, endpoint: str = "",
             api: client.ApiClient | None = None, provider: CapacityProvider | None = None,
-            now: float | None = None) -> GcReport:
-    """Tear down runs whose leases all expired; release orphaned objects with expired leases.
+            now: float | None = None, all_namespaces: bool = False, lock_namespace: str = "",
+            holder: str = "", runs: Collection[str] = ()) -> GcReport:
+    """Release every run whose leases all expired and whose owners are gone; report the rest and why.
 
-    Raises: ApiException when the cluster cannot be listed; KfpGpuError when a provider is unreachable.
+    ``namespace`` scopes the sweep (claimed Nodes that a heartbeat tied to another namespace are left to
+    that namespace's janitor) unless ``all_namespaces``. ``runs`` limits it to these run ids. The lock lives
+    in ``lock_namespace`` (default: the namespace this pod runs in, else ``namespace``); ``holder`` names
+    this janitor in it. ``now`` overrides the clock for the lease decision. A dry run takes no lock and
+    changes nothing.
+
+    Raises:
+        ApiException: the cluster cannot be listed or the lock cannot be read.
     """
     from kfp_gpu.cluster.kube import api_client
-    from kfp_gpu.steps.teardown import release_run
 
     api = api or api_client(None)
-    now = time.time() if now is None else now
-    rep = GcReport()
-    by_run: dict[str, list[client.V1ConfigMap]] = {}
-    for cm in ledger.list_for_run(api, namespace, None):
-        by_run.setdefault((cm.metadata.labels or {}).get(LABEL_RUN_ID, ""), []).append(cm)
-    for run_label, cms in by_run.items():
-        if not all(_expired(cm.metadata.labels, now) for cm in cms):
-            rep.runs[run_label] = "live"
-            continue
-        if dry_run:
-            rep.runs[run_label] = "would release"
-            continue
-        data = ledger.data_of(cms[0])
-        spec = ProvisioningSpec.from_json(data["spec"])
-        run_id = (cms[0].metadata.annotations or {}).get("kfp-gpu.io/run-id-raw", run_label)
-        prov = provider or _provider(spec, endpoint)
-        release_run(spec, run_id, api, prov)
-        rep.runs[run_label] = "released"
-    live = {r for r, s in rep.runs.items() if s == "live"}
-    core = client.CoreV1Api(api)
-    for pod in core.list_namespaced_pod(namespace, label_selector=f"{balloons.BALLOON_LABEL}=true").items:
-        if _expired(pod.metadata.labels, now) and (pod.metadata.labels or {}).get(LABEL_RUN_ID) not in live:
-            rep.orphans.append(f"pod/{pod.metadata.name}")
-            if not dry_run:
-                balloons.delete_balloons(api, namespace, (pod.metadata.labels or {}).get(LABEL_RUN_ID))
-    nodes, _ = list_nodes(api, LABEL_RUN_ID)
-    for node in nodes:
-        labels = labels_of(node)
-        if _expired(labels, now) and labels.get(LABEL_RUN_ID) not in live:
-            rep.orphans.append(f"node-claim/{name_of(node)}")
-            if not dry_run:
-                unclaim(api, name_of(node))
+    scope = None if all_namespaces else namespace
+    rep = GcReport(scope="all namespaces" if all_namespaces else f"namespace {namespace}")
+    lock = None
+    if not dry_run:
+        lock = lease.JanitorLock(api, lock_namespace or lease.own_namespace(namespace), holder)
+        if not lock.acquire():
+            until = dt.datetime.fromtimestamp(lock.held_until or 0, dt.timezone.utc).strftime("%H:%M:%SZ")
+            rep.lock_held_by = lock.held_by
+            rep.lock = f"{lock.where} held by {lock.held_by} (until {until}); nothing done"
+            return rep
+        rep.lock = f"{lock.where} held by this janitor ({lock.holder})"
+    try:
+        _sweep(api, scope, {label_safe(r) for r in runs}, rep, lock, provider, endpoint, now)
+    finally:
+        if lock is not None:
+            lock.release()
     return rep
+
+
+def _sweep(api: client.ApiClient, scope: str | None, only: set[str], rep: GcReport, lock: lease.JanitorLock | None,
+           provider: CapacityProvider | None, endpoint: str, now: float | None) -> None:
+    found = _gather(api, scope, only)
+    owners = _Owners(api)
+    t = time.time() if now is None else now
+    for label, run in sorted(found.items()):
+        rep.namespaces[label] = sorted(run.namespaces)
+        expiry = run_expiry(run.leases, run.label_expiries())
+        states = {} if expiry >= t else {o: owners.state(o) for o in owners_to_check(run.leases)}
+        verdict: Verdict = decide(run.leases, run.label_expiries(), states, t)
+        rep.reasons[label] = verdict.reason
+        if not verdict.release:
+            rep.runs[label] = "live"
+            continue
+        if lock is None:
+            rep.runs[label] = "would release"
+            continue
+        if not lock.renew():
+            rep.errors.append(f"lock lost to {lock.held_by}: stopped before run {label}")
+            break
+        try:
+            _release(api, run, scope, provider, endpoint, rep)
+            rep.runs[label] = "released"
+        except (KfpGpuError, ApiException) as exc:
+            msg = exc.message if isinstance(exc, KfpGpuError) else f"{exc.status} {exc.reason}"
+            rep.runs[label] = "error"
+            rep.reasons[label] += f"; release failed, retried next time: {msg}"
+
+
+def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[str, _Run]:
+    found: dict[str, _Run] = {}
+
+    def run_of(obj: owned.Obj) -> _Run | None:
+        label = owned.labels(obj).get(LABEL_RUN_ID, "")
+        if not label or (only and label not in only):
+            return None
+        run = found.setdefault(label, _Run(label))
+        ns = owned.meta(obj).get("namespace")
+        if ns:
+            run.namespaces.add(str(ns))
+        raw = (owned.meta(obj).get("annotations") or {}).get(lease.A_RUN_ID)
+        run.run_id = run.run_id or str(raw or "")
+        return run
+
+    for kind in (owned.LEDGER, owned.BALLOON, owned.JOB):
+        sel = kind.selector if kind is not owned.JOB else LABEL_RUN_ID
+        for obj in owned.list_objects(api, kind, scope, sel):
+            run = run_of(obj)
+            if run is not None:
+                run.objects.append((kind, obj))
+                if kind is owned.LEDGER and not run.spec_json:
+                    run.spec_json = str(ledger.data_of_json(obj).get("spec") or "")
+    for obj in owned.list_objects(api, owned.NODE, None, LABEL_RUN_ID):
+        home = owned.node_namespace(obj)
+        if scope is not None and home and home != scope:
+            continue  # a heartbeat tied this claim to another namespace: that namespace's janitor decides
+        run = run_of(obj)
+        if run is not None:
+            run.objects.append((owned.NODE, obj))
+    for obj in owned.list_objects(api, owned.LEASE, scope, owned.LEASE.selector):
+        run = run_of(obj)
+        if run is not None:
+            run.leases.append(lease.lease_record(obj))
+    for run in found.values():
+        run.run_id = run.run_id or run.label
+    return found
+
+
+def _release(api: client.ApiClient, run: _Run, scope: str | None, provider: CapacityProvider | None,
+             endpoint: str, rep: GcReport) -> None:
+    """Tear the run down with its own spec when a ledger has it, then release what is left one by one."""
+    from kfp_gpu.steps.teardown import release_run
+
+    if run.spec_json:
+        spec = ProvisioningSpec.from_json(run.spec_json)
+        teardown, _ = release_run(spec, run.run_id, api, provider or _provider(spec, endpoint))
+        rep.errors += [f"run {run.label}: {e}" for e in teardown.errors]
+    else:
+        rep.reasons[run.label] += "; no ledger with a spec: pool sizes left as they are"
+    for ns in sorted(run.namespaces) if scope is None else [scope]:
+        for kind, obj in owned.run_objects(api, ns, run.run_id, (owned.JOB, owned.BALLOON, owned.LEDGER)):
+            if owned.delete(api, kind, obj):
+                rep.orphans.append(owned.ident(kind, obj))
+    for _, obj in owned.run_objects(api, None, run.run_id, (owned.NODE,)):
+        if scope is None or owned.node_namespace(obj) in ("", scope):
+            if unclaim(api, str(owned.meta(obj).get("name"))):
+                rep.orphans.append(owned.ident(owned.NODE, obj))
+    for ns in sorted(run.namespaces) if scope is None else [scope]:
+        lease.delete_run_leases(api, ns, run.run_id)
+
+
+class _Owners:
+    """Is a recorded owner alive? Cached per janitor pass; an API error other than 404 is UNKNOWN."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._cache: dict[OwnerRef, OwnerState] = {}
+        self._argo: bool | None = None
+
+    def state(self, owner: OwnerRef) -> OwnerState:
+        if owner not in self._cache:
+            self._cache[owner] = self._check(owner)
+        return self._cache[owner]
+
+    def _check(self, owner: OwnerRef) -> OwnerState:
+        if owner.kind == LOCAL_OWNER:
+            return local_state(owner.ref, socket.gethostname(), pid_alive)
+        ns, _, name = owner.ref.partition("/")
+        try:
+            if owner.kind == POD_OWNER:
+                pod = owned.request(self.api, "GET", f"/api/v1/namespaces/{ns}/pods/{name}")
+                return pod_state(True, (pod.get("status") or {}).get("phase"),
+                                 str(owned.meta(pod).get("uid", "")), owner.uid)
+            if not self._argo_served():
+                return OwnerState.GONE  # no Workflow CRD: nothing can be running there
+            wf = owned.request(self.api, "GET", f"{ARGO}/namespaces/{ns}/workflows/{name}")
+            st = wf.get("status") or {}
+            return workflow_state(True, st.get("phase"), st.get("finishedAt"),
+                                  owned.labels(wf).get("workflows.argoproj.io/completed"))
+        except ApiException as exc:
+            if exc.status == 404:
+                return OwnerState.GONE
+            log.warning("janitor: cannot check owner %s: %s %s", owner, exc.status, exc.reason)
+            return OwnerState.UNKNOWN
+
+    def _argo_served(self) -> bool:
+        if self._argo is None:
+            try:
+                res = owned.request(self.api, "GET", ARGO).get("resources") or []
+                self._argo = any(r.get("name") == "workflows" for r in res)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                self._argo = False
+        return self._argo
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs on this host (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _provider(spec: ProvisioningSpec, endpoint: str) -> CapacityProvider:
