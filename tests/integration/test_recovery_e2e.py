@@ -44,7 +44,7 @@ def sim(kube: Kube) -> Iterator[SimServer]:
         core.delete_node(n.metadata.name)
 
 
-def test_sim_preemption_recovers_through_replace.reprovision(
+def test_sim_preemption_recovers_through_reprovision(
     kube: Kube, namespace: str, sim: SimServer, tmp_path: Path,
 ) -> None:
     ckpt = tmp_path / "ckpt"
