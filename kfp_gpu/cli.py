@@ -68,9 +68,10 @@ def cmd_preflight(a: argparse.Namespace) -> int:
 def cmd_gc(a: argparse.Namespace) -> int:
     from kfp_gpu.steps.janitor import collect
 
-    report = collect(namespace=a.namespace, dry_run=a.dry_run, endpoint=a.endpoint)
+    report = collect(namespace=a.namespace, dry_run=a.dry_run, endpoint=a.endpoint,
+                     all_namespaces=a.all_namespaces, lock_namespace=a.lock_namespace, runs=a.run)
     print(report)
-    return 0
+    return 1 if report.errors or "error" in report.runs.values() else 0
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -155,9 +156,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--regions", nargs="*", default=[], help="more candidate regions after target.region")
     c.add_argument("--strict", action="store_true", help="fail when a check is unknown, not only when short")
     c.set_defaults(fn=cmd_preflight)
-    c = sub.add_parser("gc", help="janitor: delete kfp-gpu objects whose lease expired")
-    c.add_argument("--namespace", default="default")
-    c.add_argument("--dry-run", action="store_true")
+    c = sub.add_parser("gc", help="janitor: release runs whose leases expired and whose owner is gone")
+    c.add_argument("--namespace", default="default", help="the namespace to sweep (without --all-namespaces)")
+    c.add_argument("--all-namespaces", "-A", action="store_true", help="sweep every namespace")
+    c.add_argument("--lock-namespace", default="",
+                   help="where the kfp-gpu-janitor Lease lock lives (default: this pod's namespace, else --namespace)")
+    c.add_argument("--run", action="append", default=[], help="only this run id (repeatable)")
+    c.add_argument("--dry-run", action="store_true", help="report what would be released; take no lock, change nothing")
     c.add_argument("--endpoint", default="", help="cloud stand-in endpoint for the local target")
     c.set_defaults(fn=cmd_gc)
     c = sub.add_parser("demo", help="run the example pipeline end to end on the local GKE")
