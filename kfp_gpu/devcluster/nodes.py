@@ -47,6 +47,7 @@ def make_gpu_node(
     cpu: str = "208",
     memory: str = "1872Gi",
     pods: str = "110",
+    gpus_allocatable: int | None = None,
 ) -> dict[str, Any]:
     """A KWOK-managed GPU node.
 
@@ -57,6 +58,9 @@ def make_gpu_node(
     with ``Ready=False`` and the ``node.kubernetes.io/not-ready:NoSchedule`` taint a kubelet
     registers with; kube-controller-manager removes the taint once the node is Ready, so
     nothing schedules onto a still-booting node.
+
+    ``gpus_allocatable`` (default ``gpus``) is the ``nvidia.com/gpu`` capacity/allocatable the node
+    registers with: 0 until the GPU device plugin has registered (the GKE stand-in patches it later).
     """
     if gpus < 0:
         raise ValueError(f"gpus must be >= 0, got {gpus}")
@@ -83,7 +87,8 @@ def make_gpu_node(
         ready_at = datetime.now(timezone.utc) + timedelta(seconds=boot_delay_s)
         annotations[READY_AT_ANNOTATION] = ready_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         taints.append(dict(NOT_READY_TAINT))
-    resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "1Ti", GPU_RESOURCE: str(gpus)}
+    gpu_now = gpus if gpus_allocatable is None else gpus_allocatable
+    resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "1Ti", GPU_RESOURCE: str(gpu_now)}
     spec: dict[str, Any] = {"taints": taints} if taints else {}
     status: dict[str, Any] = {"capacity": dict(resources), "allocatable": dict(resources)}
     if boot_delay_s > 0:

@@ -1,19 +1,31 @@
-"""Where simulated VMs become KWOK Nodes: create, delete and preempt through the kubernetes client."""
+"""Where simulated VMs become KWOK Nodes: register, get GPUs, receive a preemption notice, go away.
+
+Every call is one short burst of API requests (no waiting on the world): the stand-in's timeline
+decides *when* each happens (kfp_gpu.sim.mig).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 from kfp_gpu import accelerators
+from kfp_gpu.sim.clock import expand
 from kfp_gpu.sim.scenario import PoolSpec
 
 log = logging.getLogger(__name__)
 
-# GKE taints a spot/preemptible node it is about to reclaim with this key (graceful node shutdown).
+# GKE taints a spot node it is about to reclaim with this key; EKS's node termination handler uses its own.
 IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
-UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+SHUTTING_DOWN_ANNOTATION = "kfp-gpu.io/shutting-down"  # KWOK's node stages leave such a node NotReady
+BOOT_SAMPLE_ANNOTATION = "kfp-gpu.io/boot-sample"  # stand-in seconds from the request to the Node
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeBackend:
@@ -21,7 +33,7 @@ class KubeBackend:
 
     Args:
         kubeconfig: path of the kubeconfig file.
-        pool_size: HTTP connections to keep open (concurrent node creations).
+        pool_size: HTTP connections to keep open.
 
     Raises:
         kubernetes.config.ConfigException: the kubeconfig cannot be loaded.
@@ -37,8 +49,10 @@ class KubeBackend:
         self.core = client.CoreV1Api(self.api_client)
 
     def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None) -> None:
-        """Register one Node for ``pool``. An existing Node of that name is adopted.
+               sampled_s: float | None = None, *, gpus_ready: bool = True) -> None:
+        """Register one Node for ``pool`` (a VM that has booted). ``gpus_ready=False`` registers it
+        with ``nvidia.com/gpu`` 0 until :meth:`gpus_ready`. An existing Node of that name is adopted,
+        unless it is a shut-down incarnation still being deleted (then it is replaced).
 
         Raises: kubernetes.client.ApiException for anything but 409 Conflict.
         """
@@ -56,19 +70,31 @@ class KubeBackend:
         machine = acc.gce_machine_for(pool.gpus_per_node)
         body = make_gpu_node(
             name, pool.name, acc.gke_label, pool.zone, pool.gpus_per_node, pool.spot, boot_delay_s, labels,
-            cpu=str(machine.vcpus), memory=f"{machine.vcpus * 8}Gi",
+            cpu=str(machine.vcpus), memory=f"{machine.vcpus * 8}Gi", gpus_allocatable=None if gpus_ready else 0,
         )
-        body["metadata"]["annotations"]["kfp-gpu.io/created-by"] = "kfp-gpu-sim"
-        if sampled_s is not None:  # the whole sampled boot latency, counted from the setSize request
-            body["metadata"]["annotations"]["kfp-gpu.io/boot-sample"] = f"{sampled_s:g}"
-        try:
-            self.core.create_node(body=body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+        notes = body["metadata"]["annotations"]
+        notes["kfp-gpu.io/created-by"] = "kfp-gpu-sim"
+        if sampled_s is not None:  # the whole latency, from the request to this registration
+            notes[BOOT_SAMPLE_ANNOTATION] = f"{sampled_s:g}"
+            notes["kfp-gpu.io/boot-sample-real-s"] = f"{expand(sampled_s):g}"
+        for _ in range(3):
+            try:
+                self.core.create_node(body=body)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            old = self._read(name)
+            if old is None:
+                continue
+            if not (old.metadata.annotations or {}).get(SHUTTING_DOWN_ANNOTATION):
+                return  # adopt
+            self.delete(name)
 
     def delete(self, name: str) -> None:
-        """Delete a Node; a missing one is a no-op. Raises: ApiException for other failures."""
+        """Delete a Node and the pods bound to it (what the pod GC does for a VM that is gone, without
+        its 40 s quarantine, which the stand-in's compressed time would stretch). A missing Node is a
+        no-op. Raises: ApiException for other failures."""
         from kubernetes.client import ApiException
 
         try:
@@ -76,54 +102,103 @@ class KubeBackend:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+        for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
-    def preempt(self, name: str, *, eviction_timeout_s: float = 10.0) -> None:
-        """Reclaim a node as GCE reclaims a spot VM.
-
-        Taints it ``cloud.google.com/impending-node-termination:NoSchedule`` and cordons it, evicts
-        every pod on it through the Eviction API (the API server adds the ``DisruptionTarget``
-        condition), waits briefly for the pods to go, then deletes the Node.
+    def notice(self, name: str, taint_key: str = IMPENDING_TERMINATION_TAINT) -> None:
+        """The reclaim notice as GKE's graceful node shutdown shows it: the Node is tainted
+        ``<taint_key>:NoSchedule`` and turns ``Ready=False`` ("node is shutting down"); the kubelet
+        terminates its pods (condition ``DisruptionTarget``/``TerminationByKubelet``, phase Failed).
 
         Raises: ApiException for failures other than the node already being gone.
         """
         from kubernetes.client import ApiException
 
-        try:
-            node = self.core.read_node(name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
-        taints = [t for t in (node.spec.taints or []) if t.key not in (IMPENDING_TERMINATION_TAINT,)]
-        taints_json: list[dict[str, Any]] = [
-            {"key": t.key, "value": t.value, "effect": t.effect} for t in taints
+        node = self._read(name)
+        if node is None:
+            return
+        taints: list[dict[str, Any]] = [
+            {"key": t.key, "value": t.value, "effect": t.effect} for t in (node.spec.taints or []) if t.key != taint_key
         ]
-        taints_json.append({"key": IMPENDING_TERMINATION_TAINT, "value": "true", "effect": "NoSchedule"})
-        self.core.patch_node(name, {"spec": {"unschedulable": True, "taints": taints_json}})
-        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
-        for pod in pods:
-            self._evict(pod.metadata.namespace, pod.metadata.name)
-        deadline = time.monotonic() + eviction_timeout_s
-        while pods and time.monotonic() < deadline:
-            left = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
-            if not [p for p in left if p.metadata.deletion_timestamp is None]:
-                break
-            time.sleep(0.2)
-        self.delete(name)
+        taints.append({"key": taint_key, "value": "true", "effect": "NoSchedule"})
+        try:
+            self.core.patch_node(name, {"metadata": {"annotations": {SHUTTING_DOWN_ANNOTATION: "true"}},
+                                        "spec": {"taints": taints}})
+            conds = [self.api_client.sanitize_for_serialization(c) for c in (node.status.conditions or [])
+                     if c.type != "Ready"]
+            conds.append({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                          "message": "node is shutting down", "lastHeartbeatTime": _now(),
+                          "lastTransitionTime": _now()})
+            self.core.patch_node_status(name, {"status": {"conditions": conds}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return
+        for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            self._terminate(pod)
 
-    def _evict(self, namespace: str, pod: str) -> None:
-        from kubernetes import client
+    def _terminate(self, pod: Any) -> None:
         from kubernetes.client import ApiException
 
-        body = client.V1Eviction(
-            metadata=client.V1ObjectMeta(name=pod, namespace=namespace),
-            delete_options=client.V1DeleteOptions(grace_period_seconds=0),
-        )
+        conds = [self.api_client.sanitize_for_serialization(c) for c in (pod.status.conditions or [])
+                 if c.type not in ("DisruptionTarget", "Ready", "ContainersReady")]
+        conds += [
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+             "message": SHUTDOWN_MESSAGE, "lastTransitionTime": _now()},
+            {"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()},
+            {"type": "ContainersReady", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()},
+        ]
+        statuses = [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0,
+                     "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": _now()}}}
+                    for c in pod.spec.containers]
+        body = {"status": {"phase": "Failed", "reason": "Terminated", "message": SHUTDOWN_MESSAGE,
+                           "conditions": conds, "containerStatuses": statuses}}
         try:
-            self.core.create_namespaced_pod_eviction(pod, namespace, body)
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
         except ApiException as exc:
-            if exc.status == 429:  # a PodDisruptionBudget blocks it: GCE does not wait, delete
-                log.warning("sim: PDB blocks eviction of %s/%s; deleting it", namespace, pod)
-                self.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
-            elif exc.status != 404:
+            if exc.status != 404:
                 raise
+
+    def gpus_ready(self, name: str, gpus: int, *, settle_s: float = 3.0) -> None:
+        """The GPU device plugin registered: ``nvidia.com/gpu`` capacity/allocatable becomes ``gpus``.
+        Waits (up to ``settle_s``) for KWOK to have initialized the Node, so its status write cannot
+        overwrite this one. Raises: ApiException for failures other than the node being gone."""
+        from kubernetes.client import ApiException
+
+        deadline = time.monotonic() + settle_s
+        while True:
+            node = self._read(name)
+            if node is None:
+                return
+            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+            if ready or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        amount = {"nvidia.com/gpu": str(gpus)}
+        try:
+            self.core.patch_node_status(name, {"status": {"capacity": amount, "allocatable": amount}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def preempt(self, name: str) -> None:
+        """Notice and reclaim at once (no notice period): for tests that drive a cluster without a
+        stand-in world. Raises: ApiException for failures other than the node already being gone."""
+        self.notice(name)
+        self.delete(name)
+
+    def _read(self, name: str) -> Any:
+        from kubernetes.client import ApiException
+
+        try:
+            return self.core.read_node(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

@@ -9,8 +9,6 @@ failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the offending field, e
 
 from __future__ import annotations
 
-import math
-import random
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -21,27 +19,21 @@ import yaml
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
+    Autoscaling,
+    BootLatency,
+    Operations,
+    World,
+    parse_autoscaling,
+    parse_boot,
+    parse_world,
+)
+from kfp_gpu.sim.worldspec import listing as _list
+from kfp_gpu.sim.worldspec import num as _num
+from kfp_gpu.sim.worldspec import obj as _obj
 
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
-
-
-@dataclass(frozen=True)
-class BootLatency:
-    """Seconds from Node registration to Ready. ``dist`` is ``fixed`` or ``lognormal``."""
-
-    dist: str = "fixed"
-    median_s: float = 1.0
-    sigma: float = 0.0
-    seed: int = 0
-
-    def sampler(self) -> random.Random:
-        return random.Random(self.seed)
-
-    def sample(self, rng: random.Random) -> float:
-        if self.dist == "fixed":
-            return self.median_s
-        return self.median_s * math.exp(rng.gauss(0.0, self.sigma))
 
 
 @dataclass(frozen=True)
@@ -55,6 +47,7 @@ class PoolSpec:
     initial_size: int = 0
     machine_type: str = ""  # derived from the catalog when empty
     boot: BootLatency = field(default_factory=BootLatency)
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
 
     @property
     def region(self) -> str:
@@ -145,6 +138,7 @@ class Scenario:
     api_latency_ms: float = 0.0
     node_create_workers: int = 32
     api: ApiSpec = field(default_factory=ApiSpec)
+    world: World = field(default_factory=World)  # cloud flavour, operation/boot/notice timing
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -186,6 +180,7 @@ def from_dict(data: Any) -> Scenario:
     d = _obj(data, "scenario", {
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
+        "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -244,7 +239,7 @@ def from_dict(data: Any) -> Scenario:
         regions=regions, global_quotas=gq, pools=pools, stockouts=tuple(stockouts), faults=tuple(faults),
         preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
         node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
-        api=parse_api(d.get("api", {})),
+        api=parse_api(d.get("api", {})), world=parse_world(d),
     )
     _check_quota_usage(sc)
     return sc
@@ -296,7 +291,7 @@ def _quota(data: Any, f: str) -> QuotaSpec:
 def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     p = _obj(data, f, {
         "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
-        "machine_type", "boot",
+        "machine_type", "boot", "autoscaling",
     })
     name = str(p.get("name", ""))
     if not _NAME_RE.match(name):
@@ -320,18 +315,9 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
         raise InvalidSpec(f"{f}.initial_size", initial, f"must be <= max_nodes ({max_nodes})")
     return PoolSpec(
         name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
-        str(p.get("machine_type") or machine), _boot(p.get("boot", {}), f"{f}.boot"),
+        str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
+        parse_autoscaling(p.get("autoscaling"), f"{f}.autoscaling", max_nodes),
     )
-
-
-def _boot(data: Any, f: str) -> BootLatency:
-    b = _obj(data, f, {"dist", "median_s", "sigma", "seed", "value_s"})
-    dist = str(b.get("dist", "fixed"))
-    if dist not in ("fixed", "lognormal"):
-        raise InvalidSpec(f"{f}.dist", dist, "allowed: 'fixed', 'lognormal'")
-    median = _num(b.get("median_s", b.get("value_s", 1.0)), f"{f}.median_s", 0.0)
-    sigma = _num(b.get("sigma", 0.0), f"{f}.sigma", 0.0)
-    return BootLatency(dist, median, sigma, int(_num(b.get("seed", 0), f"{f}.seed", 0)))
 
 
 def _check_quota_usage(sc: Scenario) -> None:
@@ -351,27 +337,3 @@ def _check_quota_usage(sc: Scenario) -> None:
             used = q.usage + sum(p.initial_size * p.gpus_per_node for p in sc.pools)
             if used > q.limit:
                 raise InvalidSpec(f"global_quotas.{metric}.limit", q.limit, f"below initial usage ({used:g} GPUs)")
-
-
-def _obj(data: Any, f: str, keys: set[str] | None = None) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise InvalidSpec(f, data, "must be a mapping")
-    if keys is not None:
-        for k in data:
-            if k not in keys:
-                raise InvalidSpec(f"{f}.{k}", data[k], f"unknown field; known: {', '.join(sorted(keys))}")
-    return data
-
-
-def _list(data: Any, f: str) -> list[Any]:
-    if not isinstance(data, list):
-        raise InvalidSpec(f, data, "must be a list")
-    return data
-
-
-def _num(value: Any, f: str, lo: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidSpec(f, value, f"must be a number >= {lo:g}")
-    if value < lo:
-        raise InvalidSpec(f, value, f"must be >= {lo:g}")
-    return float(value)

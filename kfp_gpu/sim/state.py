@@ -1,7 +1,9 @@
 """The stand-in's mutable world: pools, nodes, quotas, operations, reservations, faults.
 
-Pure Python, thread-safe (one lock), no HTTP. :class:`NodeBackend` is where nodes become real
-(Kubernetes Node objects via :mod:`kfp_gpu.sim.kube`) or stay in memory (:class:`MemoryBackend`).
+Pure Python, thread-safe (one lock), no HTTP. Time-dependent behaviour (operations, VM boots,
+preemption notices, MIG retries) runs on a :class:`~kfp_gpu.sim.clock.Timeline` through
+:mod:`kfp_gpu.sim.mig`. A :class:`NodeBackend` is where nodes become real (Kubernetes Node objects
+via :mod:`kfp_gpu.sim.kube`) or stay in memory (:class:`MemoryBackend`).
 """
 
 from __future__ import annotations
@@ -11,62 +13,34 @@ import logging
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim import shapes
+from kfp_gpu.sim.clock import Timeline, compress, expand
+from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Instance, World
+from kfp_gpu.sim.mig import MemoryBackend as MemoryBackend
+from kfp_gpu.sim.mig import NodeBackend as NodeBackend
+from kfp_gpu.sim.mig import PoolRuntime as PoolRuntime
 from kfp_gpu.sim.scenario import PoolSpec, RegionSpec, Scenario
 from kfp_gpu.sim.shapes import SimHttpError
 
 log = logging.getLogger(__name__)
 
 
-class NodeBackend(Protocol):
-    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None) -> None: ...
-
-    def delete(self, name: str) -> None: ...
-
-    def preempt(self, name: str) -> None: ...
-
-
-class MemoryBackend:
-    """Nodes exist only in the stand-in's memory (pure HTTP tests)."""
-
-    def __init__(self) -> None:
-        self.created: list[str] = []
-        self.deleted: list[str] = []
-        self.preempted: list[str] = []
-
-    def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None) -> None:
-        self.created.append(name)
-
-    def delete(self, name: str) -> None:
-        self.deleted.append(name)
-
-    def preempt(self, name: str) -> None:
-        self.preempted.append(name)
-
-
-@dataclass
-class PoolRuntime:
-    spec: PoolSpec
-    nodes: list[str] = field(default_factory=list)  # creation order, newest last
-    next_index: int = 0
-    target: int = 0
-    running_op: str = ""
-    rng: Any = None
-
-
 class SimState:
-    def __init__(self, scenario: Scenario, backend: NodeBackend | None = None) -> None:
+    """The world. ``timeline`` defaults to the wall clock; pass ``Timeline(virtual=True)`` to drive it
+    with :meth:`Timeline.advance` (tests)."""
+
+    def __init__(self, scenario: Scenario, backend: NodeBackend | None = None, *,
+                 timeline: Timeline | None = None) -> None:
         self.scenario = scenario
         self.backend: NodeBackend = backend or MemoryBackend()
         self.lock = threading.RLock()
-        self.t0 = time.monotonic()
+        self.timeline = timeline or Timeline()
+        self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout)
         self.pools: dict[str, PoolRuntime] = {}
         self.gke_ops: dict[str, dict[str, Any]] = {}
         self.compute_ops: dict[str, dict[str, Any]] = {}
@@ -76,17 +50,21 @@ class SimState:
         self.routes: collections.Counter[str] = collections.Counter()
         self.fault_hits: list[int] = [0] * len(scenario.faults)
         self.preempted: list[str] = []
-        self.pool_exec = ThreadPoolExecutor(max_workers=scenario.node_create_workers, thread_name_prefix="sim-node")
-        self.op_exec = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sim-op")
         for p in scenario.pools:
             self.pools[p.name] = PoolRuntime(p, rng=p.boot.sampler())
-        for p in scenario.pools:
-            if p.initial_size:
-                self._grow(self.pools[p.name], p.initial_size)
+        for p in scenario.pools:  # a pool that already has nodes when the world starts
+            rt = self.pools[p.name]
+            for _ in range(p.initial_size):
+                name = f"gke-{scenario.cluster}-{p.name}-{rt.next_index:04d}"
+                rt.next_index += 1
+                rt.instances[name] = Instance(name, RUNNING, 0.0, node=True)
+                self.backend.create(p, scenario.cluster, name, 0.0, gpus_ready=True)
+            rt.target = len(rt.instances)
 
     # ---- time, faults, log ------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        """Stand-in seconds since the world started (the timeline's clock)."""
+        return self.timeline.now()
 
     def record(self, method: str, path: str, route: str) -> None:
         with self.lock:
@@ -145,7 +123,7 @@ class SimState:
         """GPUs of existing nodes + reservations counted against ``metric`` in ``region``."""
         with self.lock:
             used = sum(
-                len(p.nodes) * p.spec.gpus_per_node for p in self.pools.values()
+                len(p.instances) * p.spec.gpus_per_node for p in self.pools.values()
                 if p.spec.region == region and p.spec.quota_metric == metric
             )
             for (zone, _), r in self.reservations.items():
@@ -156,13 +134,13 @@ class SimState:
     def family_usage(self, region: str, family: str) -> float:
         with self.lock:
             return float(sum(
-                len(p.nodes) * p.spec.gpus_per_node for p in self.pools.values()
+                len(p.instances) * p.spec.gpus_per_node for p in self.pools.values()
                 if p.spec.region == region and accelerators.get(p.spec.accelerator).gcp_gpu_family == family
             ))
 
     def all_regions_usage(self) -> float:
         with self.lock:
-            nodes = sum(len(p.nodes) * p.spec.gpus_per_node for p in self.pools.values())
+            nodes = sum(len(p.instances) * p.spec.gpus_per_node for p in self.pools.values())
             return float(nodes + sum(r["_gpus"] for r in self.reservations.values()))
 
     def quota_check(self, region: str, metric: str, family: str | None, extra: float) -> SimHttpError | None:
@@ -182,7 +160,9 @@ class SimState:
         return None
 
     def stockout(self, zone: str, accelerator: str) -> dict[str, Any] | None:
-        t = self.elapsed()
+        """The stockout error item when ``zone`` has no ``accelerator`` stock now (windows are in
+        real-world seconds since the world started), else None."""
+        t = expand(self.elapsed())
         for s in self.scenario.stockouts:
             if s.zone == zone and s.active(t, accelerator):
                 return shapes.stockout_item(zone, self.scenario.project, s.with_details)
@@ -190,94 +170,124 @@ class SimState:
 
     # ---- node pools -------------------------------------------------------------------------
     def set_size(self, location: str, cluster: str, name: str, count: int) -> dict[str, Any]:
-        """GKE nodePools.setSize. Returns the Operation JSON.
+        """GKE nodePools.setSize. Returns the Operation JSON (PENDING); the MIG's target changes when
+        it turns RUNNING, and it is DONE ``operations.set_size_s`` later, whatever the VMs do.
 
         Raises: SimHttpError (404 unknown pool, 400 bad count / running operation, 403 quota).
         """
         p = self.pool(location, cluster, name)
         project = self.scenario.project
         target = f"{shapes.CONTAINER}/projects/{project}/locations/{location}/clusters/{cluster}/nodePools/{name}"
+        ops = self.scenario.world.operations
         with self.lock:
             if count < 0 or count > p.spec.max_nodes:
                 raise shapes.http_error(
                     400, f"nodeCount {count} is outside [0, {p.spec.max_nodes}] for node pool {name}.")
             if p.running_op:
-                raise shapes.http_error(
-                    400, f"Operation {p.running_op} is currently operating on node pool {name}. "
-                    "Please wait and try again once it is done.", reason="conditionNotMet")
+                raise operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
-            self.gke_ops[op["name"]] = op
-            delta = count - len(p.nodes)
+            delta = count - len(p.instances)
             if delta > 0:
                 acc = accelerators.get(p.spec.accelerator)
                 err = self.quota_check(p.spec.region, p.spec.quota_metric, acc.gcp_gpu_family,
                                        float(delta * p.spec.gpus_per_node))
                 if err is not None:
-                    del self.gke_ops[op["name"]]
                     raise err
                 item = self.stockout(p.spec.zone, p.spec.accelerator)
-                if item is not None:
+                if item is not None:  # no stock at all right now: GKE fails the operation at once
+                    self.gke_ops[op["name"]] = op
                     shapes.fail_container_operation(op, 503, [item])
                     return dict(op)
-            p.target = count
+            op["status"] = "PENDING"
+            self.gke_ops[op["name"]] = op
             p.running_op = op["name"]
-            self.op_exec.submit(self._converge, p, op)
+            asked_at, run_s = self.timeline.now(), compress(ops.set_size_s)
+
+            def running() -> list[Callable[[], None]]:
+                op["status"] = "RUNNING"
+                actions: list[Callable[[], None]] = []
+                if count > len(p.instances):
+                    self.world.add(p, count - len(p.instances), asked_at, run_s)
+                else:
+                    actions = self.world.remove(p, len(p.instances) - count)
+                self.world.later(run_s, done)
+                return actions
+
+            def done() -> list[Callable[[], None]]:
+                shapes.finish_container_operation(op)
+                p.running_op = ""
+                return []
+
+            self.world.later(compress(ops.pending_s), running)
             return dict(op)
 
-    def _converge(self, p: PoolRuntime, op: dict[str, Any]) -> None:
-        try:
-            delta = p.target - len(p.nodes)
-            if delta > 0:
-                self._grow(p, delta)
-            elif delta < 0:
-                with self.lock:
-                    victims = p.nodes[delta:]
-                self._shrink(p, victims)
-            with self.lock:
-                shapes.finish_container_operation(op)
-        except Exception as exc:  # noqa: BLE001 - surfaced in the Operation, like GKE does
-            log.exception("setSize %s failed", p.spec.name)
-            with self.lock:
-                shapes.fail_container_operation(op, 500, [{"code": "INTERNAL_ERROR", "message": str(exc)}])
-        finally:
-            with self.lock:
+    def delete_instances(self, zone: str, igm: str, names: list[str]) -> dict[str, Any]:
+        """Compute instanceGroupManagers.deleteInstances: remove specific VMs, shrinking the target.
+        The Compute Operation goes PENDING -> RUNNING (target shrinks, VMs deleting) -> DONE (gone).
+
+        Raises: SimHttpError (404 unknown group, 400 a name that is not in the group, 400
+        resourceNotReady while another operation changes the group).
+        """
+        s = self.scenario
+        p = self._igm_pool(zone, igm)
+        victims = [n.rsplit("/", 1)[-1] for n in names]
+        path = f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}"
+        ops = s.world.operations
+        with self.lock:
+            missing = [v for v in victims if v not in p.instances]
+            if missing:
+                raise shapes.http_error(400, f"Instances {missing} are not members of {igm}.", reason="invalid")
+            if p.running_op:
+                raise shapes.http_error(400, f"The resource '{path}' is not ready", reason="resourceNotReady")
+            op = shapes.compute_operation(s.project, zone, "compute.instanceGroupManagers.deleteInstances",
+                                          f"{shapes.COMPUTE}/{path}")
+            for k in ("startTime", "endTime"):
+                op.pop(k, None)
+            op.update(status="PENDING", progress=0)
+            self.compute_ops[op["name"]] = op
+            p.running_op = op["name"]
+            marked: list[Instance] = []
+
+            def running() -> list[Callable[[], None]]:
+                op.update(status="RUNNING", startTime=shapes.now_rfc3339())
+                for v in victims:
+                    inst = p.instances.get(v)
+                    if inst is not None:
+                        inst.state = DELETING
+                        inst.gen += 1
+                        marked.append(inst)
+                p.target = len(p.instances) - len(marked)
+                self.world.later(compress(ops.delete_instances_s), done)
+                return []
+
+            def done() -> list[Callable[[], None]]:
+                actions: list[Callable[[], None]] = []
+                for inst in marked:
+                    if p.instances.get(inst.name) is inst:
+                        actions += self.world.drop(p, inst)
+                p.target = len(p.instances)
+                op.update(status="DONE", progress=100, endTime=shapes.now_rfc3339())
                 p.running_op = ""
+                return actions
 
-    def _grow(self, p: PoolRuntime, n: int) -> None:
-        requested = time.monotonic()  # boot latency runs from the request, as a VM's does
+            self.world.later(compress(ops.pending_s), running)
+            return dict(op)
+
+    def _igm_pool(self, zone: str, igm: str) -> PoolRuntime:
+        s = self.scenario
+        for p in self.pools.values():
+            if p.spec.zone == zone and igm_name(s.cluster, p) == igm:
+                return p
+        raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}")
+
+    def igm_errors(self, zone: str, igm: str) -> list[dict[str, Any]]:
+        """instanceGroupManagers.listErrors items, oldest first: one per failed VM creation/recreation.
+
+        Raises: SimHttpError 404 for an unknown group.
+        """
+        p = self._igm_pool(zone, igm)
         with self.lock:
-            names, delays = [], []
-            for _ in range(n):
-                names.append(f"gke-{self.scenario.cluster}-{p.spec.name}-{p.next_index:04d}")
-                delays.append(round(p.spec.boot.sample(p.rng), 3))
-                p.next_index += 1
-            p.target = max(p.target, len(p.nodes) + n)
-        def create(name: str, delay: float) -> None:
-            # Registering the Node object itself takes time here (API calls); that time is part of the
-            # sampled boot latency, not added to it: the node turns Ready at request + delay.
-            left = max(0.0, delay - (time.monotonic() - requested))
-            self.backend.create(p.spec, self.scenario.cluster, name, round(left, 3), sampled_s=delay)
-
-        futures = [self.pool_exec.submit(create, name, delay) for name, delay in zip(names, delays, strict=True)]
-        errors = []
-        for name, fut in zip(names, futures, strict=True):
-            try:
-                fut.result()
-                with self.lock:
-                    p.nodes.append(name)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"{name}: {exc}")
-        if errors:
-            raise RuntimeError(f"{len(errors)} node(s) failed to register: {errors[0]}")
-
-    def _shrink(self, p: PoolRuntime, victims: list[str]) -> None:
-        futures = [self.pool_exec.submit(self.backend.delete, name) for name in victims]
-        for fut in futures:
-            fut.result()
-        with self.lock:
-            for name in victims:
-                if name in p.nodes:
-                    p.nodes.remove(name)
+            return [dict(e) for e in p.errors]
 
     def node_pool_json(self, p: PoolRuntime, location: str, cluster: str) -> dict[str, Any]:
         s = self.scenario
@@ -296,7 +306,7 @@ class SimState:
             },
             "initialNodeCount": p.spec.initial_size,
             "locations": [p.spec.zone],
-            "autoscaling": {"enabled": False, "maxNodeCount": p.spec.max_nodes, "totalMaxNodeCount": p.spec.max_nodes},
+            "autoscaling": autoscaling_json(p.spec),
             "selfLink": f"{base}/nodePools/{p.spec.name}",
             "instanceGroupUrls": [
                 f"{shapes.COMPUTE}/projects/{s.project}/zones/{p.spec.zone}/instanceGroupManagers/{igm_name(cluster, p)}"
@@ -306,69 +316,97 @@ class SimState:
         }
 
     def igm_json(self, zone: str, name: str) -> dict[str, Any]:
-        """Compute instanceGroupManagers.get for a pool's managed instance group (targetSize)."""
+        """Compute instanceGroupManagers.get: targetSize, currentActions, status.isStable."""
         s = self.scenario
-        for p in self.pools.values():
-            if p.spec.zone == zone and igm_name(s.cluster, p) == name:
-                with self.lock:
-                    creating = max(0, p.target - len(p.nodes))
-                    return {
-                        "kind": "compute#instanceGroupManager", "id": shapes.next_id(), "name": name,
-                        "zone": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}",
-                        "baseInstanceName": f"gke-{s.cluster}-{p.spec.name}", "targetSize": p.target,
-                        "currentActions": {"creating": creating, "none": len(p.nodes)},
-                        "status": {"isStable": not p.running_op},
-                        "selfLink": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}/instanceGroupManagers/{name}",
-                    }
-        raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{name}")
-
-    def delete_instances(self, zone: str, igm: str, names: list[str]) -> dict[str, Any]:
-        """Compute instanceGroupManagers.deleteInstances: remove specific nodes, shrinking the target.
-
-        Raises: SimHttpError (404 unknown group, 400 a name that is not in the group).
-        """
-        s = self.scenario
-        p = next((x for x in self.pools.values() if x.spec.zone == zone and igm_name(s.cluster, x) == igm), None)
-        if p is None:
-            raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}")
-        victims = [n.rsplit("/", 1)[-1] for n in names]
+        p = self._igm_pool(zone, name)
         with self.lock:
-            missing = [v for v in victims if v not in p.nodes]
-            if missing:
-                raise shapes.http_error(400, f"Instances {missing} are not members of {igm}.", reason="invalid")
-            p.target = max(0, p.target - len(victims))
-        self._shrink(p, victims)
-        target = f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}"
-        op = shapes.compute_operation(s.project, zone, "compute.instanceGroupManagers.deleteInstances", target)
-        with self.lock:
-            self.compute_ops[op["name"]] = op
-        return op
+            actions = {
+                "creating": p.count(CREATING, BOOTING, recreate=False),
+                "recreating": p.count(CREATING, BOOTING, recreate=True),
+                "deleting": p.count(DELETING), "none": p.count(RUNNING, NOTICE),
+                "abandoning": 0, "creatingWithoutRetries": 0, "refreshing": 0, "restarting": 0,
+                "resuming": 0, "starting": 0, "stopping": 0, "suspending": 0, "verifying": 0,
+            }
+            stable = not p.running_op and actions["none"] == len(p.instances)
+            return {
+                "kind": "compute#instanceGroupManager", "id": shapes.next_id(), "name": name,
+                "zone": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}",
+                "baseInstanceName": f"gke-{s.cluster}-{p.spec.name}", "targetSize": p.target,
+                "currentActions": actions, "status": {"isStable": stable},
+                "selfLink": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}/instanceGroupManagers/{name}",
+            }
 
     # ---- preemption -------------------------------------------------------------------------
     def preempt(self, node: str) -> dict[str, Any]:
-        """Reclaim one spot node: taint, evict its pods, delete it, shrink its pool by one.
+        """Reclaim one spot VM, returning at once: its Node is tainted and shut down now, deleted
+        after the notice; the MIG keeps its target and recreates the VM (GCE: same name).
 
-        Raises: SimHttpError 404 when no pool owns ``node``.
+        Raises: SimHttpError 404 when no running node of a simulated pool has that name.
         """
         with self.lock:
-            owner = next((p for p in self.pools.values() if node in p.nodes), None)
-            if owner is None:
-                raise shapes.http_error(404, f"node {node} is not owned by any simulated node pool")
-            owner.nodes.remove(node)
-            owner.target = max(0, owner.target - 1)
-        self.backend.preempt(node)
-        with self.lock:
-            self.preempted.append(node)
-        return {"node": node, "pool": owner.spec.name, "poolSize": owner.target}
+            for p in self.pools.values():
+                inst = p.instances.get(node)
+                if inst is not None and inst.node and inst.state in (RUNNING, NOTICE):
+                    break
+            else:
+                raise shapes.http_error(404, f"node {node} is not a running node of any simulated node pool")
+            if inst.state == RUNNING:
+                inst.deadline = self.world.preempt(p, inst)
+                self.preempted.append(node)
+            left = max(0.0, inst.deadline - self.timeline.now())
+            deadline = datetime.now(timezone.utc) + timedelta(seconds=left)
+            return {"node": node, "pool": p.spec.name, "poolSize": p.target,
+                    "noticeS": round(left, 3), "deadline": deadline.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
 
     def preempt_pool(self, pool: str, count: int) -> list[str]:
+        """Reclaim the ``count`` newest running nodes of ``pool``. Raises: KeyError for an unknown pool."""
         with self.lock:
-            victims = list(reversed(self.pools[pool].nodes))[:count]
-        return [self.preempt(n)["node"] for n in victims]
+            p = self.pools[pool]
+            victims = [i.name for i in reversed(list(p.instances.values())) if i.state == RUNNING and i.node]
+        return [self.preempt(n)["node"] for n in victims[:count]]
+
+    def node_exists(self, node: str) -> bool:
+        with self.lock:
+            return any((i := p.instances.get(node)) is not None and i.node for p in self.pools.values())
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (checked after every world event), at most ``timeout`` s."""
+        end = time.monotonic() + timeout
+        with self.timeline.changed:
+            while not predicate():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.timeline.changed.wait(min(left, 0.2))
+        return True
+
+    def wait_node_gone(self, node: str, timeout: float = 30.0) -> bool:
+        """Wall-clock worlds: wait until ``node``'s Node was deleted (e.g. after a preemption notice)."""
+        return self.wait_until(lambda: not self.node_exists(node), timeout)
 
     def shutdown(self) -> None:
-        self.op_exec.shutdown(wait=False, cancel_futures=True)
-        self.pool_exec.shutdown(wait=False, cancel_futures=True)
+        self.timeline.stop()
+
+
+def operation_in_progress(op_name: str, pool: str) -> SimHttpError:
+    """GKE's refusal of a second mutation of a node pool while an operation runs on it."""
+    err = shapes.http_error(
+        400, f"Operation {op_name} is currently operating on node pool {pool}. "
+        "Please wait and try again once it is done.", reason="conditionNotMet")
+    err.body["error"]["status"] = "FAILED_PRECONDITION"
+    return err
+
+
+def autoscaling_json(spec: PoolSpec) -> dict[str, Any]:
+    """nodePools.get ``autoscaling``: empty when disabled, per-zone or total limits when enabled."""
+    a = spec.autoscaling
+    if not a.enabled:
+        return {}
+    if a.total:
+        return {"enabled": True, "totalMinNodeCount": a.min_nodes, "totalMaxNodeCount": a.max_nodes,
+                "locationPolicy": "ANY"}
+    return {"enabled": True, "minNodeCount": a.min_nodes, "maxNodeCount": a.max_nodes,
+            "locationPolicy": "BALANCED"}
 
 
 def igm_name(cluster: str, p: PoolRuntime) -> str:

@@ -1,0 +1,158 @@
+"""Scenario parts that set how the stand-in's world behaves in time (docs/sim.md, "World behaviour").
+
+All durations are **real-world seconds**, compressed by :data:`kfp_gpu.sim.clock.TIME_SCALE` when the
+world runs. Defaults follow the providers' documentation and field reports cited in docs/sim.md.
+Also home of the scenario validators (:func:`obj`, :func:`listing`, :func:`num`), shared by
+:mod:`kfp_gpu.sim.scenario`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from kfp_gpu.errors import InvalidSpec
+
+# Real-world seconds from the VM create request to its Node registering (VM create + boot + kubelet).
+# Median per accelerator; lognormal sigma 0.45 gives the long tail field reports show (p99 ~2.8x median).
+BOOT_MEDIAN_S: dict[str, float] = {
+    "t4": 150.0, "l4": 150.0, "a100-40gb": 210.0, "a100-80gb": 210.0, "h100-80gb": 270.0, "h200": 300.0,
+}
+BOOT_SIGMA = 0.45
+NOTICE_S: dict[str, float] = {"gcp": 30.0, "aws": 120.0}  # ACPI soft-off / EC2 spot interruption notice
+
+
+@dataclass(frozen=True)
+class BootLatency:
+    """Real-world seconds from a VM's create request to its Node registering.
+
+    ``dist`` is ``fixed`` or ``lognormal`` (``median_s`` = the median, ``sigma`` = log-space spread).
+    """
+
+    dist: str = "fixed"
+    median_s: float = 1.0
+    sigma: float = 0.0
+    seed: int = 0
+
+    def sampler(self) -> random.Random:
+        return random.Random(self.seed)
+
+    def sample(self, rng: random.Random) -> float:
+        if self.dist == "fixed":
+            return self.median_s
+        return self.median_s * math.exp(rng.gauss(0.0, self.sigma))
+
+
+@dataclass(frozen=True)
+class Operations:
+    """How long GKE/Compute operations take, in real-world seconds: ``pending_s`` PENDING, then
+    RUNNING for ``set_size_s`` (nodePools.setSize) or ``delete_instances_s`` (deleteInstances)."""
+
+    pending_s: float = 3.0
+    set_size_s: float = 20.0
+    delete_instances_s: float = 45.0
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """A node pool's cluster-autoscaler settings, as nodePools.get reports them (no autoscaler runs)."""
+
+    enabled: bool = False
+    min_nodes: int = 0
+    max_nodes: int = 0
+    total: bool = False  # limits given as totalMin/MaxNodeCount instead of per-zone min/maxNodeCount
+
+
+@dataclass(frozen=True)
+class World:
+    """World-level timing: provider flavour, device plugin delay, MIG retry period, preemption notice."""
+
+    cloud: str = "gcp"
+    device_plugin_s: float = 90.0
+    mig_retry_s: float = 60.0
+    notice_s: float = NOTICE_S["gcp"]
+    operations: Operations = field(default_factory=Operations)
+
+
+def default_boot(accelerator: str, pool_name: str) -> BootLatency:
+    """The realistic boot latency of an accelerator's VMs, seeded by the pool name."""
+    return BootLatency("lognormal", BOOT_MEDIAN_S.get(accelerator, 240.0), BOOT_SIGMA,
+                       zlib.crc32(pool_name.encode()) % 10_000)
+
+
+def parse_boot(data: Any, f: str, accelerator: str, pool_name: str) -> BootLatency:
+    """A pool's ``boot:`` block; absent = :func:`default_boot`. Raises: InvalidSpec naming the field."""
+    if data is None:
+        return default_boot(accelerator, pool_name)
+    b = obj(data, f, {"dist", "median_s", "sigma", "seed", "value_s"})
+    base = default_boot(accelerator, pool_name)
+    dist = str(b.get("dist", "lognormal" if "sigma" in b else "fixed"))
+    if dist not in ("fixed", "lognormal"):
+        raise InvalidSpec(f"{f}.dist", dist, "allowed: 'fixed', 'lognormal'")
+    median = num(b.get("median_s", b.get("value_s", base.median_s)), f"{f}.median_s", 0.0)
+    sigma = num(b.get("sigma", base.sigma if dist == "lognormal" else 0.0), f"{f}.sigma", 0.0)
+    return BootLatency(dist, median, sigma, int(num(b.get("seed", base.seed), f"{f}.seed", 0)))
+
+
+def parse_autoscaling(data: Any, f: str, pool_max: int) -> Autoscaling:
+    """A pool's ``autoscaling:`` block. Raises: InvalidSpec naming the field."""
+    if data is None:
+        return Autoscaling()
+    a = obj(data, f, {"enabled", "min_nodes", "max_nodes", "total"})
+    enabled = a.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidSpec(f"{f}.enabled", enabled, "must be true or false")
+    lo = int(num(a.get("min_nodes", 0), f"{f}.min_nodes", 0))
+    hi = int(num(a.get("max_nodes", pool_max), f"{f}.max_nodes", 0))
+    if hi < lo:
+        raise InvalidSpec(f"{f}.max_nodes", hi, f"must be >= min_nodes ({lo})")
+    if hi > pool_max:
+        raise InvalidSpec(f"{f}.max_nodes", hi, f"must be <= the pool's max_nodes ({pool_max})")
+    return Autoscaling(enabled, lo, hi, bool(a.get("total", False)))
+
+
+def parse_world(d: dict[str, Any]) -> World:
+    """The top-level world keys of a scenario. Raises: InvalidSpec naming the field."""
+    cloud = str(d.get("cloud", "gcp"))
+    if cloud not in NOTICE_S:
+        raise InvalidSpec("cloud", cloud, f"allowed: {', '.join(sorted(NOTICE_S))}")
+    pre = obj(d.get("preemption", {}), "preemption", {"notice_s"})
+    o = obj(d.get("operations", {}), "operations", {"pending_s", "set_size_s", "delete_instances_s"})
+    dflt = Operations()
+    ops = Operations(*(num(o.get(k, getattr(dflt, k)), f"operations.{k}", 0.0)
+                       for k in ("pending_s", "set_size_s", "delete_instances_s")))
+    return World(
+        cloud, num(d.get("device_plugin_s", World.device_plugin_s), "device_plugin_s", 0.0),
+        num(d.get("mig_retry_s", World.mig_retry_s), "mig_retry_s", 0.001),
+        num(pre.get("notice_s", NOTICE_S[cloud]), "preemption.notice_s", 0.0), ops,
+    )
+
+
+def obj(data: Any, f: str, keys: set[str] | None = None) -> dict[str, Any]:
+    """``data`` as a mapping with only ``keys``. Raises: InvalidSpec naming ``f`` or the unknown key."""
+    if not isinstance(data, dict):
+        raise InvalidSpec(f, data, "must be a mapping")
+    if keys is not None:
+        for k in data:
+            if k not in keys:
+                raise InvalidSpec(f"{f}.{k}", data[k], f"unknown field; known: {', '.join(sorted(keys))}")
+    return data
+
+
+def listing(data: Any, f: str) -> list[Any]:
+    """Raises: InvalidSpec when ``data`` is not a list."""
+    if not isinstance(data, list):
+        raise InvalidSpec(f, data, "must be a list")
+    return data
+
+
+def num(value: Any, f: str, lo: float) -> float:
+    """Raises: InvalidSpec when ``value`` is not a number >= ``lo``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSpec(f, value, f"must be a number >= {lo:g}")
+    if value < lo:
+        raise InvalidSpec(f, value, f"must be >= {lo:g}")
+    return float(value)
