@@ -118,7 +118,9 @@ class OpStatus(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Operation:
-    """A submitted cloud mutation. ``error`` is set (and classified) when ``status`` is FAILED."""
+    """A submitted cloud mutation. ``error`` is set (and classified) when ``status`` is FAILED, and on a
+    DONE resize that only half-succeeded: a stockout while the group created the VMs is a zone-scoped
+    ``CapacityUnavailable`` whose fields say how many instances run (``running``) of the target."""
 
     id: str
     kind: str  # "resize" | "reserve" | "release" | "quota-request"
@@ -129,6 +131,39 @@ class Operation:
     @property
     def done(self) -> bool:
         return self.status in (OpStatus.DONE, OpStatus.FAILED)
+
+
+@dataclass(frozen=True)
+class PoolError:
+    """One error the pool's instance group hit while creating or recreating a VM (newest last)."""
+
+    code: str  # e.g. ZONE_RESOURCE_POOL_EXHAUSTED, InsufficientInstanceCapacity
+    message: str
+    instance: str = ""
+    action: str = ""  # CREATING | RECREATING (GCE); the scaling activity's cause (AWS)
+    at: float = 0.0  # unix seconds
+
+    @property
+    def stockout(self) -> bool:
+        return self.code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED") or self.code in (
+            "InsufficientInstanceCapacity", "GCE_STOCKOUT")
+
+
+@dataclass(frozen=True)
+class PoolActivity:
+    """What a pool's instance group is doing: ``target`` VMs wanted, ``running`` up, ``creating`` being
+    created or recreated (a preempted spot VM is recreated by the group itself), and recent errors."""
+
+    ref: PoolRef
+    target: int
+    running: int
+    creating: int
+    errors: tuple[PoolError, ...] = ()
+
+    @property
+    def busy(self) -> bool:
+        """The group still works towards ``target`` on its own: do not add capacity for it."""
+        return self.creating > 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +219,15 @@ class CapacityProvider(Protocol):
         """The current state of ``op``; a FAILED op carries its classified error.
 
         Raises: RateLimited, TransientCloudError.
+        """
+        ...
+
+    def pool_activity(self, ref: PoolRef, since: float = 0.0) -> PoolActivity:
+        """What the pool's instance group is doing now: target, running, creating/recreating VMs, and the
+        creation errors (stockouts...) it hit at or after ``since`` (unix seconds; 0 = all it reports).
+        Recovery reads it to avoid adding capacity the group is already recreating.
+
+        Raises: NotFound (no such pool), PermissionDenied, RateLimited, TransientCloudError.
         """
         ...
 

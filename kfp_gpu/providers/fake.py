@@ -41,6 +41,8 @@ from kfp_gpu.providers.base import (
     OpStatus,
     OwnedResource,
     Owner,
+    PoolActivity,
+    PoolError,
     PoolRef,
     PoolState,
     QuotaAmount,
@@ -128,6 +130,7 @@ class FakeProvider:
         self._polls: dict[str, int] = {}
         self._pending_error: dict[str, Exception] = {}
         self._resize_ops: dict[tuple[str, str, PoolRef, int], str] = {}
+        self._resize_from: dict[str, tuple[PoolRef, int]] = {}  # op id -> (pool, size before)
         self._injected: dict[str, list[_Injected]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
@@ -235,6 +238,7 @@ class FakeProvider:
             if growing and ref.zone in self.stockout_zones:
                 self._pending_error[op.id] = _stockout(ref.zone, state)
             if size != state.size:
+                self._resize_from[op.id] = (state.ref, state.size)
                 self.pool_states[state.ref] = replace(state, size=size)
                 self.calls.append(FakeCall(
                     "resize", op.target, {"from": state.size, "to": size, "step": owner.step}, owner.run_id,
@@ -267,6 +271,23 @@ class FakeProvider:
                 cur = replace(cur, status=OpStatus.RUNNING)
             self.operations[op.id] = cur
             return cur
+
+    def pool_activity(self, ref: PoolRef, since: float = 0.0) -> PoolActivity:
+        """The fake has no VMs: a pool is at its target once its resize ops are done; while one is pending
+        the nodes it adds count as creating, and a pending stockout is reported as a creation error.
+
+        Raises: NotFound (no such pool) and anything injected.
+        """
+        self._enter("pool_activity", zone=ref.zone, region=ref.region or region_of(ref.zone))
+        with self._lock:
+            state = self.pool(ref.pool, ref.zone)
+            pending = [(op_id, before) for op_id, (r, before) in self._resize_from.items()
+                       if r == state.ref and not self.operations[op_id].done]
+            running = min([before for _, before in pending] + [state.size])
+            errors = tuple(
+                PoolError("ZONE_RESOURCE_POOL_EXHAUSTED", str(self._pending_error[op_id]), action="CREATING")
+                for op_id, _ in pending if op_id in self._pending_error)
+            return PoolActivity(state.ref, state.size, running, state.size - running, errors)
 
     def complete_all(self) -> None:
         """Finish every pending operation (convenience for tests)."""

@@ -7,11 +7,13 @@ the query dict and the JSON body and returns ``(http status, JSON body)`` or rai
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim import shapes
+from kfp_gpu.sim.api import sim_time_scale
 from kfp_gpu.sim.state import SimState
 
 Handler = Callable[[SimState, "re.Match[str]", dict[str, str], dict[str, Any]], tuple[int, Any]]
@@ -66,7 +68,27 @@ def igm_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]
        "compute.instanceGroupManagers.deleteInstances")
 def igm_delete_instances(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
     st.check_project(m["p"])
-    return 200, st.delete_instances(m["z"], m["igm"], [str(x) for x in b.get("instances") or []])
+    names = [str(x) for x in b.get("instances") or []]
+    if b.get("skipInstancesOnValidationError"):  # members only: already-gone instances are skipped
+        with st.lock:
+            members = {n for p in st.pools.values() for n in p.nodes}
+        names = [n for n in names if n.rsplit("/", 1)[-1] in members]
+    return 200, st.delete_instances(m["z"], m["igm"], names)
+
+
+@route("GET", _C + "/zones/(?P<z>[^/]+)/instanceGroupManagers/(?P<igm>[^/]+)/listErrors",
+       "compute.instanceGroupManagers.listErrors")
+def igm_list_errors(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
+    """instanceGroupManagers.listErrors: ``{"items": [...], "nextPageToken"?}`` (maxResults <= 500)."""
+    st.check_project(m["p"])
+    st.igm_json(m["z"], m["igm"])  # 404 for an unknown group
+    items = st.igm_errors(m["z"], m["igm"])
+    size = int(q.get("maxResults") or 500)
+    start = int(q["pageToken"]) if q.get("pageToken", "").isdigit() else 0
+    out: dict[str, Any] = {"items": items[start:start + size]}
+    if start + size < len(items):
+        out["nextPageToken"] = str(start + size)
+    return 200, out
 
 
 def _reservation_key(st: SimState, m: re.Match[str], name: str) -> tuple[str, str]:
@@ -174,7 +196,13 @@ def compute_op_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[st
 
 @route("POST", _C + "/(?P<kind>zones|regions)/(?P<z>[^/]+)/operations/(?P<op>[^/]+)/wait", "compute.operations.wait")
 def compute_op_wait(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
-    return compute_op_get(st, m, q, b)  # every Compute operation of the stand-in is born DONE
+    """Like get, but returns when the op is DONE or after 2 (compressed) minutes, as Compute does."""
+    deadline = time.monotonic() + 120.0 / sim_time_scale()
+    status, op = compute_op_get(st, m, q, b)
+    while op.get("status") != "DONE" and time.monotonic() < deadline:
+        time.sleep(0.02)
+        status, op = compute_op_get(st, m, q, b)
+    return status, op
 
 
 # ---- GKE -------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import urllib.parse
@@ -22,6 +23,7 @@ from typing import Any
 
 from kfp_gpu.sim import routes
 from kfp_gpu.sim import scenario as scenario_mod
+from kfp_gpu.sim.api import ApiGate, backend_error, project_of
 from kfp_gpu.sim.scenario import Scenario
 from kfp_gpu.sim.shapes import SimHttpError, http_error
 from kfp_gpu.sim.state import NodeBackend, SimState
@@ -57,11 +59,12 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         if not path.startswith("/sim/") and sim.state.scenario.api_latency_ms:
             time.sleep(sim.state.scenario.api_latency_ms / 1000.0)
+        headers: dict[str, str] = {}
         try:
             body = json.loads(raw) if raw.strip() else {}
             status, payload = sim.handle(method, path, query, body if isinstance(body, dict) else {})
         except SimHttpError as exc:
-            status, payload = exc.status, exc.body
+            status, payload, headers = exc.status, exc.body, exc.headers
         except ValueError as exc:
             status, payload = 400, http_error(400, f"Invalid JSON payload received. {exc}").body
         except Exception as exc:  # noqa: BLE001 - a stand-in bug must still answer, as a 500
@@ -71,6 +74,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -116,6 +121,8 @@ class SimServer:
         self.backend = backend
         self.host, self.port = host, port
         self.state = SimState(self.scenario, backend)
+        self.gate = ApiGate(self.scenario.api)
+        self._request_ids: dict[tuple[str, str], Any] = {}  # Compute requestId -> first answer
         self._httpd: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -186,6 +193,8 @@ class SimServer:
                     old.backend.delete(name)
         old.shutdown()
         self.state = SimState(self.scenario, self.backend)
+        self.gate = ApiGate(self.scenario.api)
+        self._request_ids.clear()
 
     def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
         if path == "/sim/v1/reset" and method == "POST":
@@ -198,12 +207,43 @@ class SimServer:
             if match is None:
                 continue
             self.state.record(method, path, name)
-            fault = self.state.injected_fault(method, path)
-            if fault is not None:
-                raise fault
-            return fn(self.state, match, query, body)
+            return self._answer(method, path, name, fn, match, query, body)
         self.state.record(method, path, "unrouted")
         raise http_error(404, f"The stand-in does not implement {method} {path}", reason="notFound")
+
+    def _answer(self, method: str, path: str, name: str, fn: routes.Handler, match: re.Match[str],
+                query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
+        """The API layer around one routed request: budget, scenario faults, seeded 5xx, requestId.
+
+        Raises: SimHttpError (the refusal or fault Google would answer).
+        """
+        refusal = self.gate.admit(path)
+        if refusal is not None:
+            raise refusal
+        fault = self.state.injected_fault(method, path)
+        if fault is not None:
+            raise fault
+        mutation = method != "GET" and not name.endswith(".wait") and not name.startswith("sim.")
+        five = self.gate.fault(name)
+        if five is not None and not (mutation and five[1]):
+            self.gate.record("5xxBeforeEffect")
+            raise backend_error(five[0])
+        # Compute dedups a mutation retried with the same requestId: the first answer comes back
+        key = (project_of(path), query.get("requestId", "")) if mutation and path.startswith("/compute/") else None
+        if key is not None and key[1]:
+            with self.state.lock:
+                if key in self._request_ids:
+                    return 200, self._request_ids[key]
+        status, payload = fn(self.state, match, query, body)
+        if key is not None and key[1] and status == 200:
+            with self.state.lock:
+                self._request_ids[key] = payload
+        if five is not None:  # a mutation whose answer was lost after it took effect
+            self.gate.record("5xxAfterEffect")
+            raise backend_error(five[0])
+        if name == "sim.requests" and isinstance(payload, dict):
+            payload["api"] = self.gate.snapshot()
+        return status, payload
 
     def _schedule_preemptions(self) -> None:
         for ev in self.scenario.preemptions:

@@ -44,6 +44,7 @@ class SimHttpError(Exception):
         super().__init__(f"HTTP {status}: {body.get('error', {}).get('message', '')}")
         self.status = status
         self.body = body
+        self.headers: dict[str, str] = {}  # extra response headers (Retry-After)
 
 
 def now_rfc3339() -> str:

@@ -33,10 +33,12 @@ from kfp_gpu.providers.base import (
     Operation,
     OpStatus,
     Owner,
+    PoolActivity,
     PoolRef,
     PoolState,
     QuotaAmount,
 )
+from kfp_gpu.providers.eks import activity
 from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
 from kfp_gpu.providers.eks.reservations import CR_STATUS, ReservationsMixin, token
 
@@ -321,6 +323,14 @@ class EksProvider(ReservationsMixin):
         upd = resp.get("update", {})
         status = {"Failed": OpStatus.FAILED, "Successful": OpStatus.RUNNING}.get(upd.get("status"), OpStatus.PENDING)
         return Operation(f"{region}|{ref.pool}|{size}|{upd.get('id', '')}", "resize", target, status)
+
+    def pool_activity(self, ref: PoolRef, since: float = 0.0) -> PoolActivity:
+        """Best effort, from the node group's Auto Scaling group: DesiredCapacity, InService instances,
+        and failed scaling activities at or after ``since`` (see :mod:`kfp_gpu.providers.eks.activity`).
+
+        Raises: NotFound, PermissionDenied, RateLimited, TransientCloudError.
+        """
+        return activity.pool_activity(self, ref, since)
 
     def operation(self, op: Operation) -> Operation:
         """Poll a resize (node group status + health issues) or a reservation (its state).

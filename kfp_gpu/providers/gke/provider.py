@@ -3,8 +3,12 @@
 google.cloud / google.auth are imported lazily, inside methods, so ``import kfp_gpu`` never needs
 them. Every SDK call goes through :meth:`GkeProvider._call`, which turns exceptions into
 classified :class:`~kfp_gpu.errors.KfpGpuError` via :mod:`kfp_gpu.providers.gke.classify`.
-Client-side retries are disabled (``retry=None``): back-off is kfp-gpu's decision, driven by
-``transient``.
+Client-side retries are disabled (``retry=None``); instead every call goes through the one retry loop,
+:func:`kfp_gpu.retry.call`: transient errors (429/403 rate limits, 5xx, GKE's "operation in progress")
+are retried with jittered back-off, never before the server's ``Retry-After``, within ``retry``
+(a :class:`~kfp_gpu.retry.RetryPolicy`); what remains is raised classified. Reads retry, and so do the
+mutations that are idempotent: setSize (an absolute size), deleteInstances of named instances (Compute
+``requestId`` + ``skipInstancesOnValidationError``) and reservation insert/delete (``requestId``).
 """
 
 from __future__ import annotations
@@ -17,18 +21,22 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kfp_gpu import accelerators
-from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
+from kfp_gpu import retry as retry_mod
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied, TransientCloudError
 from kfp_gpu.providers.base import (
     Operation,
     OpStatus,
     OwnedResource,
     Owner,
+    PoolActivity,
     PoolRef,
     PoolState,
     QuotaAmount,
     ReservationRequest,
 )
+from kfp_gpu.providers.gke import activity
 from kfp_gpu.providers.gke import classify as cl
+from kfp_gpu.providers.gke import pools as pools_mod
 from kfp_gpu.providers.gke import quota as quota_mod
 from kfp_gpu.providers.gke import reservations as res_mod
 
@@ -50,6 +58,7 @@ class GkeProvider:
             for a plain ``http://`` endpoint (the local stand-in), which gets AnonymousCredentials
             so real tokens never travel unencrypted.
         timeout: per-call timeout, seconds.
+        retry: bounds of the retry loop around every call (attempts, total seconds, back-off).
     """
 
     name = "gke"
@@ -63,11 +72,14 @@ class GkeProvider:
         endpoint: str = "",
         credentials: Any = None,
         timeout: float = 30.0,
+        retry: retry_mod.RetryPolicy | None = None,
     ) -> None:
         self.project, self.location, self.cluster = project, location, cluster
         self.endpoint = endpoint.rstrip("/")
         self._credentials = credentials
         self.timeout = timeout
+        self.retry = retry or retry_mod.RetryPolicy()
+        self._igms: dict[tuple[str, str], str] = {}  # (pool, zone) -> instance group name
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._resizes: dict[tuple[str, str], tuple[int, Operation, Owner]] = {}
@@ -142,18 +154,26 @@ class GkeProvider:
         with self._lock:
             return self._clients.setdefault(kind, c)
 
-    def _call(self, kind: str, method: str, *, at_zone: str = "", at_region: str = "", **kwargs: Any) -> Any:
-        """Call ``client(kind).method(**kwargs)`` with no client retry; classify failures.
+    def _call(self, kind: str, method: str, *, at_zone: str = "", at_region: str = "", once: bool = False,
+              **kwargs: Any) -> Any:
+        """Call ``client(kind).method(**kwargs)`` through the retry loop (no client retry; ``once``: a single
+        attempt, for callers that retry themselves); classify failures.
 
-        Raises: KfpGpuError (classified).
+        Only reads and idempotent mutations come here (see the module docstring).
+
+        Raises: KfpGpuError (classified), after the retry bound for transient ones.
         """
         fn: Callable[..., Any] = getattr(self.client(kind), method)
-        try:
-            return fn(retry=None, timeout=self.timeout, **kwargs)
-        except KfpGpuError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - everything leaving a provider is classified
-            raise self.classify(exc, zone=at_zone, region=at_region) from exc
+
+        def attempt() -> Any:
+            try:
+                return fn(retry=None, timeout=self.timeout, **kwargs)
+            except KfpGpuError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - everything leaving a provider is classified
+                raise self.classify(exc, zone=at_zone, region=at_region) from exc
+
+        return attempt() if once else retry_mod.call(attempt, policy=self.retry, what=f"{kind}.{method}")
 
     def parallel(self, fns: Sequence[Callable[[], T]]) -> list[T | KfpGpuError]:
         """Run ``fns`` concurrently; a KfpGpuError is returned in place of its result."""
@@ -172,6 +192,15 @@ class GkeProvider:
         """Map a raw SDK exception to a KfpGpuError via the tables in ``classify``."""
         if isinstance(exc, KfpGpuError):
             return exc
+        err = self._classify(exc, zone=zone, region=region)
+        response = getattr(exc, "response", None)  # the requests.Response of a REST-transport error
+        headers = getattr(response, "headers", None)
+        wait = retry_mod.parse_retry_after(headers.get("Retry-After") if headers is not None else None)
+        if wait is not None and isinstance(err, KfpGpuError):
+            err.fields["retry_after_s"] = wait
+        return err
+
+    def _classify(self, exc: BaseException, *, zone: str, region: str) -> Exception:
         from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 
         if isinstance(exc, (DefaultCredentialsError, RefreshError)):
@@ -182,8 +211,6 @@ class GkeProvider:
         if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
             "requests"
         ):
-            from kfp_gpu.errors import TransientCloudError
-
             where = self.endpoint or "the Google APIs"
             return TransientCloudError(f"cannot reach {where}: {exc}", remediation="retry; check network/endpoint")
         return cl.classify_fault(cl.fault_from_exception(exc), zone=zone, region=region)
@@ -267,8 +294,7 @@ class GkeProvider:
         Raises: NotFound (no such pool / zone), PermissionDenied, RateLimited, TransientCloudError.
         """
         region = ref.region or ref.zone.rsplit("-", 1)[0]
-        np = self._call("container", "get_node_pool", at_zone=ref.zone,
-                        name=f"{self.cluster_path}/nodePools/{ref.pool}")
+        np = self.node_pool(ref)
         zones = list(np.locations)
         if zones and ref.zone not in zones:
             raise NotFound(f"node pool {ref.pool} has no nodes in zone {ref.zone} (its zones: {zones})",
@@ -280,6 +306,34 @@ class GkeProvider:
             raise InvalidSpec("pool", ref.pool, "has no GPUs (config.accelerators is empty)")
         url = next((u for u in np.instance_group_urls if f"/zones/{ref.zone}/" in u), "")
         return self._pool_state(np, ref.zone, region, self._target_size(np, url))
+
+    def node_pool(self, ref: PoolRef) -> Any:
+        """nodePools.get of ``ref.pool`` (container_v1.NodePool).
+
+        Raises: NotFound naming the pool and listing the cluster's pools, PermissionDenied, RateLimited,
+        TransientCloudError.
+        """
+        return pools_mod.node_pool(self, ref)
+
+    def delete_nodes(self, ref: PoolRef, nodes: Sequence[str]) -> Operation:
+        """Remove specific nodes (VMs) of ``ref``, shrinking the pool by that many (Compute
+        instanceGroupManagers.deleteInstances, as cluster-autoscaler does). For rollbacks that must
+        remove exactly the nodes a run added; idempotent (requestId, already-gone instances skipped).
+        Not part of the CapacityProvider protocol.
+
+        Raises: NotFound (listing the cluster's pools), PermissionDenied (compute.instanceGroupManagers.update),
+        RateLimited, TransientCloudError, CloudError.
+        """
+        return pools_mod.delete_nodes(self, ref, nodes)
+
+    def pool_activity(self, ref: PoolRef, since: float = 0.0) -> PoolActivity:
+        """What the pool's managed instance group is doing: targetSize, running VMs (currentActions.none),
+        VMs being created or recreated (a preempted spot VM is recreated by the group), and the errors of
+        listErrors at or after ``since`` (unix seconds).
+
+        Raises: NotFound (no such pool, listing the pools), PermissionDenied, RateLimited, TransientCloudError.
+        """
+        return activity.pool_activity(self, ref, since)
 
     def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
         """Set the node count of ``ref`` (nodePools.setSize); idempotent on the absolute size.
@@ -305,49 +359,19 @@ class GkeProvider:
                 return prev[1]
             op = Operation(f"noop:{ref.pool}:{ref.zone}:{size}", "resize", f"{ref.pool}/{ref.zone}", OpStatus.DONE)
         else:
-            from google.cloud import container_v1
-
-            req = container_v1.SetNodePoolSizeRequest(
-                name=f"{self.cluster_path}/nodePools/{ref.pool}", node_count=size)
-            raw = self._call("container", "set_node_pool_size", at_zone=ref.zone, at_region=state.ref.region,
-                             request=req)
-            op = self._gke_op(raw, f"{ref.pool}/{ref.zone}", ref.zone, state.ref.region)
+            op = pools_mod.set_size(self, ref, size)
         with self._lock:
             self._resizes[key] = (size, op, owner)
         if op.status is OpStatus.FAILED and op.error is not None:
             raise op.error
         return op
 
-    def delete_nodes(self, ref: PoolRef, nodes: Sequence[str]) -> Operation:
-        """Remove specific nodes (VMs) of ``ref``, shrinking the pool by that many (Compute
-        instanceGroupManagers.deleteInstances, as cluster-autoscaler does). For rollbacks that must
-        remove exactly the nodes a run added. Not part of the CapacityProvider protocol.
-
-        Raises: NotFound, PermissionDenied (compute.instanceGroupManagers.update), RateLimited,
-        TransientCloudError, CloudError.
-        """
-        np = self._call("container", "get_node_pool", at_zone=ref.zone,
-                        name=f"{self.cluster_path}/nodePools/{ref.pool}")
-        url = next((u for u in np.instance_group_urls if f"/zones/{ref.zone}/" in u), "")
-        if not url:
-            raise NotFound(f"node pool {ref.pool} has no instance group in {ref.zone}", zone=ref.zone)
-        from google.cloud import compute_v1
-
-        body = compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-            instances=[f"zones/{ref.zone}/instances/{n}" for n in nodes])
-        raw = self._call("igm", "delete_instances_unary", at_zone=ref.zone, project=self.project, zone=ref.zone,
-                         instance_group_manager=url.rsplit("/", 1)[-1],
-                         instance_group_managers_delete_instances_request_resource=body)
-        with self._lock:
-            self._resizes.pop((ref.pool, ref.zone), None)  # the size changed under any cached resize
-        op = res_mod.compute_op(raw, "delete-nodes", f"{ref.pool}/{ref.zone}", ref.zone)
-        if op.status is OpStatus.FAILED and op.error is not None:
-            raise op.error
-        return op
-
     def operation(self, op: Operation) -> Operation:
         """Poll ``op``; a FAILED result carries its classified error (checked from error,
-        statusMessage and node pool conditions, not only status).
+        statusMessage and node pool conditions, not only status). A resize that finished DONE is
+        checked against the instance group's listErrors since the operation started: a stockout there
+        comes back as a DONE Operation whose ``error`` is a zone-scoped CapacityUnavailable saying how
+        many instances run (partial success; the group keeps retrying the rest).
 
         Raises: RateLimited, TransientCloudError, PermissionDenied.
         """
@@ -359,6 +383,11 @@ class GkeProvider:
                              name=f"projects/{self.project}/locations/{loc}/operations/{name}")
             zone = op.target.split("/", 1)[1] if "/" in op.target else ""
             new = self._gke_op(raw, op.target, zone, zone.rsplit("-", 1)[0])
+            if new.status is OpStatus.DONE and new.error is None and zone:
+                ref = PoolRef(op.target.split("/", 1)[0], zone, zone.rsplit("-", 1)[0])
+                err = activity.partial_stockout(self, ref, activity.unix(str(raw.start_time)), self._target(op))
+                if err is not None:
+                    new = Operation(new.id, new.kind, new.target, OpStatus.DONE, err)
             with self._lock:
                 for key, (size, cached, owner) in list(self._resizes.items()):
                     if cached.id == op.id:
@@ -366,6 +395,10 @@ class GkeProvider:
             return new
         raw = self._call("zone_ops", "get", at_zone=loc, project=self.project, zone=loc, operation=name)
         return res_mod.compute_op(raw, op.kind, op.target, loc)
+
+    def _target(self, op: Operation) -> int:
+        with self._lock:
+            return next((size for size, cached, _ in self._resizes.values() if cached.id == op.id), -1)
 
     def _gke_op(self, raw: Any, target: str, zone: str, region: str) -> Operation:
         loc = str(raw.location or raw.zone or self.location)

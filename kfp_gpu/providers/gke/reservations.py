@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators
@@ -107,8 +108,9 @@ def reserve(p: GkeProvider, req: ReservationRequest, owner: Owner) -> Operation:
             ),
         ),
     )
-    raw = p._call("reservations", "insert_unary", at_zone=req.zone, at_region=region, project=p.project,
-                  zone=req.zone, reservation_resource=body)
+    raw = p._call("reservations", "insert_unary", at_zone=req.zone, at_region=region,  # a retry dedups on requestId
+                  request=compute_v1.InsertReservationRequest(project=p.project, zone=req.zone,
+                                                              reservation_resource=body, request_id=str(uuid.uuid4())))
     op = compute_op(raw, "reserve", target, req.zone)
     if op.status is OpStatus.FAILED and op.error is not None:
         raise op.error
@@ -143,8 +145,11 @@ def release(p: GkeProvider, run_id: str) -> list[str]:
     deleted = []
     for res in list_owned(p, run_id):
         try:
-            raw = p._call("reservations", "delete_unary", at_zone=res.location, project=p.project,
-                          zone=res.location, reservation=res.name)
+            from google.cloud import compute_v1
+
+            raw = p._call("reservations", "delete_unary", at_zone=res.location,
+                          request=compute_v1.DeleteReservationRequest(project=p.project, zone=res.location,
+                                                                      reservation=res.name, request_id=str(uuid.uuid4())))
         except NotFound:
             continue
         op = compute_op(raw, "release", f"{res.location}/{res.name}", res.location)
