@@ -95,9 +95,11 @@ def labels_of(node: Node) -> dict[str, str]:
     return dict((node.get("metadata") or {}).get("labels") or {})
 
 
-def list_nodes(api: client.ApiClient, selector: str = "") -> tuple[list[Node], str]:
-    """Nodes matching ``selector`` and the list's resourceVersion (to start a watch without gaps)."""
-    resp = client.CoreV1Api(api).list_node(label_selector=selector or None, _preload_content=False)
+def list_nodes(api: client.ApiClient, selector: str = "", *, field_selector: str = "") -> tuple[list[Node], str]:
+    """Nodes matching ``selector`` (and ``field_selector``) and the list's resourceVersion (to start a watch
+    without gaps)."""
+    resp = client.CoreV1Api(api).list_node(label_selector=selector or None, field_selector=field_selector or None,
+                                           _preload_content=False)
     data = json.loads(resp.data)
     return list(data.get("items") or []), str((data.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -182,19 +184,18 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
     (returns False).
 
     The taint list is replaced whole, so the patch is conditional on the ``resourceVersion`` read and retried
-    on a conflict: a taint another actor added in between (a shutdown notice) is kept.
+    on a conflict: a taint another actor added in between (a shutdown notice) is kept. The node is read by a
+    by-name list, so ``list`` + ``patch`` on nodes is all it needs (the janitor's RBAC).
 
     Raises:
         ApiException: any API error other than 404, or a conflict on every attempt.
     """
     core = client.CoreV1Api(api)
     for attempt in range(attempts):
-        try:
-            node = _read(core, name)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+        found, _ = list_nodes(api, field_selector=f"metadata.name={name}")
+        if not found:
+            return False
+        node = found[0]
         taints = _taints(node)
         body: dict[str, Any] = {"metadata": {
             "resourceVersion": node["metadata"]["resourceVersion"],
