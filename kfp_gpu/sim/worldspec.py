@@ -22,6 +22,7 @@ BOOT_MEDIAN_S: dict[str, float] = {
     "t4": 150.0, "l4": 150.0, "a100-40gb": 210.0, "a100-80gb": 210.0, "h100-80gb": 270.0, "h200": 300.0,
 }
 BOOT_SIGMA = 0.45
+BOOT_MIN_S = 60.0  # no GPU VM is created, booted and registered in under a minute
 NOTICE_S: dict[str, float] = {"gcp": 30.0, "aws": 120.0}  # ACPI soft-off / EC2 spot interruption notice
 
 
@@ -36,6 +37,7 @@ class BootLatency:
     median_s: float = 1.0
     sigma: float = 0.0
     seed: int = 0
+    min_s: float = 0.0  # floor of a lognormal sample
 
     def sampler(self) -> random.Random:
         return random.Random(self.seed)
@@ -43,7 +45,7 @@ class BootLatency:
     def sample(self, rng: random.Random) -> float:
         if self.dist == "fixed":
             return self.median_s
-        return self.median_s * math.exp(rng.gauss(0.0, self.sigma))
+        return max(self.min_s, self.median_s * math.exp(rng.gauss(0.0, self.sigma)))
 
 
 @dataclass(frozen=True)
@@ -80,21 +82,23 @@ class World:
 def default_boot(accelerator: str, pool_name: str) -> BootLatency:
     """The realistic boot latency of an accelerator's VMs, seeded by the pool name."""
     return BootLatency("lognormal", BOOT_MEDIAN_S.get(accelerator, 240.0), BOOT_SIGMA,
-                       zlib.crc32(pool_name.encode()) % 10_000)
+                       zlib.crc32(pool_name.encode()) % 10_000, BOOT_MIN_S)
 
 
 def parse_boot(data: Any, f: str, accelerator: str, pool_name: str) -> BootLatency:
     """A pool's ``boot:`` block; absent = :func:`default_boot`. Raises: InvalidSpec naming the field."""
     if data is None:
         return default_boot(accelerator, pool_name)
-    b = obj(data, f, {"dist", "median_s", "sigma", "seed", "value_s"})
+    b = obj(data, f, {"dist", "median_s", "sigma", "seed", "value_s", "min_s"})
     base = default_boot(accelerator, pool_name)
     dist = str(b.get("dist", "lognormal" if "sigma" in b else "fixed"))
     if dist not in ("fixed", "lognormal"):
         raise InvalidSpec(f"{f}.dist", dist, "allowed: 'fixed', 'lognormal'")
     median = num(b.get("median_s", b.get("value_s", base.median_s)), f"{f}.median_s", 0.0)
     sigma = num(b.get("sigma", base.sigma if dist == "lognormal" else 0.0), f"{f}.sigma", 0.0)
-    return BootLatency(dist, median, sigma, int(num(b.get("seed", base.seed), f"{f}.seed", 0)))
+    floor = num(b.get("min_s", base.min_s if dist == "lognormal" and "median_s" not in b else 0.0),
+                f"{f}.min_s", 0.0)
+    return BootLatency(dist, median, sigma, int(num(b.get("seed", base.seed), f"{f}.seed", 0)), floor)
 
 
 def parse_autoscaling(data: Any, f: str, pool_max: int) -> Autoscaling:
