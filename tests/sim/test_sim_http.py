@@ -71,7 +71,9 @@ def test_node_pools_list_get_and_set_size(sim: SimServer) -> None:
     assert op.operation_type == container_v1.Operation.Type.SET_NODE_POOL_SIZE
     done = _wait_op(cm, op.name)
     assert done.status == container_v1.Operation.Status.DONE and not done.error.message
-    assert sim.nodes("a100-80gb-a") == [f"gke-{CLUSTER}-a100-80gb-a-{i:04d}" for i in range(3)]
+    # the operation is DONE once the resize is scheduled; the Nodes register as their VMs boot
+    three = [f"gke-{CLUSTER}-a100-80gb-a-{i:04d}" for i in range(3)]
+    assert sim.state.wait_until(lambda: sorted(sim.nodes("a100-80gb-a")) == three, 30.0), sim.nodes("a100-80gb-a")
     igm = compute_v1.InstanceGroupManagersClient(**kw).get(
         project=PROJECT, zone="us-central1-a", instance_group_manager=np.instance_group_urls[0].rsplit("/", 1)[1]
         .replace("h100-80gb-spot-c", "a100-80gb-a").replace("us-central1-c", "us-central1-a"))
@@ -204,11 +206,11 @@ def test_preempt_endpoint_and_scheduled_events() -> None:
     with running(data, backend=backend) as sim:
         first = sim.nodes("l4-spot-a")[0]
         out = _post(f"{sim.url}/sim/v1/preempt", {"node": first})
-        assert out == {"node": first, "pool": "l4-spot-a", "poolSize": 2}
-        deadline = time.monotonic() + 5
-        while len(sim.nodes("l4-spot-a")) > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(sim.nodes("l4-spot-a")) == 1 and len(backend.preempted) == 2
+        # returns at once with the notice; the MIG keeps its target size (it recreates the VM)
+        assert (out["node"], out["pool"], out["poolSize"]) == (first, "l4-spot-a", 3) and out["noticeS"] > 0
+        assert sim.state.wait_node_gone(first, 10.0)
+        assert sim.state.wait_until(lambda: len(backend.preempted) == 2, 10.0)  # + the scheduled event
+        assert sim.state.pools["l4-spot-a"].target == 3
         with pytest.raises(urllib.request.HTTPError):
             _post(f"{sim.url}/sim/v1/preempt", {"node": "nope"})
         _post(f"{sim.url}/sim/v1/reset", {})
@@ -222,17 +224,13 @@ def test_unrouted_paths_are_404(sim: SimServer) -> None:
 
 
 def test_concurrent_resize_of_a_busy_pool_is_refused() -> None:
-    class Slow(MemoryBackend):
-        def create(self, *a: Any, **k: Any) -> None:
-            time.sleep(0.3)
-
-    with running(backend=Slow()) as sim:
+    with running() as sim:
         cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
         op = _set_size(cm, "l4-a", 4)
         with pytest.raises(gexc.BadRequest, match="currently operating"):
             _set_size(cm, "l4-a", 5)
         assert _wait_op(cm, op.name).status == container_v1.Operation.Status.DONE
-        assert len(sim.nodes("l4-a")) == 4
+        assert sim.state.pools["l4-a"].target == 4  # the VMs boot after the operation
 
 
 def test_preflight_fan_out_six_regions_three_accelerators_with_200ms_rtt() -> None:

@@ -59,6 +59,16 @@ def test_load_file(tmp_path: Any) -> None:
      "regions.us-central1.quotas.NVIDIA_L4_GPUS.limit"),
     ({"regions": {"us-central1": {"zones": ["us-east1-a"]}}}, "regions.us-central1.zones"),
     ({"unknown_key": 1}, "scenario.unknown_key"),
+    ({"cloud": "azure"}, "cloud"),
+    ({"operations": {"pending_s": -1}}, "operations.pending_s"),
+    ({"operations": {"resize_s": 1}}, "operations.resize_s"),
+    ({"preemption": {"notice_s": "soon"}}, "preemption.notice_s"),
+    ({"device_plugin_s": -1}, "device_plugin_s"),
+    ({"mig_retry_s": 0}, "mig_retry_s"),
+    ({"pools": [_pool(autoscaling={"max_nodes": 9})]}, "pools[0].autoscaling.max_nodes"),
+    ({"pools": [_pool(autoscaling={"enabled": "yes"})]}, "pools[0].autoscaling.enabled"),
+    ({"pools": [_pool(autoscaling={"min_nodes": 3, "max_nodes": 2})]}, "pools[0].autoscaling.max_nodes"),
+    ({"pools": [_pool(boot={"dist": "lognormal", "min_s": -1})]}, "pools[0].boot.min_s"),
 ])
 def test_invalid_scenarios_name_the_field(overrides: dict[str, Any], field: str) -> None:
     data = scenario(pools=[], stockouts=[], faults=[], preemptions=[])
@@ -94,3 +104,14 @@ def test_boot_latency_is_seeded() -> None:
     assert [b.sample(rng) for _ in range(5)] == first
     assert all(x > 0 for x in first) and len(set(first)) == 5
     assert BootLatency("fixed", 1.5).sample(BootLatency().sampler()) == 1.5
+
+
+def test_world_timing_defaults_and_overrides() -> None:
+    sc = from_dict(scenario(cloud="aws", preemption={}, operations={"set_size_s": 60}))
+    assert sc.world.cloud == "aws" and sc.world.notice_s == 120.0  # the EC2 two-minute notice
+    assert sc.world.operations.set_size_s == 60.0 and sc.world.operations.pending_s == 3.0
+    pool = from_dict(scenario(pools=[_pool()])).pools[0]
+    assert pool.boot.dist == "lognormal" and pool.boot.median_s == 210.0  # a100 default, real-world s
+    assert not pool.autoscaling.enabled
+    auto = from_dict(scenario(pools=[_pool(autoscaling={"min_nodes": 1})])).pools[0].autoscaling
+    assert (auto.enabled, auto.min_nodes, auto.max_nodes) == (True, 1, 4)  # max defaults to the pool's
