@@ -1,0 +1,413 @@
+"""Least privilege, proven: the steps and the janitor hold exactly the permissions deploy/rbac.yaml grants.
+
+* Sufficient: every integration test of the steps runs them as the kfp-gpu ServiceAccount (``step_api``),
+  the janitor as kfp-gpu-janitor (``janitor_api``); a rule missing from the manifest fails those tests.
+* Exact: ``STEP_NEEDS`` / ``JANITOR_NEEDS`` below list each permission with the reason; the manifest grants
+  those and nothing else, and every Kubernetes API method the code references (found by parsing
+  kfp_gpu/) maps to permissions in those lists (``CODE_CALLS``). A new client call without its rule fails.
+* Live: each permission is checked with a SelfSubjectAccessReview sent with the ServiceAccount's own token
+  (``kubectl auth can-i``), and so are some it must not have.
+* Negative: with one verb taken out of the manifest, the step fails with a one-line PermissionDenied
+  naming the verb and the resource, not a traceback.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from kfp_gpu.cluster import balloons, ledger, pytorchjob
+from kfp_gpu.plan.quota import Verdict
+from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.steps import janitor, scale_up, warm_pool
+from kfp_gpu.steps.preflight import KUEUE_CRD
+from tests.integration import test_provisioning
+from tests.integration.conftest import IdentityFactory
+from tests.integration.rbac_support import (
+    DOC_NAMESPACE,
+    JANITOR_SA,
+    MANIFEST,
+    STEP_SA,
+    Identity,
+    Obj,
+    manifest_docs,
+    render,
+)
+from tests.waiting import wait_until
+
+integration = pytest.mark.integration  # the manifest/code checks above the live ones need no cluster
+env = test_provisioning.env  # the GKE stand-in fixture
+_step_proc = test_provisioning._step_proc
+PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
+NOT_THE_CLIENT = ("devcluster", "sim")  # the local cluster and the cloud stand-in run as admin, not as a step
+
+Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+NS, CLUSTER = "namespace", "cluster"
+
+# Keep in sync with the code: test_every_client_call_is_covered fails on a call missing from CODE_CALLS /
+# RAW_CALLS, or whose permission is in neither list; test_manifest_grants_exactly_the_listed_permissions fails
+# when the manifest and these lists differ.
+STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
+    ("", "nodes", "get"): (CLUSTER, "train: is a gang node gone; heartbeat: re-read a claimed node on conflict"),
+    ("", "nodes", "list"): (CLUSTER, "scale_up/train/teardown/preflight: GPU nodes, claimed nodes"),
+    ("", "nodes", "watch"): (CLUSTER, "scale_up: nodes to Ready; train: gang nodes (preemption taints)"),
+    ("", "nodes", "patch"): (CLUSTER, "claim/release a node (run-id + lease labels, the run's taint); heartbeat"),
+    ("", "pods", "get"): (NS, "heartbeat: the step's own pod (owner uid, Argo workflow label); re-read a balloon"),
+    ("", "pods", "list"): (NS, "balloons of a run; the gang's pods (train watch)"),
+    ("", "pods", "watch"): (NS, "train: the gang's pods (placement, eviction, exit codes)"),
+    ("", "pods", "create"): (NS, "warm_pool: balloon pods"),
+    ("", "pods", "delete"): (NS, "teardown: balloons; train: pods stuck on a vanished node"),
+    ("", "pods", "patch"): (NS, "heartbeat: raise the balloons' lease label"),
+    ("", "pods/log", "get"): (NS, "train: last log lines of a failed trainer in the error"),
+    ("", "configmaps", "get"): (NS, "every step: read its ledger (a retried pod re-attaches)"),
+    ("", "configmaps", "list"): (NS, "teardown: every ledger of the run; heartbeat"),
+    ("", "configmaps", "create"): (NS, "every step: write its ledger"),
+    ("", "configmaps", "update"): (NS, "every step: update its ledger"),
+    ("", "configmaps", "patch"): (NS, "heartbeat: raise the ledgers' lease label"),
+    ("", "configmaps", "delete"): (NS, "teardown: drop the run's ledgers"),
+    ("", "resourcequotas", "list"): (NS, "preflight: namespace GPU quota"),
+    ("kubeflow.org", "pytorchjobs", "get"): (NS, "train: re-attach to the run's job"),
+    ("kubeflow.org", "pytorchjobs", "list"): (NS, "train: watch the job; teardown/heartbeat: the run's jobs"),
+    ("kubeflow.org", "pytorchjobs", "watch"): (NS, "train: the job's conditions"),
+    ("kubeflow.org", "pytorchjobs", "create"): (NS, "train: the gang job"),
+    ("kubeflow.org", "pytorchjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
+    ("kubeflow.org", "pytorchjobs", "patch"): (NS, "heartbeat: raise the job's lease label"),
+    ("coordination.k8s.io", "leases", "get"): (NS, "heartbeat: the step's ownership Lease"),
+    ("coordination.k8s.io", "leases", "list"): (NS, "teardown: the run's Leases"),
+    ("coordination.k8s.io", "leases", "create"): (NS, "heartbeat: the step's ownership Lease"),
+    ("coordination.k8s.io", "leases", "update"): (NS, "heartbeat: renew / release the Lease"),
+    ("coordination.k8s.io", "leases", "delete"): (NS, "teardown: the run's Leases"),
+    ("kueue.x-k8s.io", "localqueues", "list"): (NS, "preflight: the namespace's LocalQueue"),
+    ("kueue.x-k8s.io", "clusterqueues", "get"): (CLUSTER, "preflight: its ClusterQueue's free GPUs"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "get"): (CLUSTER, f"preflight: is {KUEUE_CRD} there"),
+    ("scheduling.k8s.io", "priorityclasses", "create"): (CLUSTER, "warm_pool: the balloon PriorityClass"),
+}
+JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
+    ("", "configmaps", "list"): (CLUSTER, "ledgers of every run"),
+    ("", "configmaps", "delete"): (CLUSTER, "ledgers of a released run"),
+    ("", "pods", "get"): (CLUSTER, "is a run's step pod (its lease owner) still there"),
+    ("", "pods", "list"): (CLUSTER, "orphaned balloons"),
+    ("", "pods", "delete"): (CLUSTER, "orphaned balloons"),
+    ("", "nodes", "list"): (CLUSTER, "claimed nodes"),
+    ("", "nodes", "patch"): (CLUSTER, "release node claims"),
+    ("kubeflow.org", "pytorchjobs", "list"): (CLUSTER, "the job of a released run"),
+    ("kubeflow.org", "pytorchjobs", "delete"): (CLUSTER, "the job of a released run"),
+    ("coordination.k8s.io", "leases", "list"): (CLUSTER, "the runs' ownership Leases"),
+    ("coordination.k8s.io", "leases", "delete"): (CLUSTER, "the Leases of a released run"),
+    ("argoproj.io", "workflows", "get"): (CLUSTER, "is a run's Argo Workflow (its lease owner) still running"),
+    ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
+    ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
+    ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),
+}
+# Names a rule is restricted to (resourceNames in the manifest).
+NAMED = {("apiextensions.k8s.io", "customresourcedefinitions", "get"): KUEUE_CRD}
+
+_PODS, _CMS, _NODES = "pods", "configmaps", "nodes"
+_JOBS = ("kubeflow.org", "pytorchjobs")
+_LEASES = ("coordination.k8s.io", "leases")
+# Kubernetes client method -> the permissions it (or the watch built on it) needs.
+CODE_CALLS: dict[str, set[Need]] = {
+    "read_node": {("", _NODES, "get")},
+    "list_node": {("", _NODES, "list"), ("", _NODES, "watch")},
+    "patch_node": {("", _NODES, "patch")},
+    "read_namespaced_pod": {("", _PODS, "get")},
+    "list_namespaced_pod": {("", _PODS, "list"), ("", _PODS, "watch")},
+    "list_pod_for_all_namespaces": {("", _PODS, "list")},
+    "create_namespaced_pod": {("", _PODS, "create")},
+    "delete_namespaced_pod": {("", _PODS, "delete")},
+    "read_namespaced_pod_log": {("", "pods/log", "get")},
+    "read_namespaced_config_map": {("", _CMS, "get")},
+    "list_namespaced_config_map": {("", _CMS, "list")},
+    "list_config_map_for_all_namespaces": {("", _CMS, "list")},
+    "create_namespaced_config_map": {("", _CMS, "create")},
+    "replace_namespaced_config_map": {("", _CMS, "update")},
+    "delete_namespaced_config_map": {("", _CMS, "delete")},
+    "list_namespaced_resource_quota": {("", "resourcequotas", "list")},
+    "get_namespaced_custom_object": {(*_JOBS, "get")},
+    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), ("kueue.x-k8s.io", "localqueues", "list")},
+    "create_namespaced_custom_object": {(*_JOBS, "create")},
+    "delete_namespaced_custom_object": {(*_JOBS, "delete")},
+    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get")},
+    "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
+    "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
+    "get_code": set(),  # GET /version: readable by every authenticated user (system:public-info-viewer)
+}
+# Functions that hold client calls but never run as a step or the janitor.
+ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
+_OWNED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES}  # kfp_gpu.cluster.owned's Kind table
+_LABELLED = _OWNED - {_LEASES}
+# Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
+# (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
+RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
+    ("cluster/owned.py", "request", "*"): set(),  # the helper itself; its callers are listed
+    ("cluster/owned.py", "list_objects", "GET"): {(g, r, "list") for g, r in _OWNED},
+    ("cluster/owned.py", "raise_lease_label", "PATCH"): {(g, r, "patch") for g, r in _LABELLED},
+    ("cluster/owned.py", "raise_lease_label", "GET"): {(g, r, "get") for g, r in _LABELLED},
+    ("cluster/owned.py", "delete", "DELETE"): {(g, r, "delete") for g, r in _OWNED - {("", _NODES)}},
+    ("cluster/pytorchjob.py", "served", "GET"): set(),  # discovery
+    ("cluster/lease.py", "detect_identity", "GET"): {("", _PODS, "get")},
+    ("cluster/lease.py", "_write_lease", "GET"): {(*_LEASES, "get")},
+    ("cluster/lease.py", "_write_lease", "POST"): {(*_LEASES, "create")},
+    ("cluster/lease.py", "_write_lease", "PUT"): {(*_LEASES, "update")},
+    ("cluster/lease.py", "release", "GET"): {(*_LEASES, "get")},
+    ("cluster/lease.py", "release", "PUT"): {(*_LEASES, "update")},
+    ("cluster/lease.py", "_write", "GET"): {(*_LEASES, "get")},
+    ("cluster/lease.py", "_write", "POST"): {(*_LEASES, "create")},
+    ("cluster/lease.py", "_write", "PUT"): {(*_LEASES, "update")},
+    ("steps/janitor.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
+    ("steps/janitor.py", "_argo_served", "GET"): set(),  # discovery
+}
+# Things neither account may do (so the access checks can fail).
+NEVER: list[tuple[Need, str]] = [
+    (("", "secrets", "get"), NS), (("", "nodes", "delete"), CLUSTER), (("", "nodes", "create"), CLUSTER),
+    (("", "pods/exec", "create"), NS), (("rbac.authorization.k8s.io", "rolebindings", "create"), NS),
+    (("scheduling.k8s.io", "priorityclasses", "delete"), CLUSTER), (("", "namespaces", "delete"), CLUSTER),
+]
+
+
+def _api_methods() -> set[str]:
+    apis = [getattr(client, n) for n in dir(client) if n.endswith("Api") and n not in ("ApiClient",)]
+    return {m for a in apis if isinstance(a, type) for m in vars(a)
+            if not m.startswith("_") and not m.endswith("_with_http_info") and m != "api_client"}
+
+
+def _referenced_methods() -> dict[str, list[str]]:
+    """Client methods referenced (called or passed to a watch) outside the dev cluster and the stand-in."""
+    methods, found = _api_methods(), dict[str, list[str]]()
+    for rel, tree in _modules():
+        skip = {id(n) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and (rel, fn.name) in ADMIN_ONLY
+                for n in ast.walk(fn)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in methods and id(node) not in skip:
+                found.setdefault(node.attr, []).append(f"{rel}:{node.lineno}")
+    return found
+
+
+def _raw_calls() -> dict[tuple[str, str, str], list[str]]:
+    """Raw requests: ``x.call_api(path, METHOD, ...)``, ``owned.request(api, METHOD, ...)`` (and ``request``
+    inside owned.py) by (module, enclosing function, METHOD literal or "*")."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for rel, tree in _modules():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                raw = (isinstance(f, ast.Attribute) and (f.attr == "call_api" or (
+                    f.attr == "request" and isinstance(f.value, ast.Name) and f.value.id == "owned"))) or (
+                    isinstance(f, ast.Name) and f.id == "request" and rel == "cluster/owned.py")
+                if not raw:
+                    continue
+                arg = node.args[1] if len(node.args) > 1 else None
+                method = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else "*"
+                found.setdefault((rel, fn.name, method), []).append(f"{rel}:{node.lineno}")
+    return {k: sorted(set(v)) for k, v in found.items()}
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(PKG))
+        if not rel.startswith(NOT_THE_CLIENT):
+            out.append((rel, ast.parse(path.read_text())))
+    return out
+
+
+def _granted(objs: list[Obj], sa: str) -> dict[Need, str]:
+    """(group, resource, verb) -> scope the rendered manifest grants ``sa`` ("namespace" or "cluster")."""
+    bindings = [b for b in objs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and any(s["kind"] == "ServiceAccount" and s["name"] == sa for s in b["subjects"])]
+    out: dict[Need, str] = {}
+    for b in bindings:
+        role = next(o for o in objs if o["kind"] == b["roleRef"]["kind"] and o["metadata"]["name"] ==
+                    b["roleRef"]["name"])
+        scope = CLUSTER if b["kind"] == "ClusterRoleBinding" else NS
+        for rule in role["rules"]:
+            for g in rule["apiGroups"]:
+                for r in rule["resources"]:
+                    for v in rule["verbs"]:
+                        if out.get((g, r, v)) != CLUSTER:
+                            out[(g, r, v)] = scope
+    return out
+
+
+def _can(ident: Identity, need: Need, namespace: str) -> bool:
+    group, resource, verb = need
+    res, _, sub = resource.partition("/")
+    return ident.can(verb, res, group, namespace=namespace, subresource=sub, name=NAMED.get(need, ""))
+
+
+# ---- the manifest ---------------------------------------------------------------------------------------
+
+def test_manifest_documents_its_namespace_and_renders_like_the_documented_sed() -> None:
+    text = MANIFEST.read_text()
+    assert f"sed 's/{DOC_NAMESPACE}/ml-team/g' deploy/rbac.yaml" in text  # the instruction users follow
+    assert render(DOC_NAMESPACE) == manifest_docs()  # applied as-is, the file is what we test
+    sedded = [d for d in yaml.safe_load_all(text.replace(DOC_NAMESPACE, "ml-team")) if d]
+    assert render("ml-team") == sedded
+    a, b = render("team-a"), render("team-b")
+    names = {o["metadata"]["name"] for o in a + b if o["kind"] == "ClusterRoleBinding"}
+    assert len(names) == 4, "a second namespace must add ClusterRoleBindings, not replace the first ones"
+
+
+def test_manifest_grants_exactly_the_listed_permissions() -> None:
+    objs = render("ns")
+    for sa, needs in ((STEP_SA, STEP_NEEDS), (JANITOR_SA, JANITOR_NEEDS)):
+        granted = _granted(objs, sa)
+        assert granted == {k: scope for k, (scope, _) in needs.items()}, (
+            f"{sa}: granted but not listed: {sorted(set(granted) - set(needs))}; "
+            f"listed but not granted: {sorted(set(needs) - set(granted))}")
+    names = {(g, r, v): rule.get("resourceNames") for o in objs for rule in o.get("rules") or []
+             for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {k: v[0] for k, v in names.items() if v} == NAMED
+
+
+def test_every_client_call_is_covered() -> None:
+    found = _referenced_methods()
+    unmapped = {m: where for m, where in found.items() if m not in CODE_CALLS}
+    assert not unmapped, f"Kubernetes client calls without permissions in CODE_CALLS (and the manifest): {unmapped}"
+    raw = _raw_calls()
+    unmapped_raw = {k: where for k, where in raw.items() if k not in RAW_CALLS}
+    assert not unmapped_raw, f"raw API requests without permissions in RAW_CALLS (and the manifest): {unmapped_raw}"
+    listed = set(STEP_NEEDS) | set(JANITOR_NEEDS)
+    needs = {m: CODE_CALLS[m] for m in found} | {f"{k[0]}:{k[1]} {k[2]}": RAW_CALLS[k] for k in raw}
+    missing = {m: sorted(n - listed) for m, n in needs.items() if n - listed}
+    assert not missing, f"calls whose permissions deploy/rbac.yaml does not grant: {missing}"
+    used = set().union(*needs.values())
+    unused = sorted(listed - used)
+    assert not unused, f"granted but no call in kfp_gpu needs it (drop it from the manifest and the lists): {unused}"
+
+
+def test_the_owned_kinds_table_matches_raw_calls() -> None:
+    """RAW_CALLS assumes kfp_gpu.cluster.owned's Kind table; a new kind must be added there too."""
+    from kfp_gpu.cluster import owned
+
+    kinds = {(k.prefix.split("/")[2] if k.prefix.startswith("/apis/") else "", k.plural)
+             for k in vars(owned).values() if isinstance(k, owned.Kind)}
+    assert kinds == _OWNED
+
+
+# ---- live access checks ---------------------------------------------------------------------------------
+
+@integration
+def test_step_service_account_can_exactly_what_the_steps_do(step_identity: Identity, namespace: str) -> None:
+    assert step_identity.username == f"system:serviceaccount:{namespace}:{STEP_SA}"
+    denied = [n for n, (scope, _) in STEP_NEEDS.items() if not _can(step_identity, n, namespace)]
+    assert denied == [], f"{STEP_SA} is missing {denied}"
+    # namespaced rules stay in the namespace; the CRD read stays on its one name; the rest is never granted
+    elsewhere = [n for n, (scope, _) in STEP_NEEDS.items() if scope == NS and _can(step_identity, n, "default")]
+    assert elsewhere == [], f"{STEP_SA} reaches into namespace default: {elsewhere}"
+    assert not step_identity.can("get", "customresourcedefinitions", "apiextensions.k8s.io", name=pytorchjob.PLURAL
+                                 + "." + pytorchjob.GROUP)
+    allowed = [n for n, scope in NEVER if _can(step_identity, n, namespace if scope == NS else "")]
+    assert allowed == [], f"{STEP_SA} may {allowed}"
+
+
+@integration
+def test_janitor_service_account_can_exactly_what_gc_does(janitor_identity: Identity, namespace: str) -> None:
+    denied = [n for n, (scope, _) in JANITOR_NEEDS.items()
+              if not _can(janitor_identity, n, namespace if scope == NS else "")]
+    assert denied == [], f"{JANITOR_SA} is missing {denied}"
+    assert not _can(janitor_identity, ("coordination.k8s.io", "leases", "get"), "default")
+    creates = [n for n in (("", "pods", "create"), ("kubeflow.org", "pytorchjobs", "create"), ("", "configmaps",
+                                                                                              "create"))
+               if _can(janitor_identity, n, namespace)]
+    assert creates == [], f"the janitor must never create workloads: {creates}"
+    allowed = [n for n, scope in NEVER if _can(janitor_identity, n, namespace if scope == NS else "")]
+    assert allowed == [], f"{JANITOR_SA} may {allowed}"
+
+
+# ---- behaviour ------------------------------------------------------------------------------------------
+
+@integration
+def test_a_missing_rule_fails_the_step_with_a_one_line_permission_error(env, kube,
+                                                                        rbac_identity: IdentityFactory) -> None:
+    e = env()
+    spec = e.spec(2, zones=("us-central1-a",), deadline=60)
+    crippled = rbac_identity(STEP_SA, drop=(("", "nodes", "patch"),))
+    wait_until("nodes patch revoked", lambda: not crippled.can("patch", "nodes"), timeout=10, every=0.05)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    try:
+        proc = _step_proc("scale_up", spec, run, crippled.kubeconfig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode not in (0, None), err
+        assert "Traceback" not in err, f"a 403 must not surface as a traceback:\n{err}"
+        first = err.strip().splitlines()[0]
+        assert first.startswith("kfp-gpu scale_up failed:") and "patch" in first and "nodes" in first, err
+        error = json.loads(err.strip().splitlines()[-1])["error"]
+        assert error["type"] == "PermissionDenied", error
+        assert "deploy/rbac.yaml" in error["remediation"], error
+    finally:
+        from kfp_gpu.steps import teardown
+
+        teardown.run(spec, run, "", api=kube.api, provider=e.provider(spec))  # admin cleanup
+    e.wait_pool("a100-80gb-spot-a", 0)
+
+
+@integration
+def test_preflight_reads_the_cluster_as_the_step_service_account(env, rbac_identity: IdentityFactory) -> None:
+    from kfp_gpu.steps.preflight import run_preflight
+
+    e = env()
+    spec = e.spec(2)
+    res = run_preflight(spec, e.provider(spec), e.step_api)
+    checks = {c.name: c for c in res.cluster_checks}
+    assert {"gpu-capacity", "namespace-quota", "kueue"} <= set(checks)
+    unknown = {n: c.detail for n, c in checks.items() if c.verdict is Verdict.UNKNOWN}
+    assert unknown == {}, f"cluster checks the step could not make as {STEP_SA}: {unknown}"
+    # without "list resourcequotas" that check cannot be made, and says so (no traceback, no silent FITS)
+    crippled = rbac_identity(STEP_SA, drop=(("", "resourcequotas", "list"),))
+    wait_until("resourcequotas list revoked", lambda: not crippled.can("list", "resourcequotas",
+                                                                       namespace=e.ns), timeout=10, every=0.05)
+    quota = {c.name: c for c in run_preflight(spec, e.provider(spec), crippled.api).cluster_checks}["namespace-quota"]
+    assert quota.verdict is Verdict.UNKNOWN and "403" in quota.detail and "RBAC" in quota.remediation, quota
+
+
+@integration
+def test_janitor_service_account_releases_a_run_and_its_orphans(env, kube, janitor_api) -> None:
+    e = env()
+    spec = e.spec(2, warm=1, zones=("us-central1-a",))
+    run, orphan = f"run-{uuid.uuid4().hex[:6]}", f"orph-{uuid.uuid4().hex[:6]}"
+    warm_pool.run(spec, run, "", api=e.step_api, provider=e.provider(spec))
+    cap = json.loads(scale_up.run(spec, run, "", api=e.step_api, provider=e.provider(spec)).output_json)
+    nodes = [n for p in cap["placements"] for n in p["nodes"]]
+    job = pytorchjob.job_name(run, "train")  # the run's job, created by the step's account
+    client.CustomObjectsApi(e.step_api).create_namespaced_custom_object(
+        pytorchjob.GROUP, pytorchjob.VERSION, e.ns, pytorchjob.PLURAL,
+        {"apiVersion": f"{pytorchjob.GROUP}/{pytorchjob.VERSION}", "kind": "PyTorchJob",
+         "metadata": {"name": job, "labels": {LABEL_RUN_ID: label_safe(run)}},
+         "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": {"spec": {
+             "nodeSelector": {"kfp-gpu.io/none": "x"},
+             "containers": [{"name": "pytorch", "image": "busybox"}]}}}}}})
+    # an orphan: a balloon of a run that never wrote a ledger, its lease long expired
+    expired = Owner.for_step(orphan, "warm_pool", -60)
+    balloons.create_balloons(e.step_api, e.ns, expired, 1, 8, "nvidia-a100-80gb", [])
+
+    rep = janitor.collect(e.ns, api=janitor_api, provider=e.provider(spec), now=time.time() + spec.lease_ttl_s + 1)
+    assert rep.runs[label_safe(run)] == "released", str(rep)
+    assert any(o.startswith("pod/") for o in rep.orphans), str(rep)
+    assert ledger.list_for_run(kube.api, e.ns, run) == []
+    assert e.nodes(f"{LABEL_RUN_ID}={label_safe(run)}") == [], f"claims left on {nodes}"
+    wait_until("the run's job deleted", lambda: pytorchjob.get(kube.api, e.ns, job) is None, timeout=30)
+    wait_until("balloons deleted", lambda: kube.core.list_namespaced_pod(
+        e.ns, label_selector=f"{balloons.BALLOON_LABEL}=true").items == [], timeout=30)
+    e.wait_pool("a100-80gb-spot-a", 0)
+
+
+@integration
+def test_step_client_is_the_service_account_not_the_admin(step_identity: Identity, kube) -> None:
+    """The step client carries only the ServiceAccount's bearer token: no client certificate, same apiserver."""
+    cfg = step_identity.api.configuration
+    assert not cfg.cert_file and not cfg.key_file
+    assert cfg.host == kube.api.configuration.host
+    review = client.AuthenticationV1Api(step_identity.api).create_self_subject_review(client.V1SelfSubjectReview())
+    assert review.status.user_info.username == step_identity.username
