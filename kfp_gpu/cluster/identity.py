@@ -13,7 +13,8 @@ Sources, strongest first:
 
 A ``local`` target's ``target.cluster`` names a *simulated* cluster; many share the one local control plane
 (nodes labelled ``kfp-gpu.io/sim-cluster``), so any of them is accepted as long as the control plane is the
-kfp-gpu dev cluster. When no source answers, the step proceeds after one warning line on stderr.
+kfp-gpu dev cluster, and refused when the ConfigMap is absent (the credentials reach some other cluster).
+When no source answers, the step proceeds after one warning line on stderr.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ INFO_NAMESPACE = "kube-public"
 INFO_NAME = "kfp-gpu-cluster-info"
 LOCAL_KIND = "kfp-gpu-dev"
 LOCAL_NAME = "kfp-gpu-local"
+OTHER = "other"
 METADATA_TIMEOUT_S = 1.0
 
 _GKE_CONTEXT = re.compile(r"^gke_([a-z][-a-z0-9.:]*)_([a-z]+-[a-z]+\d+(?:-[a-z])?)_([a-z0-9][-a-z0-9]*)$")
@@ -46,7 +48,7 @@ _EKSCTL = re.compile(r"^([A-Za-z][-A-Za-z0-9]*)\.([a-z]{2}(?:-gov)?-[a-z]+-\d+)\
 
 @dataclass(frozen=True)
 class ClusterIdentity:
-    kind: str  # "gke" | "eks" | "local"
+    kind: str  # "gke" | "eks" | "local" | OTHER (known only not to be the dev cluster)
     name: str
     project: str = ""  # GCP project or AWS account
     location: str = ""  # GCP zone or region, AWS region
@@ -55,6 +57,8 @@ class ClusterIdentity:
     def describe(self) -> str:
         if self.kind == "local":
             return f"the local kfp-gpu dev cluster ({self.source})"
+        if self.kind == OTHER:
+            return f"cluster {self.name or '?'!r} of the kubeconfig, which is not the local kfp-gpu dev cluster ({self.source})"
         where = ", ".join(x for x in (self.project, self.location) if x)
         return f"{self.kind.upper()} cluster {self.name!r}" + (f" ({where})" if where else "") + f" [{self.source}]"
 
@@ -87,16 +91,21 @@ def mismatch(found: ClusterIdentity, target: Target) -> str:
     return ""
 
 
-def from_local_info(api: client.ApiClient) -> ClusterIdentity | None:
-    """The dev cluster's own record, or None (not the dev cluster, or not readable)."""
+def from_local_info(api: client.ApiClient) -> tuple[ClusterIdentity | None, bool]:
+    """The dev cluster's own record, and whether it is known to be absent (404: not the dev cluster).
+
+    Forbidden or a dropped connection is (None, False): this source does not know.
+    """
     try:
         cm = client.CoreV1Api(api).read_namespaced_config_map(INFO_NAME, INFO_NAMESPACE, _request_timeout=5)
-    except (ApiException, HTTPError):  # forbidden, absent, or the connection dropped: this source does not know
-        return None
+    except ApiException as exc:
+        return None, exc.status == 404
+    except HTTPError:
+        return None, False
     data = cm.data or {}
     if data.get("kind") != LOCAL_KIND:
-        return None
-    return ClusterIdentity("local", data.get("cluster", LOCAL_NAME), source=f"ConfigMap {INFO_NAMESPACE}/{INFO_NAME}")
+        return None, True
+    return ClusterIdentity("local", data.get("cluster", LOCAL_NAME), source=f"ConfigMap {INFO_NAMESPACE}/{INFO_NAME}"), False
 
 
 def from_gce_metadata(timeout_s: float = METADATA_TIMEOUT_S) -> ClusterIdentity | None:
@@ -125,11 +134,13 @@ def from_gce_metadata(timeout_s: float = METADATA_TIMEOUT_S) -> ClusterIdentity 
 
 def identify(api: client.ApiClient, *, kube_cluster: str = "", in_pod: bool = False) -> ClusterIdentity | None:
     """The cluster the credentials reach, from the strongest source that answers; None when none does."""
-    found = from_local_info(api)
+    found, absent = from_local_info(api)
     if found is None and kube_cluster:
         found = parse_context_cluster(kube_cluster)
     if found is None and in_pod:
         found = from_gce_metadata()
+    if found is None and absent:  # some cluster, and certainly not the dev cluster (boot always records it)
+        return ClusterIdentity(OTHER, kube_cluster, source=f"no ConfigMap {INFO_NAMESPACE}/{INFO_NAME}")
     return found
 
 
@@ -141,6 +152,8 @@ def verify(api: client.ApiClient, target: Target, *, kube_cluster: str = "", in_
         WrongCluster: the credentials demonstrably reach another cluster (names both, and the fix).
     """
     found = identify(api, kube_cluster=kube_cluster, in_pod=in_pod)
+    if found is not None and found.kind == OTHER and target.kind is not TargetKind.LOCAL:
+        found = None  # "not the dev cluster" says nothing about which GKE/EKS cluster it is
     if found is None:
         (warn or _stderr)(
             f"kfp-gpu: warning: cannot tell which cluster the credentials reach (kubeconfig cluster "
@@ -164,7 +177,8 @@ def _fix(target: Target) -> str:
     if target.kind is TargetKind.EKS:
         return (f"run the step in (or point KUBECONFIG at) {target.cluster!r}: aws eks update-kubeconfig --name "
                 f"{target.cluster} --region {target.region}, or set target.kube_context; or correct target.cluster")
-    return "point KUBECONFIG at the local cluster (make cluster-up writes ~/.cache/kfp-gpu/cluster/kubeconfig)"
+    return ("point KUBECONFIG at the local dev cluster (make cluster-up boots it, records its identity and writes "
+            "~/.cache/kfp-gpu/cluster/kubeconfig), or use a gke/eks target for a real cluster")
 
 
 def _stderr(line: str) -> None:
