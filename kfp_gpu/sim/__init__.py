@@ -9,9 +9,13 @@ Start one from Python::
     sim.stop()
 
 or as ``python -m kfp_gpu.sim --scenario FILE --port P --kubeconfig K``. See docs/sim.md.
+
+Scenario durations are real-world seconds; the stand-in runs them :data:`TIME_SCALE` times faster
+(``compress(real_world_s)``), and so must every consumer that reasons about its timing.
 """
 
+from kfp_gpu.sim.clock import TIME_SCALE, compress
 from kfp_gpu.sim.scenario import Scenario, from_dict, load
 from kfp_gpu.sim.server import SimServer
 
-__all__ = ["Scenario", "SimServer", "from_dict", "load"]
+__all__ = ["TIME_SCALE", "Scenario", "SimServer", "compress", "from_dict", "load"]

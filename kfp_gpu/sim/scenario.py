@@ -2,7 +2,9 @@
 
 A scenario names one project and one GKE cluster, the regions/zones it may use, the GPU node
 pools (one zone each), quota limits and usage, boot-latency distributions, stockout windows,
-injected API faults, preemption events and a simulated API round-trip time. Every validation
+injected API faults, preemption events, a simulated API round-trip time, and the world's timing
+(:mod:`kfp_gpu.sim.worldspec`: operations, device plugin, MIG retries, preemption notice; durations in
+real-world seconds, compressed by :data:`kfp_gpu.sim.clock.TIME_SCALE`). Every validation
 failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the offending field, e.g.
 ``pools[2].boot.median_s``.
 """
