@@ -100,8 +100,8 @@ def collect(namespace: str = "default", *, dry_run: bool = False, endpoint: str 
             holder: str = "", runs: Collection[str] = ()) -> GcReport:
     """Release every run whose leases all expired and whose owners are gone; report the rest and why.
 
-    ``namespace`` scopes the sweep (claimed Nodes that a heartbeat tied to another namespace are left to
-    that namespace's janitor) unless ``all_namespaces``. ``runs`` limits it to these run ids. The lock lives
+    ``namespace`` scopes the sweep unless ``all_namespaces``: claimed Nodes (cluster-scoped) count there only
+    for runs with objects in that namespace, or that a heartbeat tied to it. ``runs`` limits it to these run ids. The lock lives
     in ``lock_namespace`` (default: the namespace this pod runs in, else ``namespace``); ``holder`` names
     this janitor in it. ``now`` overrides the clock for the lease decision. A dry run takes no lock and
     changes nothing.
@@ -183,17 +183,19 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
                 run.objects.append((kind, obj))
                 if kind is owned.LEDGER and not run.spec_json:
                     run.spec_json = str(ledger.data_of_json(obj).get("spec") or "")
-    for obj in owned.list_objects(api, owned.NODE, None, LABEL_RUN_ID):
-        home = owned.node_namespace(obj)
-        if scope is not None and home and home != scope:
-            continue  # a heartbeat tied this claim to another namespace: that namespace's janitor decides
-        run = run_of(obj)
-        if run is not None:
-            run.objects.append((owned.NODE, obj))
     for obj in owned.list_objects(api, owned.LEASE, scope, owned.LEASE.selector):
         run = run_of(obj)
         if run is not None:
             run.leases.append(lease.lease_record(obj))
+    for obj in owned.list_objects(api, owned.NODE, None, LABEL_RUN_ID):
+        # Nodes are cluster-wide. A namespaced janitor takes a claim only for a run it sees in its namespace
+        # (or that a heartbeat tied to it); the rest belong to other namespaces' runs (--all-namespaces).
+        home, label = owned.node_namespace(obj), owned.labels(obj).get(LABEL_RUN_ID, "")
+        if scope is not None and (home != scope if home else label not in found):
+            continue
+        run = run_of(obj)
+        if run is not None:
+            run.objects.append((owned.NODE, obj))
     for run in found.values():
         run.run_id = run.run_id or run.label
     return found
