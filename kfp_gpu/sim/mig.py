@@ -8,8 +8,12 @@ See docs/sim.md, "World behaviour", for the provider behaviour each rule follows
 
 from __future__ import annotations
 
+import collections
+import logging
 import threading
+import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,8 +21,10 @@ from kfp_gpu.sim import shapes
 from kfp_gpu.sim.clock import Timeline, compress
 from kfp_gpu.sim.scenario import PoolSpec, Scenario
 
-Action = Callable[[], None]
+log = logging.getLogger(__name__)
+Action = tuple[str, Callable[[], None]]  # (node name, backend call): calls for one node run in order
 MAX_ERRORS = 500  # listErrors keeps the newest errors per group
+NODE_SHARDS = 16  # backend calls for different nodes run in parallel on this many threads
 
 # Instance states. "creating": the MIG will (re)try to create the VM; "booting": the VM exists, its
 # Node has not registered yet; "running": the Node exists; "notice": preemption notice running;
@@ -110,6 +116,9 @@ class World:
         self.retry_s, self.plugin_s, self.notice_s = compress(w.mig_retry_s), compress(w.device_plugin_s), \
             compress(w.notice_s)
         self.taint_key = IMPENDING_GCP if w.cloud == "gcp" else IMPENDING_AWS
+        self._shards = [] if timeline.virtual else [
+            ThreadPoolExecutor(1, thread_name_prefix=f"sim-node-{i}") for i in range(NODE_SHARDS)]
+        self._pending: collections.Counter[str] = collections.Counter()
 
     # ---- scheduling ---------------------------------------------------------------------------
     def later(self, dt: float, fn: Callable[[], list[Action]]) -> None:
@@ -117,9 +126,39 @@ class World:
         def run() -> None:
             with self.lock:
                 actions = fn()
-            for act in actions:
-                act()
+            self.dispatch(actions)
         self.tl.after(dt, run)
+
+    def dispatch(self, actions: list[Action]) -> None:
+        """Run backend calls: inline on virtual time, else on the node's shard thread (in order per node)."""
+        for name, call in actions:
+            if not self._shards:
+                call()
+                continue
+            with self.lock:
+                self._pending[name] += 1
+            self._shards[zlib.crc32(name.encode()) % len(self._shards)].submit(self._run, name, call)
+
+    def _run(self, name: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception:  # noqa: BLE001 - one failing API call must not stop the world
+            log.exception("sim: backend call for node %s failed", name)
+        finally:
+            with self.lock:
+                self._pending[name] -= 1
+                if self._pending[name] <= 0:
+                    del self._pending[name]
+            with self.tl.changed:
+                self.tl.changed.notify_all()
+
+    def busy(self, name: str) -> bool:
+        """Backend calls for ``name`` are still queued or running (lock held)."""
+        return self._pending.get(name, 0) > 0
+
+    def shutdown(self) -> None:
+        for ex in self._shards:
+            ex.shutdown(wait=False, cancel_futures=True)
 
     def instance_url(self, p: PoolRuntime, name: str) -> str:
         return f"{shapes.COMPUTE}/projects/{self.sc.project}/zones/{p.spec.zone}/instances/{name}"
@@ -148,7 +187,7 @@ class World:
         had_node, inst.node = inst.node, False
         p.instances.pop(inst.name, None)
         inst.gen += 1
-        return [lambda: self.backend.delete(inst.name)] if had_node else []
+        return [(inst.name, lambda: self.backend.delete(inst.name))] if had_node else []
 
     # ---- one VM's life ------------------------------------------------------------------------
     def attempt_later(self, p: PoolRuntime, inst: Instance, dt: float) -> None:
@@ -183,27 +222,27 @@ class World:
         inst.state, inst.recreate, inst.node = RUNNING, False, True
         total = round(self.tl.now() - inst.requested_at, 4)
         self.later(self.plugin_s, lambda: self._gpus(p, inst, gen))
-        return [lambda: self.backend.create(p.spec, self.sc.cluster, inst.name, 0.0, sampled_s=total,
-                                            gpus_ready=False)]
+        return [(inst.name, lambda: self.backend.create(p.spec, self.sc.cluster, inst.name, 0.0, sampled_s=total,
+                                                        gpus_ready=False))]
 
     def _gpus(self, p: PoolRuntime, inst: Instance, gen: int) -> list[Action]:
         if not self._current(p, inst, gen) or inst.state != RUNNING:
             return []
-        return [lambda: self.backend.gpus_ready(inst.name, p.spec.gpus_per_node)]
+        return [(inst.name, lambda: self.backend.gpus_ready(inst.name, p.spec.gpus_per_node))]
 
     def preempt(self, p: PoolRuntime, inst: Instance) -> float:
         """Start the reclaim notice of a running VM; returns the timeline time its Node goes away."""
         inst.state = NOTICE
         inst.gen += 1
         gen = inst.gen
-        self.later(0.0, lambda: [lambda: self.backend.notice(inst.name, self.taint_key)])
+        self.later(0.0, lambda: [(inst.name, lambda: self.backend.notice(inst.name, self.taint_key))])
         self.later(self.notice_s, lambda: self._reclaim(p, inst, gen))
         return self.tl.now() + self.notice_s
 
     def _reclaim(self, p: PoolRuntime, inst: Instance, gen: int) -> list[Action]:
         if not self._current(p, inst, gen):
             return []
-        actions: list[Action] = [lambda: self.backend.delete(inst.name)]
+        actions: list[Action] = [(inst.name, lambda: self.backend.delete(inst.name))]
         inst.node = False
         if self.sc.world.cloud == "gcp":  # the MIG repairs the VM under the same name
             inst.state, inst.recreate, inst.requested_at = CREATING, True, self.tl.now()

@@ -20,7 +20,7 @@ from typing import Any
 from kfp_gpu import accelerators
 from kfp_gpu.sim import shapes
 from kfp_gpu.sim.clock import Timeline, compress, expand
-from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Instance, World
+from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Action, Instance, World
 from kfp_gpu.sim.mig import MemoryBackend as MemoryBackend
 from kfp_gpu.sim.mig import NodeBackend as NodeBackend
 from kfp_gpu.sim.mig import PoolRuntime as PoolRuntime
@@ -203,9 +203,9 @@ class SimState:
             p.running_op = op["name"]
             asked_at, run_s = self.timeline.now(), compress(ops.set_size_s)
 
-            def running() -> list[Callable[[], None]]:
+            def running() -> list[Action]:
                 op["status"] = "RUNNING"
-                actions: list[Callable[[], None]] = []
+                actions: list[Action] = []
                 if count > len(p.instances):
                     self.world.add(p, count - len(p.instances), asked_at, run_s)
                 else:
@@ -213,7 +213,7 @@ class SimState:
                 self.world.later(run_s, done)
                 return actions
 
-            def done() -> list[Callable[[], None]]:
+            def done() -> list[Action]:
                 shapes.finish_container_operation(op)
                 p.running_op = ""
                 return []
@@ -248,7 +248,7 @@ class SimState:
             p.running_op = op["name"]
             marked: list[Instance] = []
 
-            def running() -> list[Callable[[], None]]:
+            def running() -> list[Action]:
                 op.update(status="RUNNING", startTime=shapes.now_rfc3339())
                 for v in victims:
                     inst = p.instances.get(v)
@@ -260,8 +260,8 @@ class SimState:
                 self.world.later(compress(ops.delete_instances_s), done)
                 return []
 
-            def done() -> list[Callable[[], None]]:
-                actions: list[Callable[[], None]] = []
+            def done() -> list[Action]:
+                actions: list[Action] = []
                 for inst in marked:
                     if p.instances.get(inst.name) is inst:
                         actions += self.world.drop(p, inst)
@@ -367,7 +367,8 @@ class SimState:
 
     def node_exists(self, node: str) -> bool:
         with self.lock:
-            return any((i := p.instances.get(node)) is not None and i.node for p in self.pools.values())
+            return self.world.busy(node) or any(
+                (i := p.instances.get(node)) is not None and i.node for p in self.pools.values())
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Block until ``predicate()`` holds (checked after every world event), at most ``timeout`` s."""
@@ -386,6 +387,7 @@ class SimState:
 
     def shutdown(self) -> None:
         self.timeline.stop()
+        self.world.shutdown()
 
 
 def operation_in_progress(op_name: str, pool: str) -> SimHttpError:
