@@ -9,7 +9,8 @@
 ``rbac_identity`` factory ``rbac_identity(sa="kfp-gpu", drop=()) -> Identity``: deploy/rbac.yaml rendered for
                the test namespace (ClusterRoles renamed per test; ``drop`` takes verbs out) and applied, and
                a client holding only a TokenRequest token of ServiceAccount ``sa`` (tests/integration/
-               rbac_support.py). Cluster-scoped objects are deleted afterwards.
+               rbac_support.py). Cluster-scoped objects are deleted afterwards. Any 401/403 answered to a
+               client of the full manifest fails the test at teardown, even when the code swallowed it.
 ``step_identity`` / ``step_api``       the components' ServiceAccount (kfp-gpu): Identity / its ApiClient.
                Steps run with this; ``kube.api`` (admin) stays for setup, assertions and the stand-in.
 ``janitor_identity`` / ``janitor_api`` the janitor's ServiceAccount (kfp-gpu-janitor), the same way.
@@ -96,15 +97,23 @@ IdentityFactory = Callable[..., Identity]
 @pytest.fixture
 def rbac_identity(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[IdentityFactory]:
     applied: list[list[Obj]] = []
+    complete: list[Identity] = []
 
     def make(sa: str = STEP_SA, drop: tuple[Drop, ...] = ()) -> Identity:
         objs = render(namespace, isolate=namespace, drop=drop)
         applied.append(objs)
-        return bind(kube.api, namespace, sa, tmp_path, objs)
+        ident = bind(kube.api, namespace, sa, tmp_path, objs)
+        if not drop:
+            complete.append(ident)
+        return ident
 
     yield make
     for objs in applied:
         delete_cluster_scoped(kube.api, objs)
+    denied = [f"{i.name}: {d}" for i in complete for d in i.api.denied]
+    if denied:  # also the 403s the code only logged (heartbeat, watch retries, preflight UNKNOWN)
+        pytest.fail("the API server refused the ServiceAccount (add the rule to deploy/rbac.yaml):\n  "
+                    + "\n  ".join(dict.fromkeys(denied)), pytrace=False)
 
 
 @pytest.fixture

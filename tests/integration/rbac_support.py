@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,13 +116,37 @@ def delete_cluster_scoped(api: client.ApiClient, objs: list[Obj]) -> None:
                 raise
 
 
+class RecordingApiClient(client.ApiClient):
+    """An ApiClient that remembers every 401/403 answer, including those the code catches and only logs
+    (heartbeats, watch retries, preflight checks that turn into UNKNOWN)."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        super().__init__(configuration)
+        self.denied: list[str] = []
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().request(method, url, *args, **kwargs)
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                self.denied.append(f"{method} {url.split('?')[0]}: {_message(exc)}")
+            raise
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)
+
+
 @dataclass(frozen=True)
 class Identity:
     """A ServiceAccount as seen by the apiserver: ``api`` sends only its bearer token."""
 
     namespace: str
     name: str
-    api: client.ApiClient
+    api: RecordingApiClient
     kubeconfig: Path
 
     @property
@@ -160,7 +185,7 @@ def identity(admin: client.ApiClient, namespace: str, sa: str, tmp: Path, ttl_s:
         "contexts": [{"name": "sa", "context": {"cluster": "kfp-gpu", "user": sa, "namespace": namespace}}],
     }))
     kubeconfig.chmod(0o600)
-    return Identity(namespace, sa, client.ApiClient(cfg), kubeconfig)
+    return Identity(namespace, sa, RecordingApiClient(cfg), kubeconfig)
 
 
 def bind(admin: client.ApiClient, namespace: str, sa: str, tmp: Path, objs: list[Obj]) -> Identity:

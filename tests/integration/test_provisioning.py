@@ -21,6 +21,7 @@ from kubernetes import client
 
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
+from kfp_gpu.cluster.nodes import run_toleration
 from kfp_gpu.errors import CapacityUnavailable, ProvisioningTimeout
 from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
@@ -230,7 +231,8 @@ def test_warm_pool_balloons_are_labelled_and_preempted_by_training_pods(env):
         metadata=client.V1ObjectMeta(name="trainer-0"),
         spec=client.V1PodSpec(node_selector={"kubernetes.io/hostname": node}, containers=[client.V1Container(
             name="t", image="x", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "8"}))],
-            tolerations=[client.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")]))
+            tolerations=[client.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+                         client.V1Toleration(**run_toleration(run))]))  # the run's own pod: tolerates its claim
     core.create_namespaced_pod(e.ns, real)
     _wait_for(lambda: core.read_namespaced_pod("trainer-0", e.ns).spec.node_name == node)
     teardown.run(spec, run, "", api=e.step_api, provider=e.provider(spec))
