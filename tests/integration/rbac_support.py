@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,9 +129,13 @@ class RecordingApiClient(client.ApiClient):
         try:
             return super().request(method, url, *args, **kwargs)
         except ApiException as exc:
-            if exc.status in (401, 403):
-                self.denied.append(f"{method} {url.split('?')[0]}: {_message(exc)}")
+            msg = _message(exc)
+            if exc.status == 401 or (exc.status == 403 and _RBAC_DENIAL.search(msg)):  # not webhook denials
+                self.denied.append(f"{method} {url.split('?')[0]}: {msg}")
             raise
+
+
+_RBAC_DENIAL = re.compile(r'User ".*" cannot ')
 
 
 def _message(exc: ApiException) -> str:
