@@ -18,9 +18,8 @@ class GangTracker:
     def __init__(self, run_id: str, pools: Iterable[str], timeline: Timeline, gpus_per_node: int,
                  spot: bool, exclude: Iterable[str] = ()) -> None:
         self.run_label = label_safe(run_id)
-        # nodes already given up (preempted) though the API may still show them: ignored while they still carry
-        # this run's claim; a managed instance group recreates a VM under the same name, and that fresh Node
-        # (unclaimed) is a valid replacement
+        # Node uids already given up (preempted) though the API may still show them. By uid, not name: a
+        # managed instance group recreates a VM under the same name, and that fresh Node is a valid replacement
         self.exclude = frozenset(exclude)
         self.pools = set(pools)
         self.timeline = timeline
@@ -41,7 +40,7 @@ class GangTracker:
 
     def on_event(self, kind: str, node: Node, at: float, *, preexisting: bool = False) -> None:
         view = NodeView.of(node)
-        if view.pool not in self.pools or (view.name in self.exclude and view.run_id == self.run_label):
+        if view.pool not in self.pools or (view.uid and view.uid in self.exclude):
             return
         with self.cond:
             if kind == "DELETED":

@@ -45,6 +45,7 @@ class NodeView:
     run_id: str  # claim label value, "" when unclaimed
     deleting: bool
     going: bool = False  # cordoned or tainted for shutdown (a preemption notice): never usable again
+    uid: str = ""  # a VM recreated under the same name registers a new Node (new uid)
 
 
     @classmethod
@@ -60,6 +61,7 @@ class NodeView:
             run_id=labels.get(LABEL_RUN_ID, ""),
             deleting=meta.get("deletionTimestamp") is not None,
             going=is_going(node),
+            uid=str(meta.get("uid", "")),
         )
 
 

@@ -190,6 +190,7 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
         gpus=quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
         claimed_by=str((meta.get("labels") or {}).get(LABEL_RUN_ID, "")),
+        uid=str(meta.get("uid", "")),
     )
 
 
@@ -273,8 +274,10 @@ class GangWatch:
             n = node_fact(ev.obj, ev.at, deleted=deleted)
             self.nodes[n.name] = n
             why = node_shutdown_reason(n)
-            if why and n.name in self.gang and n.name not in self.incidents:
-                self.incidents[n.name] = NodeIncident(n.name, ev.at, why)
+            prev = self.incidents.get(n.name)
+            # a node recreated under the same name (new uid) and lost again is a new incident
+            if why and n.name in self.gang and (prev is None or (n.uid and prev.uid and n.uid != prev.uid)):
+                self.incidents[n.name] = NodeIncident(n.name, ev.at, why, n.uid)
         elif ev.source == "pod":
             p = pod_fact(ev.obj, ev.at, deleted=deleted)
             old = self._all_pods.get(p.name)

@@ -61,6 +61,7 @@ class NodeFact:
     gpus: float = 0.0  # allocatable nvidia.com/gpu
     zone: str = ""
     claimed_by: str = ""  # the kfp-gpu.io/run-id claim label ("" when unclaimed)
+    uid: str = ""  # the Node object's uid: a VM recreated under the same name is a new Node
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class NodeIncident:
     node: str
     at: float
     reason: str  # "deleted" | a shutdown taint key | "NotReady"
+    uid: str = ""  # which incarnation of the node (see NodeFact.uid)
 
 
 @dataclass(frozen=True)

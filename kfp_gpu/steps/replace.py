@@ -58,39 +58,45 @@ class Background:
 
 
 def replace(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity: Capacity, lost: Sequence[str],
-            *, zone_hint: str, on_demand: bool, attempt: int, hook: Reprovision | None) -> Capacity:
+            *, zone_hint: str, on_demand: bool, attempt: int, hook: Reprovision | None,
+            lost_uids: Sequence[str] = (), deficit: int = 0) -> Capacity:
     """Capacity for ``lost`` nodes of ``capacity``; returns the merged gang (survivors + replacements).
 
     Raises: ProvisioningTimeout, CapacityUnavailable, QuotaExceeded, NotFound (no matching, e.g. on-demand,
     pool), PermissionDenied: as :func:`kfp_gpu.steps.scale_up.provision`. ``hook`` replaces
-    :func:`reprovision` (tests, custom capacity).
+    :func:`reprovision` (tests, custom capacity). ``deficit`` more nodes are asked for besides ``lost``'s.
     """
+    count = len(lost) + deficit
     if hook is None:
         from kfp_gpu.providers import for_target
 
         # attempt keys the provider's idempotency: each recovery is a distinct (run_id, step) mutation
         where = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n in lost}
-        new = reprovision(spec, run_id, api, for_target(spec.target), lost=len(lost), zone_hint=zone_hint,
-                          on_demand=on_demand, attempt=attempt, lost_nodes=list(lost), lost_where=where)
+        keep = {n: p.pool for p in capacity.placements for n in p.nodes if n not in lost}
+        new = reprovision(spec, run_id, api, for_target(spec.target), lost=count, zone_hint=zone_hint,
+                          on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where, keep=keep)
     else:
-        new = hook(spec, run_id, api, None, lost=len(lost), zone_hint=zone_hint, on_demand=on_demand)
+        new = hook(spec, run_id, api, None, lost=count, zone_hint=zone_hint, on_demand=on_demand)
     return merge_capacity(capacity, set(lost), new)
 
 
 def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
                 lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1,
-                lost_nodes: Sequence[str] = (), lost_where: Mapping[str, tuple[str, str]] | None = None,
-                ) -> Capacity:
+                lost_uids: Sequence[str] = (), lost_where: Mapping[str, tuple[str, str]] | None = None,
+                keep: dict[str, str] | None = None) -> Capacity:
     """Replace ``lost`` nodes of a running gang (spot recovery): same zone first, on-demand when asked.
 
-    ``lost_nodes`` names them: a preempted node can still be listed (tainted, being drained) while the
-    replacement is requested, and must not count as capacity the run still holds.
+    ``lost_uids`` are the lost Node objects' uids: a preempted node can still be listed (tainted, being
+    drained) while the replacement is requested, and must not count as capacity the run still holds; a VM
+    its instance group recreated under the same name is a new Node (new uid) and counts.
 
     What the cloud is already bringing back counts first: a GKE managed instance group keeps its target size
     through a spot preemption and recreates the VM (same name), so in the same pool no resize is issued and
     the recreated node is claimed when Ready. When the replacement goes elsewhere instead (the on-demand
     fallback), the lost instances' slots (``lost_where``: node -> (pool, zone)) are given up first
     (:func:`release_slots`), so the instance group does not bring back a node nobody will use.
+
+    ``keep`` (survivor -> pool) is the run's gang without the lost nodes (see :func:`provision`).
 
     Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
     """
@@ -107,7 +113,7 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
                       owner)
 
     return provision(spec, run_id, api, provider, extra=lost, step=f"recovery-{attempt}", allow_spread=True,
-                     exclude=lost_nodes, on_zone_blocked=blocked)
+                     exclude=lost_uids, on_zone_blocked=blocked, keep=keep)
 
 
 def release_slots(provider: CapacityProvider, region: str, lost_where: Mapping[str, tuple[str, str]],

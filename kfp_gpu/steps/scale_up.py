@@ -80,11 +80,14 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
 def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
               extra: int | None = None, step: str = STEP, allow_spread: bool | None = None,
               rng: random.Random | None = None, gang_size: int | None = None, wait: bool = True,
-              lease_ttl_s: float | None = None, exclude: Sequence[str] = (),
-              on_zone_blocked: Callable[[str], None] | None = None) -> Capacity:
+              lease_ttl_s: float | None = None, exclude: Sequence[str] = (),  # Node uids to ignore
+              on_zone_blocked: Callable[[str], None] | None = None,
+              keep: dict[str, str] | None = None) -> Capacity:
     """Make ``spec.nodes`` (or, with ``extra``, our claimed nodes + extra) GPU nodes Ready and claimed.
 
-    With ``extra`` (recovery), the instance groups of the candidate zones are watched too: nodes they are
+    With ``extra`` (recovery), the gang is ``keep``'s survivors (node -> pool) that are in the candidate
+    pools plus ``extra``: counting survivors from the run's own list, not from live claims, keeps a survivor
+    that is preempted meanwhile in the count (its instance group brings it back). The instance groups of the candidate zones are watched too: nodes they are
     recreating count as coming (no resize is issued for them), and a stockout they report while we wait
     blocks that zone like a failed resize would; ``on_zone_blocked(zone)`` is called when a zone is given up.
 
@@ -118,7 +121,9 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     nodes, rv = list_nodes(api, selector)
     tracker.seed(nodes, time.time())
     gang = gang_size or spec.nodes
-    if extra is not None:
+    if extra is not None and keep is not None:  # the run's own view of its gang: survivor -> pool
+        gang = sum(1 for pool in keep.values() if pool in tracker.pools) + extra
+    elif extra is not None:
         gang = len([n for n in tracker.claimed() if n.pool in tracker.pools]) + extra
     watcher = NodeWatch(api, selector, rv, tracker.on_event, relist=lambda: list_nodes(api, selector)).start()
     failover = FailoverState.from_dict(led.get("failover", {}))

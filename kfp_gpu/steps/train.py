@@ -75,6 +75,7 @@ class TrainState:
         self.ledger: dict[str, Any] = {}
         self.attempt = 0
         self.resume_step = 0
+        self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions
         self._usage_closed = True
         self.watch = GangWatch(api, self.namespace, job, pytorchjob.GROUP, pytorchjob.VERSION,
                                pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={job}")
@@ -256,6 +257,7 @@ def _supervise(
         replacing = None
         if outcome.cause is Cause.PREEMPTION:
             lost = st.watch.lost_nodes(outcome)
+            st.counted |= {(i.node, i.at) for i in st.watch.incidents.values()}
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
@@ -288,20 +290,31 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
         w.drain()
         gang = st.capacity.nodes
         lost = gang_losses(gang, w.nodes, label)
-        if lost:
+        # preempted while recovering, even if its instance group already brought it back under the same name
+        fresh = {i.node: i.reason for i in w.incidents.values() if (i.node, i.at) not in st.counted}
+        st.counted |= {(i.node, i.at) for i in w.incidents.values()}
+        if lost or fresh:
             now = time.time()
-            reason = "; ".join(f"node {n}: {loss_reason(n, w.nodes, label)}" for n in lost)
-            verdict = Verdict(Cause.PREEMPTION, now, tuple(lost), reason + " (while recovering)")
+            reason = "; ".join([f"node {n}: {why}" for n, why in sorted(fresh.items()) if n not in lost]
+                               + [f"node {n}: {loss_reason(n, w.nodes, label)}" for n in lost])
+            verdict = Verdict(Cause.PREEMPTION, now, tuple(sorted(set(lost) | set(fresh))),
+                              reason + " (while recovering)")
             decision = decide(st.spec.recovery, spot=st.spec.spot, budget=st.budget, verdict=verdict)
             w.decided_at = now
             _record(st, verdict, decision, None)
             if decision.action is Action.EXHAUSTED:
                 raise _exhausted(st, decision, verdict)
-            _replace_nodes(st, list(lost), decision.on_demand, reprovision)
+            if lost:
+                _replace_nodes(st, list(lost), decision.on_demand, reprovision)
+            else:
+                st.ledger["preemptions"][-1]["replacement_nodes"] = sorted(fresh)  # recreated, still ours
             st.save_ledger()
             deadline = time.time() + gate_s
             continue
         if _claim(st, unclaimed(gang, w.nodes)):
+            continue
+        if len(gang) < st.spec.nodes:  # a replacement came back short: ask for the rest
+            _replace_nodes(st, [], False, reprovision, deficit=st.spec.nodes - len(gang))
             continue
         missing = gang_ready(gang, w.nodes, st.capacity.gpus_per_node)
         if not missing:
@@ -376,14 +389,20 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
     st.save_ledger()
 
 
-def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None) -> None:
-    """Replace ``lost`` (same zone first) and record which nodes replaced them."""
+def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
+                   deficit: int = 0) -> None:
+    """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
     before = set(st.capacity.nodes) - set(lost)
+    gone = [st.watch.nodes[n].uid for n in lost if n in st.watch.nodes]  # these incarnations are lost
     st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
-                          attempt=st.budget.preemptions, hook=reprovision)
-    st.ledger["preemptions"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
+                          attempt=st.budget.preemptions, hook=reprovision, lost_uids=gone, deficit=deficit)
+    if st.ledger.get("preemptions"):
+        entry = st.ledger["preemptions"][-1]
+        entry["replacement_nodes"] = sorted(set(entry.get("replacement_nodes", []))
+                                            | {n for n in st.capacity.nodes if n not in before})
+    log.info("job %s: replaced %s; gang now %s", st.job, ", ".join(lost), ", ".join(st.capacity.nodes))
 
 
 def _cleanup(st: TrainState, timeout_s: float) -> None:
