@@ -24,15 +24,20 @@ from kfp_gpu.errors import (
 from kfp_gpu.providers.base import Operation, OpStatus, Owner, PoolRef
 from kfp_gpu.providers.gke import ERROR_SCOPES, HTTP_SCOPES, GkeProvider
 from kfp_gpu.providers.gke import classify as cl
+from kfp_gpu.retry import RetryPolicy
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
 
 OWNER = Owner("run-1", "scale-up", 2_000_000_000.0)
 SET_SIZE = r"nodePools/l4-a:setSize"
+FAST = RetryPolicy(attempts=3, budget_s=5.0, base_s=0.01, cap_s=0.05)
 
 
 def _resize_error(faults: list[dict[str, Any]], **extra: Any) -> KfpGpuError:
+    """The error resize() raises when every setSize meets ``faults`` (persistent: transient ones are
+    retried by the provider until its bound, then raised classified)."""
+    faults = [{"count": 1000, **f} for f in faults]
     with running(scenario(faults=faults, **extra)) as sim:
-        p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url)
+        p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, retry=FAST)
         with pytest.raises(KfpGpuError) as info:
             p.resize(PoolRef("l4-a", "us-central1-a"), 1, OWNER)
         return info.value

@@ -10,7 +10,6 @@ import pytest
 
 from kfp_gpu.errors import (
     CapacityUnavailable,
-    CloudError,
     InvalidSpec,
     NotFound,
     PermissionDenied,
@@ -19,11 +18,14 @@ from kfp_gpu.errors import (
 )
 from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
+from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.sim import SimServer
 from kfp_gpu.spec import Target, TargetKind
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
+from tests.waiting import wait_until
 
 OWNER = Owner("run-42", "scale-up", 2_000_000_000.0)
+FAST = RetryPolicy(attempts=3, budget_s=5.0, base_s=0.01, cap_s=0.05)
 
 
 @pytest.fixture
@@ -74,10 +76,12 @@ def test_quota_h100_family_comes_from_cloud_quotas(sim: SimServer) -> None:
 
 
 def test_failed_quota_read_is_unknown_never_ok() -> None:
+    # the 503 persists past the provider's retry bound (a single 503 is retried away)
     data = scenario(faults=[{"path": "/regions/us-central1$", "status": 403, "count": 1},
-                            {"path": "/compute/v1/projects/[^/]+$", "status": 503, "count": 1}])
+                            {"path": "/compute/v1/projects/[^/]+$", "status": 503, "count": 1000}])
     with running(data) as sim:
-        rows = {q.metric: q for q in _provider(sim).quota("a100-80gb", REGION, spot=False)}
+        p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, retry=FAST)
+        rows = {q.metric: q for q in p.quota("a100-80gb", REGION, spot=False)}
         a100, glob = rows["NVIDIA_A100_80GB_GPUS"], rows["GPUS_ALL_REGIONS"]
         assert a100.status == "unknown" and a100.free is None and "compute.regions.get" in a100.reason
         assert glob.status == "unknown" and "TransientCloudError" in glob.reason
@@ -109,17 +113,18 @@ def test_resize_is_idempotent_and_async(sim: SimServer) -> None:
     fresh = _provider(sim)  # a retried pod: no memory, the pool is already at 3
     assert fresh.resize(ref, 3, OWNER).id.startswith("noop:")
     assert sim.request_counts()["container.nodePools.setSize"] == 1
-    assert len(sim.nodes("a100-80gb-c")) == 3
+    wait_until("3 VMs booted", lambda: len(sim.nodes("a100-80gb-c")) == 3, timeout=30, every=0.05)
     _until_done(p, p.resize(ref, 0, OWNER))
-    assert sim.nodes("a100-80gb-c") == []
+    wait_until("the VMs gone", lambda: sim.nodes("a100-80gb-c") == [], timeout=30, every=0.05)
 
 
 def test_resize_errors(sim: SimServer) -> None:
     p = _provider(sim)
     with pytest.raises(InvalidSpec, match="0, 16"):
         p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 17, OWNER)
-    with pytest.raises(NotFound, match="nodePools/nope"):
+    with pytest.raises(NotFound, match="'nope' does not exist .*its pools: a100-80gb-a, a100-80gb-b") as nf:
         p.resize(PoolRef("nope", "us-central1-a"), 1, OWNER)
+    assert "gcloud container node-pools create nope" in nf.value.remediation
     with pytest.raises(NotFound, match="us-central1-b"):
         p.resize(PoolRef("a100-80gb-a", "us-central1-b"), 1, OWNER)
     _until_done(p, p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 16, OWNER))
@@ -226,11 +231,15 @@ def test_no_google_import_at_kfp_gpu_import() -> None:
 def test_delete_specific_nodes(sim: SimServer) -> None:
     p, ref = _provider(sim), PoolRef("l4-b", "us-central1-b")
     _until_done(p, p.resize(ref, 4, OWNER))
+    wait_until("4 VMs booted", lambda: len(sim.nodes("l4-b")) == 4, timeout=30, every=0.05)
     victims = sim.nodes("l4-b")[1:3]
     op = p.delete_nodes(ref, victims)
-    assert op.status is OpStatus.DONE and op.kind == "delete-nodes"
-    assert sim.nodes("l4-b") == [n for n in [f"gke-{CLUSTER}-l4-b-{i:04d}" for i in range(4)] if n not in victims]
+    assert op.kind == "delete-nodes" and op.error is None
+    assert _until_done(p, op).status is OpStatus.DONE  # deleteInstances is an asynchronous operation
+    wait_until("the victims gone", lambda: sim.nodes("l4-b") == [
+        n for n in [f"gke-{CLUSTER}-l4-b-{i:04d}" for i in range(4)] if n not in victims], timeout=30, every=0.05)
     assert p.pool(ref).size == 2
-    with pytest.raises(CloudError, match="not members"):
-        p.delete_nodes(ref, ["gke-nope"])
-    assert p.resize(ref, 4, OWNER).status is OpStatus.RUNNING  # not a stale cached op
+    # idempotent: instances already gone (a retry, a preemption) are skipped, nothing else is deleted
+    assert _until_done(p, p.delete_nodes(ref, [*victims, "gke-nope"])).status is OpStatus.DONE
+    assert p.pool(ref).size == 2 and len(sim.nodes("l4-b")) == 2
+    assert p.resize(ref, 4, OWNER).status in (OpStatus.PENDING, OpStatus.RUNNING)  # not a stale cached op
