@@ -255,8 +255,8 @@ class Heartbeat:
                 if exc.status != 404:
                     raise
                 cur = None
-            if release and cur is None:
-                return
+            if release and (cur is None or (cur.get("spec") or {}).get("holderIdentity") != ident.holder):
+                return  # never started, or another holder (a retried pod) has taken it over: not ours to release
             body = self._lease_body(cur, ident, renew_at, release)
             try:
                 if cur is None:

@@ -50,11 +50,12 @@ LABELLED = (LEDGER, BALLOON, NODE, JOB)  # kinds whose kfp-gpu.io/lease-expires 
 
 
 def request(api: client.ApiClient, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
-            body: Any = None, content_type: str = "application/json") -> Obj:
-    """One raw API call returning the decoded JSON body. Raises: ApiException."""
+            body: Any = None, content_type: str = "application/json", timeout_s: float = 30.0) -> Obj:
+    """One raw API call returning the decoded JSON body; a call hanging longer than ``timeout_s`` fails
+    (a heartbeat must not stall on one request). Raises: ApiException; urllib3 errors when unreachable."""
     resp = api.call_api(path, method, {}, query or [], {"Accept": "application/json", "Content-Type": content_type},
                         body=body, auth_settings=["BearerToken"], _preload_content=False,
-                        _return_http_data_only=True)
+                        _return_http_data_only=True, _request_timeout=timeout_s)
     data = resp.data
     return dict(json.loads(data)) if data else {}
 

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import balloons, ledger, owned
-from kfp_gpu.cluster.lease import A_LOCAL, A_POD, Heartbeat, JanitorLock, lease_name
+from kfp_gpu.cluster.lease import A_LOCAL, A_POD, Heartbeat, JanitorLock, OwnerIdentity, lease_name
 from kfp_gpu.cluster.nodes import claim, read_node
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.steps import janitor
@@ -272,3 +272,19 @@ def test_a_step_writing_with_an_old_owner_never_shortens_the_lease(kube, namespa
     assert ledger.data_of(cm) == {"n": 2}
     assert float(cm.metadata.labels[LABEL_LEASE]) >= float(raised)
     assert owned.RUN_LEASE_LABEL not in cm.metadata.labels
+
+
+def test_a_retried_pod_takes_the_lease_over_and_the_old_one_cannot_release_it(kube, namespace: str,
+                                                                              step_api: client.ApiClient) -> None:
+    run = f"lease-retry-{uuid.uuid4().hex[:6]}"
+    old = OwnerIdentity(holder="train-impl-1/7", pod=f"{namespace}/train-impl-1")
+    new = OwnerIdentity(holder="train-impl-2/7", pod=f"{namespace}/train-impl-2")
+    first = Heartbeat(step_api, namespace, run, "train", 600.0, identity=old).start()
+    second = Heartbeat(step_api, namespace, run, "train", 600.0, identity=new).start()  # the retry re-attaches
+    first.stop()  # the evicted pod's finally block runs late
+    lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(lease_name(run, "train"), namespace)
+    assert lease.spec.holder_identity == new.holder and lease.spec.lease_transitions == 1
+    assert lease.metadata.annotations[A_POD] == new.pod
+    second.stop()
+    lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(lease_name(run, "train"), namespace)
+    assert not lease.spec.holder_identity
