@@ -46,6 +46,7 @@ integration = pytest.mark.integration  # the manifest/code checks above the live
 env = test_provisioning.env  # the GKE stand-in fixture
 _step_proc = test_provisioning._step_proc
 PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
+DOCS = PKG.parent / "docs" / "rbac-iam.md"
 NOT_THE_CLIENT = ("devcluster", "sim")  # the local cluster and the cloud stand-in run as admin, not as a step
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
@@ -296,6 +297,32 @@ def test_the_owned_kinds_table_matches_raw_calls() -> None:
     assert kinds == _OWNED
 
 
+def test_docs_tables_match_the_manifest() -> None:
+    """docs/rbac-iam.md section 1 has four tables: components' Role, components' ClusterRole, janitor's
+    ClusterRole, janitor's lock Role; each row must be what the manifest grants."""
+    text = DOCS.read_text()
+    section = text[text.index("## 1. Kubernetes RBAC"):text.index("## 2.")]
+    tables: list[dict[tuple[str, str], set[str]]] = []
+    in_table = False
+    for line in section.splitlines():
+        if line.startswith("|") and not in_table:
+            tables.append({})
+        in_table = line.startswith("|")
+        if line.startswith("| `"):
+            first, verbs = [c.strip() for c in line.strip("|").split("|")][:2]
+            group = first.rsplit("(", 1)[1].rstrip(")")
+            tables[-1][("" if group == "core" else group, first.split("`")[1])] = set(verbs.split(", "))
+    objs = render("ns")
+    want = []
+    for sa, scope in ((STEP_SA, NS), (STEP_SA, CLUSTER), (JANITOR_SA, CLUSTER), (JANITOR_SA, NS)):
+        rows: dict[tuple[str, str], set[str]] = {}
+        for (g, r, v), sc in _granted(objs, sa).items():
+            if sc == scope:
+                rows.setdefault((g, r), set()).add(v)
+        want.append(rows)
+    assert tables == want
+
+
 # ---- live access checks ---------------------------------------------------------------------------------
 
 @integration
@@ -392,6 +419,9 @@ def test_janitor_service_account_releases_a_run_and_its_orphans(env, kube, janit
     expired = Owner.for_step(orphan, "warm_pool", -60)
     balloons.create_balloons(e.step_api, e.ns, expired, 1, 8, "nvidia-a100-80gb", [])
 
+    # --all-namespaces as the janitor's account: lists (and checks owners) across the cluster, changes nothing
+    wide = janitor.collect(e.ns, api=janitor_api, dry_run=True, all_namespaces=True)
+    assert wide.runs.get(label_safe(run)) == "live", str(wide)
     rep = janitor.collect(e.ns, api=janitor_api, provider=e.provider(spec), now=time.time() + spec.lease_ttl_s + 1)
     assert rep.runs[label_safe(run)] == "released", str(rep)
     assert any(o.startswith("pod/") for o in rep.orphans), str(rep)
