@@ -288,3 +288,70 @@ def test_a_retried_pod_takes_the_lease_over_and_the_old_one_cannot_release_it(ku
     second.stop()
     lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(lease_name(run, "train"), namespace)
     assert not lease.spec.holder_identity
+
+
+WORKFLOW_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "workflows.argoproj.io"},
+    "spec": {"group": "argoproj.io", "scope": "Namespaced",
+             "names": {"kind": "Workflow", "plural": "workflows", "singular": "workflow", "listKind": "WorkflowList"},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+@pytest.fixture
+def argo_workflows(kube) -> Iterator[None]:
+    """The Argo Workflow CRD (as Argo installs it: no status subresource), created if absent."""
+    ext = client.ApiextensionsV1Api(kube.api)
+    created = False
+    try:
+        ext.create_custom_resource_definition(WORKFLOW_CRD)
+        created = True
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    wait_until("Workflow CRD established", lambda: any(
+        c.type == "Established" and c.status == "True"
+        for c in (ext.read_custom_resource_definition("workflows.argoproj.io").status.conditions or [])), timeout=30)
+    wait_until("workflows served", lambda: _served(kube.api), timeout=30)
+    yield
+    if created:
+        ext.delete_custom_resource_definition("workflows.argoproj.io")
+
+
+def _served(api: client.ApiClient) -> bool:
+    try:
+        return any(r["name"] == "workflows" for r in owned.request(api, "GET", janitor.ARGO).get("resources", []))
+    except ApiException:
+        return False
+
+
+def test_a_run_whose_workflow_still_runs_is_kept_after_its_step_pod_is_gone(
+        kube, namespace: str, kwok_nodes: NodeFactory, step_identity: Identity, janitor_api: client.ApiClient,
+        beating: list[subprocess.Popen[str]], argo_workflows: None) -> None:
+    run = f"lease-wf-{uuid.uuid4().hex[:6]}"
+    _, (node,) = kwok_nodes(1)
+    wf, pod = f"llm-{run}", f"llm-{run}-system-container-impl-1"
+    custom = client.CustomObjectsApi(kube.api)
+    custom.create_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "workflows", {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": wf},
+        "spec": {"entrypoint": "entrypoint"}, "status": {"phase": "Running"}})
+    kube.core.create_namespaced_pod(namespace, {
+        "metadata": {"name": pod, "labels": {"workflows.argoproj.io/workflow": wf}},
+        "spec": {"nodeSelector": {"kfp-gpu.io/nowhere": "x"}, "containers": [{"name": "main", "image": "busybox"}]}})
+    proc = _start(step_identity, namespace, run, beating, KFP_POD_NAME=pod, POD_NAMESPACE=namespace)
+    _hold(step_identity.api, kube.api, namespace, Owner.for_step(run, "train", TTL), node)
+    lease = client.CoordinationV1Api(kube.api).read_namespaced_lease(lease_name(run, "train"), namespace)
+    assert lease.metadata.annotations["kfp-gpu.io/owner-workflow"] == f"{namespace}/{wf}"  # from the pod's label
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kube.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)  # evicted; Argo will retry it
+    wait_until("pod gone", lambda: not kube.core.list_namespaced_pod(
+        namespace, field_selector=f"metadata.name={pod}").items, timeout=30)
+    _until_expired_then_kept(janitor_api, namespace, run, f"workflow {namespace}/{wf} is alive")
+    custom.patch_namespaced_custom_object("argoproj.io", "v1alpha1", namespace, "workflows", wf,
+                                          {"status": {"phase": "Failed", "finishedAt": "2026-01-01T00:00:00Z"}})
+    rep = _gc(janitor_api, namespace, run)
+    assert rep.runs[label_safe(run)] == "released", str(rep)
+    assert f"workflow {namespace}/{wf} gone" in rep.reasons[label_safe(run)]
