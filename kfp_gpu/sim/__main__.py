@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.url_file:
         with open(args.url_file, "w") as fh:
             fh.write(url + "\n")
-    print(f"kfp-gpu sim serving {url}", flush=True)
+    from kfp_gpu.sim.clock import TIME_SCALE
+
+    print(f"kfp-gpu sim serving {url} (scenario time runs {TIME_SCALE:g}x faster than real)", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
