@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,14 @@ from google.cloud import cloudquotas_v1, compute_v1, container_v1
 from kfp_gpu.sim import SimServer
 from kfp_gpu.sim.state import MemoryBackend
 from tests.sim._helpers import CLUSTER, PARENT, PROJECT, REGION, client_kwargs, running, scenario
+
+
+@pytest.fixture
+def sim() -> Iterator[SimServer]:
+    """Shape tests call the raw clients once per step: the default world minus its seeded 5xx, whose
+    effects (and the provider's retries) are tested in test_sim_api.py and test_gke_resilience.py."""
+    with running(scenario(api={"error_rate": 0})) as s:
+        yield s
 
 
 def _post(url: str, body: dict[str, Any]) -> Any:
