@@ -70,8 +70,8 @@ def igm_delete_instances(st: SimState, m: re.Match[str], q: dict[str, str], b: d
     st.check_project(m["p"])
     names = [str(x) for x in b.get("instances") or []]
     if b.get("skipInstancesOnValidationError"):  # members only: already-gone instances are skipped
-        with st.lock:
-            members = {n for p in st.pools.values() for n in p.nodes}
+        with st.lock:  # an instance being created or recreated is a member too (listManagedInstances shows it)
+            members = {n for p in st.pools.values() for n in p.instances}
         names = [n for n in names if n.rsplit("/", 1)[-1] in members]
     return 200, st.delete_instances(m["z"], m["igm"], names)
 

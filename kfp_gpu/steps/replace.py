@@ -72,7 +72,7 @@ def replace(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity
 
         # attempt keys the provider's idempotency: each recovery is a distinct (run_id, step) mutation
         where = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n in lost}
-        keep = {n: p.pool for p in capacity.placements for n in p.nodes if n not in lost}
+        keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
         new = reprovision(spec, run_id, api, for_target(spec.target), lost=count, zone_hint=zone_hint,
                           on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where, keep=keep)
     else:
@@ -83,7 +83,7 @@ def replace(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity
 def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
                 lost: int, zone_hint: str = "", on_demand: bool = False, *, attempt: int = 1,
                 lost_uids: Sequence[str] = (), lost_where: Mapping[str, tuple[str, str]] | None = None,
-                keep: dict[str, str] | None = None) -> Capacity:
+                keep: dict[str, tuple[str, str]] | None = None) -> Capacity:
     """Replace ``lost`` nodes of a running gang (spot recovery): same zone first, on-demand when asked.
 
     ``lost_uids`` are the lost Node objects' uids: a preempted node can still be listed (tainted, being
@@ -96,7 +96,7 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     fallback), the lost instances' slots (``lost_where``: node -> (pool, zone)) are given up first
     (:func:`release_slots`), so the instance group does not bring back a node nobody will use.
 
-    ``keep`` (survivor -> pool) is the run's gang without the lost nodes (see :func:`provision`).
+    ``keep`` (survivor -> (pool, zone)) is the run's gang without the lost nodes (see :func:`provision`).
 
     Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
     """

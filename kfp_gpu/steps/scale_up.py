@@ -82,7 +82,7 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
               rng: random.Random | None = None, gang_size: int | None = None, wait: bool = True,
               lease_ttl_s: float | None = None, exclude: Sequence[str] = (),  # Node uids to ignore
               on_zone_blocked: Callable[[str], None] | None = None,
-              keep: dict[str, str] | None = None) -> Capacity:
+              keep: dict[str, tuple[str, str]] | None = None) -> Capacity:
     """Make ``spec.nodes`` (or, with ``extra``, our claimed nodes + extra) GPU nodes Ready and claimed.
 
     With ``extra`` (recovery), the gang is ``keep``'s survivors (node -> pool) that are in the candidate
@@ -121,8 +121,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     nodes, rv = list_nodes(api, selector)
     tracker.seed(nodes, time.time())
     gang = gang_size or spec.nodes
-    if extra is not None and keep is not None:  # the run's own view of its gang: survivor -> pool
-        gang = sum(1 for pool in keep.values() if pool in tracker.pools) + extra
+    if extra is not None and keep is not None:  # the run's own view of its gang: survivor -> (pool, zone)
+        gang = sum(1 for pool, _ in keep.values() if pool in tracker.pools) + extra
     elif extra is not None:
         gang = len([n for n in tracker.claimed() if n.pool in tracker.pools]) + extra
     watcher = NodeWatch(api, selector, rv, tracker.on_event, relist=lambda: list_nodes(api, selector)).start()
@@ -142,7 +142,10 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     claimer = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kfp-gpu-claim")
     try:
         while True:
-            plan = plan_scale(gang, tracker.observations(states), zones=zones,
+            # survivors in a zone given up still hold their place: plan (and wait for) only the rest there
+            need = gang - sum(1 for pool, zone in (keep or {}).values()
+                              if pool in tracker.pools and zone in failover.blocked_zones)
+            plan = plan_scale(need, tracker.observations(states), zones=zones,
                               blocked_zones=failover.blocked_zones, allow_zone_spread=spread)
             if failover.provider_blocked or not [c for c in candidates if not failover.is_blocked(c)]:
                 raise failover.exhausted(f"{gang} x {spec.gpus_per_node} {spec.accelerator} nodes")
@@ -164,9 +167,9 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                     node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires)),
                     plan.zones, gang - len(tracker.claimed()))
                 watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
-                err_zone, err = _wait_gang(tracker, gang, plan.zones, deadline, provider, ops, watched, started)
+                err_zone, err = _wait_gang(tracker, need, plan.zones, deadline, provider, ops, watched, started)
             if err is None:
-                if tracker.ready_count(plan.zones) < gang:
+                if tracker.ready_count(plan.zones) < need:
                     raise _timeout(spec, timeline, gang)
                 cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early)
                 if len(cap.nodes) >= gang:

@@ -215,3 +215,82 @@ def test_killed_train_pod_is_retried_and_reattaches_without_a_second_copy_or_res
     assert {k: v for k, v in after.items() if "setSize" in k} == {k: v for k, v in resizes.items() if "setSize" in k}
     assert uid
     _assert_nothing_left(kube, sim, namespace, run)
+
+
+def _stockout_now(sim: SimServer, zone: str) -> None:
+    """The zone runs out of stock from now on (the world's clock; windows are in real-world seconds)."""
+    import dataclasses
+
+    from kfp_gpu.sim.clock import expand
+    from kfp_gpu.sim.scenario import Stockout
+
+    with sim.state.lock:
+        sc = sim.state.scenario
+        sim.state.scenario = dataclasses.replace(
+            sc, stockouts=(*sc.stockouts, Stockout(zone, start_s=expand(sim.state.elapsed()))))
+
+
+def test_stockout_while_replacing_fails_over_without_the_stuck_recreation(
+    kube: Kube, namespace: str, sim: SimServer, step_api: client.ApiClient, tmp_path: Path,
+) -> None:
+    """Zone a stocks out; a spot node there is preempted. Its instance group cannot recreate it (listErrors:
+    ZONE_RESOURCE_POOL_EXHAUSTED), so recovery gives that slot up and replaces the node in zone b."""
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt, max_preemptions=3)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    provider = GkeProvider.from_target(spec.target)
+    copies = Copies(kube, namespace, run)
+    try:
+        cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
+        cap = Capacity.from_json(cap_json)
+        assert [p.zone for p in cap.placements] == ["us-central1-a"], cap
+        th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=step_api)
+        copies.start()
+        th.start()
+        job = pytorchjob.job_name(run, "train")
+        wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=120)
+        _stockout_now(sim, "us-central1-a")
+        victim = cap.nodes[0]
+        sim.preempt(victim)
+        out = json.loads(th.outcome(300).output_json)
+        targets = {name: p.target for name, p in sim.state.pools.items() if p.target}
+    finally:
+        copies.stop()
+        teardown.run(spec, run, "", api=step_api, provider=provider)
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1, out
+    zones = {p["zone"]: p["nodes"] for p in out["capacity"]["placements"]}
+    assert len(zones.get("us-central1-b", [])) == 1 and victim not in zones.get("us-central1-a", []), zones
+    # the stuck recreation was given up: spot-a holds 3, spot-b 1; nothing over-provisioned
+    assert targets == {"a100-80gb-spot-a": 3, "a100-80gb-spot-b": 1}, targets
+    assert copies.max_jobs == 1 and copies.max_pods <= 4, vars(copies)
+    _assert_nothing_left(kube, sim, namespace, run)
+
+
+def test_on_demand_fallback_uses_the_clusters_on_demand_pool_for_real(
+    kube: Kube, namespace: str, sim: SimServer, step_api: client.ApiClient, tmp_path: Path,
+) -> None:
+    """The spec lists only spot pools; after recovery.on_demand_after=1 preemption the replacement comes from
+    the cluster's on-demand a100 pool, and the spot group's recreation of the lost VM is given up."""
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt, pools=("a100-80gb-spot-a", "a100-80gb-spot-b"), max_preemptions=2,
+                 on_demand_after=1)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    provider = GkeProvider.from_target(spec.target)
+    try:
+        cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
+        cap = Capacity.from_json(cap_json)
+        th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=step_api)
+        th.start()
+        job = pytorchjob.job_name(run, "train")
+        wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=120)
+        victim = cap.nodes[2]
+        sim.preempt(victim)
+        out = json.loads(th.outcome(300).output_json)
+        targets = {name: p.target for name, p in sim.state.pools.items() if p.target}
+    finally:
+        teardown.run(spec, run, "", api=step_api, provider=provider)
+    assert out["status"] == "Succeeded" and out["on_demand"] is True, out
+    pools = {p["pool"]: p["nodes"] for p in out["capacity"]["placements"]}
+    assert len(pools.get("a100-80gb-a", [])) == 1, pools  # on-demand, same zone as the lost spot node
+    assert targets == {"a100-80gb-spot-a": 3, "a100-80gb-a": 1}, targets
+    _assert_nothing_left(kube, sim, namespace, run)
