@@ -26,6 +26,7 @@ from kfp_gpu.errors import (
     Scope,
     TransientCloudError,
 )
+from kfp_gpu.retry import parse_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,31 @@ def classify_fault(f: Fault, *, zone: str = "", region: str = "", permission: st
         remediation="see the verbatim cloud message; report it so the error table can learn it",
         status=f.status, tokens=f.tokens, zone=where["zone"], region=where["region"],
     )
+
+
+def classify_exception(exc: BaseException, *, zone: str = "", region: str = "", endpoint: str = "") -> Exception:
+    """A raw google.api_core / google.auth / requests exception as a KfpGpuError (never raises).
+
+    A ``Retry-After`` header of the REST response (``exc.response``) becomes the ``retry_after_s`` field.
+    """
+    if isinstance(exc, KfpGpuError):
+        return exc
+    from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
+
+    if isinstance(exc, (DefaultCredentialsError, RefreshError)):
+        return PermissionDenied(
+            f"Google Cloud credentials are missing or expired: {exc}",
+            remediation="run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS",
+        )
+    if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith("requests"):
+        return TransientCloudError(f"cannot reach {endpoint or 'the Google APIs'}: {exc}",
+                                   remediation="retry; check network/endpoint")
+    err = classify_fault(fault_from_exception(exc), zone=zone, region=region)
+    headers = getattr(getattr(exc, "response", None), "headers", None)  # requests.Response of the REST call
+    wait = parse_retry_after(headers.get("Retry-After") if headers is not None else None)
+    if wait is not None:
+        err.fields["retry_after_s"] = wait
+    return err
 
 
 def permission_for(method: str, url: str) -> str:

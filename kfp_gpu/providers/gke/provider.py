@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from kfp_gpu import accelerators
 from kfp_gpu import retry as retry_mod
-from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied, TransientCloudError
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
 from kfp_gpu.providers.base import (
     Operation,
     OpStatus,
@@ -189,31 +189,9 @@ class GkeProvider:
             return list(ex.map(run, fns))
 
     def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
-        """Map a raw SDK exception to a KfpGpuError via the tables in ``classify``."""
-        if isinstance(exc, KfpGpuError):
-            return exc
-        err = self._classify(exc, zone=zone, region=region)
-        response = getattr(exc, "response", None)  # the requests.Response of a REST-transport error
-        headers = getattr(response, "headers", None)
-        wait = retry_mod.parse_retry_after(headers.get("Retry-After") if headers is not None else None)
-        if wait is not None and isinstance(err, KfpGpuError):
-            err.fields["retry_after_s"] = wait
-        return err
-
-    def _classify(self, exc: BaseException, *, zone: str, region: str) -> Exception:
-        from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
-
-        if isinstance(exc, (DefaultCredentialsError, RefreshError)):
-            return PermissionDenied(
-                f"Google Cloud credentials are missing or expired: {exc}",
-                remediation="run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS",
-            )
-        if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-            "requests"
-        ):
-            where = self.endpoint or "the Google APIs"
-            return TransientCloudError(f"cannot reach {where}: {exc}", remediation="retry; check network/endpoint")
-        return cl.classify_fault(cl.fault_from_exception(exc), zone=zone, region=region)
+        """Map a raw SDK exception to a KfpGpuError via the tables in ``classify`` (a ``Retry-After``
+        header becomes the error's ``retry_after_s`` field)."""
+        return cl.classify_exception(exc, zone=zone, region=region, endpoint=self.endpoint)
 
     # ---- quota --------------------------------------------------------------------------------
     def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
