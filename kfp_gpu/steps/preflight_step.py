@@ -13,17 +13,19 @@ from kfp_gpu.steps.result import StepResult
 
 def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: Any = None,
         provider: CapacityProvider | None = None) -> StepResult:
-    """Raises: QuotaExceeded (nothing fits; with shortfalls, how to raise each quota, lead times)."""
+    """Raises: QuotaExceeded (nothing fits; with shortfalls, how to raise each quota, lead times);
+    KubeconfigInvalid, ClusterUnreachable, WrongCluster (see :func:`kfp_gpu.cluster.kube.api_client`)."""
     from kfp_gpu.cluster.kube import api_client
-    from kfp_gpu.errors import KfpGpuError
+    from kfp_gpu.errors import NoKubeCredentials
     from kfp_gpu.providers import for_target
 
     provider = provider or for_target(spec.target)
     if api is None:
         try:
             api = api_client(spec.target)
-        except KfpGpuError:
-            api = None  # cluster checks become "unknown", never "ok"
+        except NoKubeCredentials:  # no cluster at all: its checks become "unknown", never "ok"
+            api = None
+        # a broken kubeconfig, an unreachable or wrong cluster fail the step with their one-line error
     result = check(run_preflight(spec, provider, api))
     metrics = {
         "placements_fitting": float(len(result.fitting)),

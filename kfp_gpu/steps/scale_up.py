@@ -110,6 +110,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             remediation="create a matching GPU node pool or fix target.pools / accelerator / capacity in the spec",
         )
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
+    if led.get("rolled_back") and time.time() >= deadline:  # a KFP retry of a step that already timed out
+        raise _timeout(spec, timeline, gang_size or spec.nodes)
     tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot,
                           exclude=exclude)
     if step == STEP:  # nodes the warm pool requested were requested then, not when scale-up first sees them
