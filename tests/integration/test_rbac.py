@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -431,6 +434,33 @@ def test_janitor_service_account_releases_a_run_and_its_orphans(env, kube, janit
     wait_until("balloons deleted", lambda: kube.core.list_namespaced_pod(
         e.ns, label_selector=f"{balloons.BALLOON_LABEL}=true").items == [], timeout=30)
     e.wait_pool("a100-80gb-spot-a", 0)
+
+
+def _gc_cli(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``kfp-gpu gc`` as the CronJob runs it, with the janitor's token (tests/unit covers the parsing)."""
+    return subprocess.run([sys.executable, "-m", "kfp_gpu.cli", "gc", *args], cwd=PKG.parent, text=True,
+                          capture_output=True, timeout=120, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+
+
+@integration
+def test_the_cronjob_command_runs_as_the_janitor_account(janitor_identity: Identity, kube, namespace: str) -> None:
+    ghost = f"ghost-{uuid.uuid4().hex[:6]}"  # --run: sweep every namespace, but release nothing of other runs
+    res = _gc_cli(janitor_identity.kubeconfig, "--all-namespaces", "--lock-namespace", namespace, "--run", ghost)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "held by this janitor" in res.stdout, res.stdout
+    lock = client.CoordinationV1Api(kube.api).read_namespaced_lease("kfp-gpu-janitor", namespace)
+    assert lock.spec.renew_time is not None and not lock.spec.holder_identity  # taken, then released
+
+
+@integration
+def test_a_janitor_without_its_lock_rule_fails_in_one_line(rbac_identity: IdentityFactory, namespace: str) -> None:
+    crippled = rbac_identity(JANITOR_SA, drop=(("coordination.k8s.io", "leases", "create"),))
+    wait_until("leases create revoked", lambda: not crippled.can("create", "leases", "coordination.k8s.io",
+                                                                 namespace=namespace), timeout=10, every=0.05)
+    res = _gc_cli(crippled.kubeconfig, "--all-namespaces", "--lock-namespace", namespace, "--run", "ghost")
+    assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "create" in lines[0] and "leases" in lines[0], res.stderr
 
 
 @integration
