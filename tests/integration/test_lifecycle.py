@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,4 +294,54 @@ def test_on_demand_fallback_uses_the_clusters_on_demand_pool_for_real(
     pools = {p["pool"]: p["nodes"] for p in out["capacity"]["placements"]}
     assert len(pools.get("a100-80gb-a", [])) == 1, pools  # on-demand, same zone as the lost spot node
     assert targets == {"a100-80gb-spot-a": 3, "a100-80gb-a": 1}, targets
+    _assert_nothing_left(kube, sim, namespace, run)
+
+
+def test_run_longer_than_its_lease_survives_the_janitor_running_in_a_loop(
+    kube: Kube, namespace: str, sim: SimServer, step_api: client.ApiClient, janitor_api: client.ApiClient,
+    tmp_path: Path,
+) -> None:
+    """lease_ttl_s=10 s, training ~25 s, `kfp-gpu gc` sweeping every second beside it as the janitor's
+    ServiceAccount: the heartbeats keep the run alive, nothing is released, the run succeeds."""
+    from kfp_gpu.steps import janitor
+    from kfp_gpu.steps.janitor import GcReport
+
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt, max_preemptions=1).replace(lease_ttl_s=10.0)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    provider = GkeProvider.from_target(spec.target)
+    reports: list[GcReport] = []
+    halt = threading.Event()
+
+    def sweep() -> None:
+        while not halt.is_set():
+            reports.append(janitor.collect(namespace, api=janitor_api, provider=provider))
+            halt.wait(1.0)
+
+    gc = threading.Thread(target=sweep, daemon=True)
+    copies = Copies(kube, namespace, run)
+    try:
+        cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
+        gc.start()
+        copies.start()
+        t0 = time.time()
+        th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(25.0), api=step_api)
+        th.start()
+        out = json.loads(th.outcome(300).output_json)
+        trained = time.time() - t0
+    finally:
+        halt.set()
+        gc.join(30)
+        copies.stop()
+        teardown.run(spec, run, "", api=step_api, provider=provider)
+    assert out["status"] == "Succeeded" and out["attempts"] == 1, out
+    assert trained > 2 * spec.lease_ttl_s, trained
+    label = label_safe(run)
+    seen = [r.runs.get(label) for r in reports if label in r.runs]
+    assert len(seen) >= 15 and set(seen) == {"live"}, [str(r) for r in reports][-3:]
+    # live because the heartbeats renewed the lease, not merely because this process (the owner) still runs
+    why = [r.reasons.get(label, "") for r in reports if label in r.runs]
+    assert all(w.startswith("lease valid for") for w in why), why
+    assert not [o for r in reports for o in r.orphans if label in o or "gke-" in o], [r.orphans for r in reports]
+    assert copies.max_jobs == 1, vars(copies)
     _assert_nothing_left(kube, sim, namespace, run)
