@@ -188,18 +188,25 @@ def test_delete_instances_skips_non_members_only_when_asked() -> None:
 
 
 def test_list_errors_has_the_real_shape_and_pages() -> None:
-    with running(_quiet()) as sim:
-        items = [{"instanceActionDetails": {"action": "CREATING", "instance": f"{IGM}-{i}"},
-                  "error": {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "no stock"},
-                  "timestamp": "2026-12-01T07:00:00.000-00:00"} for i in range(3)]
-        sim.state.igm_errors = lambda zone, igm: items if (zone, igm) == (ZONE, IGM) else []  # type: ignore[method-assign]
+    # the stockout starts after setSize was accepted: the group's VM creations fail and are retried
+    data = _quiet()
+    data.update(operations={"set_size_s": 600}, stockouts=[{"zone": ZONE, "start_s": 120}])
+    with running(data) as sim:
+        _set_size(sim.url, 2)
         client = compute_v1.InstanceGroupManagersClient(**client_kwargs(sim.url))
         req = compute_v1.ListErrorsInstanceGroupManagersRequest(project=PROJECT, zone=ZONE,
                                                                 instance_group_manager=IGM, max_results=2)
-        pager = client.list_errors(request=req, retry=None)
-        got = list(pager)
-        assert [e.error.code for e in got] == ["ZONE_RESOURCE_POOL_EXHAUSTED"] * 3
-        assert got[0].instance_action_details.action == "CREATING"
-        assert sim.request_counts()["compute.instanceGroupManagers.listErrors"] == 2  # two pages
+
+        def errors() -> list[Any]:
+            items = list(client.list_errors(request=req, retry=None))
+            return items if len(items) >= 3 else []
+
+        got = wait_until("3 creation errors", errors, timeout=30, every=0.1)
+        assert {e.error.code for e in got} == {"ZONE_RESOURCE_POOL_EXHAUSTED"}
+        assert {e.instance_action_details.action for e in got} == {"CREATING"}
+        assert all(e.instance_action_details.instance.startswith("https://www.googleapis.com/compute/v1/projects/")
+                   and e.timestamp for e in got)
+        first = client.list_errors(request=req, retry=None)
+        assert len(first.items) == 2 and first.next_page_token  # paged by maxResults
         with pytest.raises(gexc.NotFound):
             list(client.list_errors(project=PROJECT, zone=ZONE, instance_group_manager="nope", retry=None))

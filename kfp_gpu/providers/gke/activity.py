@@ -102,7 +102,7 @@ def partial_stockout(p: GkeProvider, ref: PoolRef, started: float, target: int) 
     """
     act = pool_activity(p, ref, since=started)
     stockouts = [e for e in act.errors if e.stockout]
-    if not stockouts:
+    if not stockouts or act.running >= act.target:  # the group got every VM it wants after all
         return None
     last = stockouts[-1]
     return CapacityUnavailable(

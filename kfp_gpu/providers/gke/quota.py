@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators
+from kfp_gpu import retry as retry_mod
 from kfp_gpu.accelerators import GCP_ALL_REGIONS_METRIC, GCP_GPU_FAMILY_QUOTA_ID, Accelerator
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
 from kfp_gpu.providers.base import QuotaAmount
@@ -179,17 +180,20 @@ def request_increase(p: GkeProvider, metric: str, region: str, value: float, jus
         service=_SERVICE, quota_id=quota_id, dimensions=dims, justification=justification,
         quota_config=cloudquotas_v1.QuotaConfig(preferred_value=int(value)),
     )
-    try:
-        created = p.client("quotas").create_quota_preference(
-            parent=parent, quota_preference=pref, quota_preference_id=pref_id, retry=None, timeout=p.timeout)
-    except Exception as exc:  # noqa: BLE001
-        if getattr(exc, "code", 0) == 409:
-            return f"{parent}/quotaPreferences/{pref_id}"
-        err = p.classify(exc, region=region)
-        if isinstance(err, PermissionDenied) and not err.fields.get("permission"):
-            err.fields["permission"] = "cloudquotas.quotas.update"
-        raise err from exc
-    return str(created.name)
+    def create() -> str:  # idempotent by its id: a retry that finds it (409) is done
+        try:
+            created = p.client("quotas").create_quota_preference(
+                parent=parent, quota_preference=pref, quota_preference_id=pref_id, retry=None, timeout=p.timeout)
+        except Exception as exc:  # noqa: BLE001
+            if getattr(exc, "code", 0) == 409:
+                return f"{parent}/quotaPreferences/{pref_id}"
+            err = p.classify(exc, region=region)
+            if isinstance(err, PermissionDenied) and not err.fields.get("permission"):
+                err.fields["permission"] = "cloudquotas.quotas.update"
+            raise err from exc
+        return str(created.name)
+
+    return retry_mod.call(create, policy=p.retry, what=f"quotaPreferences.create {pref_id}")
 
 
 def _current_limit(p: GkeProvider, metric: str, region: str) -> float | None:
