@@ -2,9 +2,10 @@
 
 * Sufficient: every integration test of the steps runs them as the kfp-gpu ServiceAccount (``step_api``),
   the janitor as kfp-gpu-janitor (``janitor_api``); a rule missing from the manifest fails those tests.
-* Exact: ``STEP_NEEDS`` / ``JANITOR_NEEDS`` below list each permission with the reason; the manifest grants
-  those and nothing else, and every Kubernetes API method the code references (found by parsing
-  kfp_gpu/) maps to permissions in those lists (``CODE_CALLS``). A new client call without its rule fails.
+* Exact: ``STEP_NEEDS`` / ``JANITOR_NEEDS`` (tests/integration/rbac_needs.py) list each permission with the
+  reason; the manifest and docs/rbac-iam.md grant those and nothing else; every Kubernetes client method and
+  raw request the code makes (found by parsing kfp_gpu/) maps to permissions in those lists (``CODE_CALLS``,
+  ``RAW_CALLS``), and every listed permission is used. A new call without its rule fails.
 * Live: each permission is checked with a SelfSubjectAccessReview sent with the ServiceAccount's own token
   (``kubectl auth can-i``), and so are some it must not have.
 * Negative: with one verb taken out of the manifest, the step fails with a one-line PermissionDenied
@@ -30,9 +31,21 @@ from kfp_gpu.cluster import balloons, ledger, pytorchjob
 from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.steps import janitor, scale_up, warm_pool
-from kfp_gpu.steps.preflight import KUEUE_CRD
 from tests.integration import test_provisioning
 from tests.integration.conftest import IdentityFactory
+from tests.integration.rbac_needs import (
+    ADMIN_ONLY,
+    CLUSTER,
+    CODE_CALLS,
+    JANITOR_NEEDS,
+    NAMED,
+    NEVER,
+    NS,
+    OWNED_KINDS,
+    RAW_CALLS,
+    STEP_NEEDS,
+    Need,
+)
 from tests.integration.rbac_support import (
     DOC_NAMESPACE,
     JANITOR_SA,
@@ -45,136 +58,12 @@ from tests.integration.rbac_support import (
 )
 from tests.waiting import wait_until
 
-integration = pytest.mark.integration  # the manifest/code checks above the live ones need no cluster
+integration = pytest.mark.integration  # the manifest/code/docs checks need no cluster; the rest do
 env = test_provisioning.env  # the GKE stand-in fixture
 _step_proc = test_provisioning._step_proc
 PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
 DOCS = PKG.parent / "docs" / "rbac-iam.md"
 NOT_THE_CLIENT = ("devcluster", "sim")  # the local cluster and the cloud stand-in run as admin, not as a step
-
-Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
-NS, CLUSTER = "namespace", "cluster"
-
-# Keep in sync with the code: test_every_client_call_is_covered fails on a call missing from CODE_CALLS /
-# RAW_CALLS, or whose permission is in neither list; test_manifest_grants_exactly_the_listed_permissions fails
-# when the manifest and these lists differ.
-STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
-    ("", "nodes", "get"): (CLUSTER, "train: is a gang node gone; heartbeat: re-read a claimed node on conflict"),
-    ("", "nodes", "list"): (CLUSTER, "scale_up/train/teardown/preflight: GPU nodes, claimed nodes"),
-    ("", "nodes", "watch"): (CLUSTER, "scale_up: nodes to Ready; train: gang nodes (preemption taints)"),
-    ("", "nodes", "patch"): (CLUSTER, "claim/release a node (run-id + lease labels, the run's taint); heartbeat"),
-    ("", "pods", "get"): (NS, "heartbeat: the step's own pod (owner uid, Argo workflow label); re-read a balloon"),
-    ("", "pods", "list"): (NS, "balloons of a run; the gang's pods (train watch)"),
-    ("", "pods", "watch"): (NS, "train: the gang's pods (placement, eviction, exit codes)"),
-    ("", "pods", "create"): (NS, "warm_pool: balloon pods"),
-    ("", "pods", "delete"): (NS, "teardown: balloons; train: pods stuck on a vanished node"),
-    ("", "pods", "patch"): (NS, "heartbeat: raise the balloons' lease label"),
-    ("", "pods/log", "get"): (NS, "train: last log lines of a failed trainer in the error"),
-    ("", "configmaps", "get"): (NS, "every step: read its ledger (a retried pod re-attaches)"),
-    ("", "configmaps", "list"): (NS, "teardown: every ledger of the run; heartbeat"),
-    ("", "configmaps", "create"): (NS, "every step: write its ledger"),
-    ("", "configmaps", "update"): (NS, "every step: update its ledger"),
-    ("", "configmaps", "patch"): (NS, "heartbeat: raise the ledgers' lease label"),
-    ("", "configmaps", "delete"): (NS, "teardown: drop the run's ledgers"),
-    ("", "resourcequotas", "list"): (NS, "preflight: namespace GPU quota"),
-    ("kubeflow.org", "pytorchjobs", "get"): (NS, "train: re-attach to the run's job"),
-    ("kubeflow.org", "pytorchjobs", "list"): (NS, "train: watch the job; teardown/heartbeat: the run's jobs"),
-    ("kubeflow.org", "pytorchjobs", "watch"): (NS, "train: the job's conditions"),
-    ("kubeflow.org", "pytorchjobs", "create"): (NS, "train: the gang job"),
-    ("kubeflow.org", "pytorchjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
-    ("kubeflow.org", "pytorchjobs", "patch"): (NS, "heartbeat: raise the job's lease label"),
-    ("coordination.k8s.io", "leases", "get"): (NS, "heartbeat: the step's ownership Lease"),
-    ("coordination.k8s.io", "leases", "list"): (NS, "teardown: the run's Leases"),
-    ("coordination.k8s.io", "leases", "create"): (NS, "heartbeat: the step's ownership Lease"),
-    ("coordination.k8s.io", "leases", "update"): (NS, "heartbeat: renew / release the Lease"),
-    ("coordination.k8s.io", "leases", "delete"): (NS, "teardown: the run's Leases"),
-    ("kueue.x-k8s.io", "localqueues", "list"): (NS, "preflight: the namespace's LocalQueue"),
-    ("kueue.x-k8s.io", "clusterqueues", "get"): (CLUSTER, "preflight: its ClusterQueue's free GPUs"),
-    ("apiextensions.k8s.io", "customresourcedefinitions", "get"): (CLUSTER, f"preflight: is {KUEUE_CRD} there"),
-    ("scheduling.k8s.io", "priorityclasses", "create"): (CLUSTER, "warm_pool: the balloon PriorityClass"),
-}
-JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
-    ("", "configmaps", "list"): (CLUSTER, "ledgers of every run"),
-    ("", "configmaps", "delete"): (CLUSTER, "ledgers of a released run"),
-    ("", "pods", "get"): (CLUSTER, "is a run's step pod (its lease owner) still there"),
-    ("", "pods", "list"): (CLUSTER, "orphaned balloons"),
-    ("", "pods", "delete"): (CLUSTER, "orphaned balloons"),
-    ("", "nodes", "list"): (CLUSTER, "claimed nodes"),
-    ("", "nodes", "patch"): (CLUSTER, "release node claims"),
-    ("kubeflow.org", "pytorchjobs", "list"): (CLUSTER, "the job of a released run"),
-    ("kubeflow.org", "pytorchjobs", "delete"): (CLUSTER, "the job of a released run"),
-    ("coordination.k8s.io", "leases", "list"): (CLUSTER, "the runs' ownership Leases"),
-    ("coordination.k8s.io", "leases", "delete"): (CLUSTER, "the Leases of a released run"),
-    ("argoproj.io", "workflows", "get"): (CLUSTER, "is a run's Argo Workflow (its lease owner) still running"),
-    ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
-    ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
-    ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),
-}
-# Names a rule is restricted to (resourceNames in the manifest).
-NAMED = {("apiextensions.k8s.io", "customresourcedefinitions", "get"): KUEUE_CRD}
-
-_PODS, _CMS, _NODES = "pods", "configmaps", "nodes"
-_JOBS = ("kubeflow.org", "pytorchjobs")
-_LEASES = ("coordination.k8s.io", "leases")
-# Kubernetes client method -> the permissions it (or the watch built on it) needs.
-CODE_CALLS: dict[str, set[Need]] = {
-    "read_node": {("", _NODES, "get")},
-    "list_node": {("", _NODES, "list"), ("", _NODES, "watch")},
-    "patch_node": {("", _NODES, "patch")},
-    "read_namespaced_pod": {("", _PODS, "get")},
-    "list_namespaced_pod": {("", _PODS, "list"), ("", _PODS, "watch")},
-    "list_pod_for_all_namespaces": {("", _PODS, "list")},
-    "create_namespaced_pod": {("", _PODS, "create")},
-    "delete_namespaced_pod": {("", _PODS, "delete")},
-    "read_namespaced_pod_log": {("", "pods/log", "get")},
-    "read_namespaced_config_map": {("", _CMS, "get")},
-    "list_namespaced_config_map": {("", _CMS, "list")},
-    "list_config_map_for_all_namespaces": {("", _CMS, "list")},
-    "create_namespaced_config_map": {("", _CMS, "create")},
-    "replace_namespaced_config_map": {("", _CMS, "update")},
-    "delete_namespaced_config_map": {("", _CMS, "delete")},
-    "list_namespaced_resource_quota": {("", "resourcequotas", "list")},
-    "get_namespaced_custom_object": {(*_JOBS, "get")},
-    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), ("kueue.x-k8s.io", "localqueues", "list")},
-    "create_namespaced_custom_object": {(*_JOBS, "create")},
-    "delete_namespaced_custom_object": {(*_JOBS, "delete")},
-    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get")},
-    "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
-    "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
-    "get_code": set(),  # GET /version: readable by every authenticated user (system:public-info-viewer)
-}
-# Functions that hold client calls but never run as a step or the janitor.
-ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
-_OWNED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES}  # kfp_gpu.cluster.owned's Kind table
-_LABELLED = _OWNED - {_LEASES}
-# Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
-# (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
-RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
-    ("cluster/owned.py", "request", "*"): set(),  # the helper itself; its callers are listed
-    ("cluster/owned.py", "list_objects", "GET"): {(g, r, "list") for g, r in _OWNED},
-    ("cluster/owned.py", "raise_lease_label", "PATCH"): {(g, r, "patch") for g, r in _LABELLED},
-    ("cluster/owned.py", "raise_lease_label", "GET"): {(g, r, "get") for g, r in _LABELLED},
-    ("cluster/owned.py", "delete", "DELETE"): {(g, r, "delete") for g, r in _OWNED - {("", _NODES)}},
-    ("cluster/pytorchjob.py", "served", "GET"): set(),  # discovery
-    ("cluster/lease.py", "detect_identity", "GET"): {("", _PODS, "get")},
-    ("cluster/lease.py", "_write_lease", "GET"): {(*_LEASES, "get")},
-    ("cluster/lease.py", "_write_lease", "POST"): {(*_LEASES, "create")},
-    ("cluster/lease.py", "_write_lease", "PUT"): {(*_LEASES, "update")},
-    ("cluster/lease.py", "release", "GET"): {(*_LEASES, "get")},
-    ("cluster/lease.py", "release", "PUT"): {(*_LEASES, "update")},
-    ("cluster/lease.py", "_write", "GET"): {(*_LEASES, "get")},
-    ("cluster/lease.py", "_write", "POST"): {(*_LEASES, "create")},
-    ("cluster/lease.py", "_write", "PUT"): {(*_LEASES, "update")},
-    ("steps/janitor.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
-    ("steps/janitor.py", "_argo_served", "GET"): set(),  # discovery
-}
-# Things neither account may do (so the access checks can fail).
-NEVER: list[tuple[Need, str]] = [
-    (("", "secrets", "get"), NS), (("", "nodes", "delete"), CLUSTER), (("", "nodes", "create"), CLUSTER),
-    (("", "pods/exec", "create"), NS), (("rbac.authorization.k8s.io", "rolebindings", "create"), NS),
-    (("scheduling.k8s.io", "priorityclasses", "delete"), CLUSTER), (("", "namespaces", "delete"), CLUSTER),
-]
-
 
 def _api_methods() -> set[str]:
     apis = [getattr(client, n) for n in dir(client) if n.endswith("Api") and n not in ("ApiClient",)]
@@ -297,7 +186,7 @@ def test_the_owned_kinds_table_matches_raw_calls() -> None:
 
     kinds = {(k.prefix.split("/")[2] if k.prefix.startswith("/apis/") else "", k.plural)
              for k in vars(owned).values() if isinstance(k, owned.Kind)}
-    assert kinds == _OWNED
+    assert kinds == OWNED_KINDS
 
 
 def test_docs_tables_match_the_manifest() -> None:
