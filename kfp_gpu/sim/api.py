@@ -8,8 +8,8 @@ See docs/sim.md, "API layer", for the documented Google behaviour each rule foll
   start with the server: Compute refills "at the start of the next synchronized interval", not
   continuously. A request over budget is refused (Compute: 403 ``rateLimitExceeded``; GKE and Cloud
   Quotas: 429 ``RESOURCE_EXHAUSTED`` / ``RATE_LIMIT_EXCEEDED``) with ``Retry-After`` = real seconds until
-  the window refills (decimal, since a compressed minute is shorter than a second). Refused requests
-  count against the budget too, as Google meters every request it receives.
+  the window refills (decimal, since a compressed minute is shorter than a second). Once an interval's
+  budget is spent, every further request of that interval is refused: retrying sooner does not help.
 * **5xx.** A seeded ``api.error_rate`` of requests answers 500 or 503 ``backendError``. The decision is
   a hash of (seed, route, n-th call of that route), so a sequential client sees the same faults on every
   run. For a mutation, ``api.committed_5xx`` of those answers are sent *after* the change took effect
