@@ -125,8 +125,8 @@ def test_set_size_whose_answer_was_lost_adopts_its_own_operation() -> None:
 
 
 def test_operation_reports_a_stockout_that_starts_mid_resize_as_partial_success() -> None:
-    data = scenario(api={"error_rate": 0}, operations={"set_size_s": 240},
-                    stockouts=[{"zone": "us-central1-a", "start_s": 120}])
+    data = scenario(api={"error_rate": 0}, operations={"set_size_s": 480},
+                    stockouts=[{"zone": "us-central1-a", "start_s": 240}])
     with running(data) as sim:
         p, ref = _provider(sim), PoolRef("l4-a", "us-central1-a", REGION)
         op = p.resize(ref, 4, OWNER)

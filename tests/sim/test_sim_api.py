@@ -190,7 +190,7 @@ def test_delete_instances_skips_non_members_only_when_asked() -> None:
 def test_list_errors_has_the_real_shape_and_pages() -> None:
     # the stockout starts after setSize was accepted: the group's VM creations fail and are retried
     data = _quiet()
-    data.update(operations={"set_size_s": 600}, stockouts=[{"zone": ZONE, "start_s": 120}])
+    data.update(operations={"set_size_s": 600}, stockouts=[{"zone": ZONE, "start_s": 240}])
     with running(data) as sim:
         _set_size(sim.url, 2)
         client = compute_v1.InstanceGroupManagersClient(**client_kwargs(sim.url))
