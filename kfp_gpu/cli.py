@@ -211,6 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a Kubernetes API refusal is an environment problem, not a bug
         if type(exc).__name__ != "ApiException":
             raise
+        from kfp_gpu.cluster.kube import api_refusal
+
+        refusal = api_refusal(exc)
+        if refusal is not None:
+            print(one_line(refusal), file=sys.stderr)
+            return refusal.exit_code
         print(f"kfp-gpu: the Kubernetes API answered {getattr(exc, 'status', '?')} {getattr(exc, 'reason', '')}"
               " (fix: check that the credentials' user or service account has the RBAC of deploy/rbac.yaml "
               "and that the namespace exists)", file=sys.stderr)

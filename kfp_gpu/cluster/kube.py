@@ -8,6 +8,7 @@ reach another cluster than ``target.cluster``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -18,7 +19,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
-from kfp_gpu.errors import ClusterUnreachable, KubeconfigInvalid, NoKubeCredentials, PermissionDenied
+from kfp_gpu.errors import (
+    ClusterUnreachable,
+    KfpGpuError,
+    KubeconfigInvalid,
+    NoKubeCredentials,
+    PermissionDenied,
+)
 from kfp_gpu.spec import Target, TargetKind
 
 PROBE_TIMEOUT_S = 5.0
@@ -176,3 +183,31 @@ def _reason(exc: BaseException) -> str:
 
 def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
+
+
+def api_refusal(exc: BaseException) -> KfpGpuError | None:
+    """The one conversion of a Kubernetes API refusal into a one-line kfp-gpu error, or None.
+
+    401 -> PermissionDenied (the credentials are not accepted); 403 with the authorizer's "cannot <verb>
+    resource <r>" message -> PermissionDenied naming that permission and pointing at deploy/rbac.yaml.
+    Anything else (admission webhooks, 404, 409...) is left to the caller.
+    """
+    status = getattr(exc, "status", None)
+    if type(exc).__name__ != "ApiException" or status not in (401, 403):
+        return None
+    message = ""
+    try:
+        message = str(json.loads(getattr(exc, "body", "") or "{}").get("message", ""))
+    except (ValueError, AttributeError):
+        message = ""
+    if status == 401:
+        return PermissionDenied(
+            "the Kubernetes API server did not accept the credentials (401 Unauthorized)",
+            remediation="refresh the kubeconfig's token or the service account token, or point KUBECONFIG at a "
+            "working kubeconfig")
+    if "cannot" not in message:
+        return None
+    return PermissionDenied(
+        f"the Kubernetes API server refused: {message}",
+        remediation="add that verb on that resource to the role of deploy/rbac.yaml (docs/rbac-iam.md) and "
+        "re-apply it")

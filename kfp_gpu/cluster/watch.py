@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SYNC = "SYNC"
+ERROR = "ERROR"  # the watch was refused (401/403); ``obj["error"]`` is the ApiException
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,10 @@ class Watcher:
                 if exc.status == 410:
                     rv = ""  # expired: list again from the current state
                     continue
+                if exc.status in (401, 403):  # a refusal does not heal by retrying: hand it to the consumer
+                    self._sink.put(Event(self.source, ERROR, {"error": exc}, time.time()))
+                    self.synced.set()
+                    return
                 log.warning("watch %s failed (%s); retrying", self.source, exc.status)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -269,6 +274,15 @@ class GangWatch:
 
     # ---- events -> facts ---------------------------------------------------------------------------
     def apply(self, ev: Event) -> None:
+        """Fold one event into the facts. Raises: PermissionDenied when a watch was refused (RBAC)."""
+        if ev.type == ERROR:
+            from kfp_gpu.cluster.kube import api_refusal
+            from kfp_gpu.errors import PermissionDenied
+
+            exc = ev.obj["error"]
+            raise api_refusal(exc) or PermissionDenied(
+                f"the Kubernetes API refused the {ev.source} watch: {getattr(exc, 'status', '')} "
+                f"{getattr(exc, 'reason', '')}", remediation="grant list and watch on it in deploy/rbac.yaml")
         deleted = ev.type == "DELETED"
         if ev.source == "node":
             n = node_fact(ev.obj, ev.at, deleted=deleted)

@@ -24,6 +24,7 @@ from typing import Any
 from kfp_gpu.sim import routes
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.api import ApiGate, backend_error, project_of
+from kfp_gpu.sim.clock import compress
 from kfp_gpu.sim.scenario import Scenario
 from kfp_gpu.sim.shapes import SimHttpError, http_error
 from kfp_gpu.sim.state import NodeBackend, SimState
@@ -252,7 +253,7 @@ class SimServer:
             self._threads.append(t)
 
     def _preempt_at(self, at_s: float, pool: str, count: int) -> None:
-        if self._stop.wait(max(0.0, at_s - self.state.elapsed())):
+        if self._stop.wait(max(0.0, compress(at_s) - self.state.elapsed())):  # at_s: real-world seconds
             return
         try:
             victims = self.state.preempt_pool(pool, count)

@@ -73,7 +73,15 @@ def run_step(step: str, spec_json: str, run_id: str, upstream_json: str, **kwarg
         raise InvalidSpec("run_id", run_id, "must be the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
     fn = resolve(step)
     with cancellable(step):
-        return fn(spec, run_id, upstream_json, **kwargs)
+        try:
+            return fn(spec, run_id, upstream_json, **kwargs)
+        except Exception as exc:  # a Kubernetes RBAC refusal is an environment problem: one line, not a traceback
+            from kfp_gpu.cluster.kube import api_refusal
+
+            err = api_refusal(exc)
+            if err is None:
+                raise
+            raise err from None
 
 
 def run_component(

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
@@ -57,7 +58,7 @@ def _resume_env(job: dict) -> str:  # type: ignore[type-arg]
 
 
 def test_preempt_one_of_four_resumes_from_checkpoint(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
     reprov: Callable[[str], Reprovisioner],
 ) -> None:
     pool, names = kwok_nodes(4, gpus=8, spot=True)
@@ -66,7 +67,7 @@ def test_preempt_one_of_four_resumes_from_checkpoint(
     spec = make_spec(namespace, ckpt, max_preemptions=3)
     rp = reprov(pool)
     th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(6.0), api=kube.api, reprovision=rp)
+                    job_json=job_json(6.0), api=step_api, reprovision=rp)
     th.start()
     job = pytorchjob.job_name(run_id, "train")
     wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -105,7 +106,7 @@ def test_preempt_one_of_four_resumes_from_checkpoint(
 
 
 def test_repeated_preemptions_fall_back_to_on_demand_then_exhaust(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
     reprov: Callable[[str], Reprovisioner],
 ) -> None:
     pool, names = kwok_nodes(4, gpus=8, spot=True)
@@ -113,7 +114,7 @@ def test_repeated_preemptions_fall_back_to_on_demand_then_exhaust(
     spec = make_spec(namespace, tmp_path / "ckpt", max_preemptions=2, on_demand_after=2)
     rp = reprov(pool)
     th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(300.0), api=kube.api, reprovision=rp)
+                    job_json=job_json(300.0), api=step_api, reprovision=rp)
     th.start()
     job = pytorchjob.job_name(run_id, "train")
     for i in range(3):
@@ -134,7 +135,7 @@ def test_repeated_preemptions_fall_back_to_on_demand_then_exhaust(
 
 
 def test_node_deletion_detected_under_a_second(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
     reprov: Callable[[str], Reprovisioner],
 ) -> None:
     """A node that vanishes with no notice: the pods on it are stuck and get force-deleted."""
@@ -143,7 +144,7 @@ def test_node_deletion_detected_under_a_second(
     spec = make_spec(namespace, tmp_path / "ckpt", max_preemptions=1)
     rp = reprov(pool)
     th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(5.0), api=kube.api, reprovision=rp, cleanup_timeout_s=60.0)
+                    job_json=job_json(5.0), api=step_api, reprovision=rp, cleanup_timeout_s=60.0)
     th.start()
     job = pytorchjob.job_name(run_id, "train")
     wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -160,14 +161,14 @@ def test_node_deletion_detected_under_a_second(
 
 
 def test_app_failure_retried_then_training_failed(
-    kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path,
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
 ) -> None:
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     run_id = f"run-app-{namespace}"
     spec = make_spec(namespace, tmp_path / "ckpt", nodes=2, app_failure_retries=1)
     with pytest.raises(TrainingFailed) as info:
         train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(1.0),
-                  api=kube.api, pod_annotations={SIM_EXIT_CODE_ANNOTATION: "1"})
+                  api=step_api, pod_annotations={SIM_EXIT_CODE_ANNOTATION: "1"})
     assert "exited 1" in str(info.value) and "no logs available" in str(info.value)
     led = ledger.read(kube.api, namespace, run_id, "train")
     assert led["budget"]["app_failures"] == 2 and led["budget"]["preemptions"] == 0

@@ -45,7 +45,7 @@ def sim(kube: Kube) -> Iterator[SimServer]:
 
 
 def test_sim_preemption_recovers_through_reprovision(
-    kube: Kube, namespace: str, sim: SimServer, tmp_path: Path,
+    kube: Kube, namespace: str, step_api: client.ApiClient, sim: SimServer, tmp_path: Path,
 ) -> None:
     ckpt = tmp_path / "ckpt"
     spec = ProvisioningSpec(
@@ -57,9 +57,9 @@ def test_sim_preemption_recovers_through_reprovision(
     )
     run = f"run-{uuid.uuid4().hex[:6]}"
     provider = GkeProvider.from_target(spec.target)
-    cap_json = scale_up.run(spec, run, "", api=kube.api, provider=provider).output_json
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
     cap = Capacity.from_json(cap_json)
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=kube.api)
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(6.0), api=step_api)
     th.start()  # reprovision=None: the real replace.reprovision against the stand-in
     job = pytorchjob.job_name(run, "train")
     try:
@@ -71,7 +71,7 @@ def test_sim_preemption_recovers_through_reprovision(
         out = json.loads(th.outcome(240).output_json)
         targets = {name: p.target for name, p in sim.state.pools.items() if p.target}
     finally:
-        teardown.run(spec, run, "", api=kube.api, provider=provider)
+        teardown.run(spec, run, "", api=step_api, provider=provider)
     assert out["status"] == "Succeeded" and out["preemptions"] == 1, out
     p = out["ledger"]["preemptions"][0]
     assert p["lost_nodes"] == [victim] and p["checkpoint_step"] == 15

@@ -91,13 +91,22 @@ def test_gang_of_4x8_runs_to_succeeded_after_capacity_is_ready(
 def test_gate_fails_fast_when_capacity_never_gets_ready(
     kube: Kube, namespace: str, kwok_nodes: NodeFactory, tmp_path: Path, step_api: ApiClient,
 ) -> None:
+    """A gang node that exists but never turns Ready is waited for, then named in GangPlacementFailed. (A node
+    that is *gone* is a loss and gets replaced: see tests/integration/test_lifecycle.py.)"""
+    from kfp_gpu.devcluster.nodes import make_gpu_node
+
     pool, names = kwok_nodes(2, gpus=8, spot=True)
-    names = names + [f"{pool}-missing"]  # capacity claims a node that does not exist
+    stuck = f"{pool}-stuck"
+    kube.core.create_node(make_gpu_node(stuck, pool, "nvidia-h100-80gb", "us-central1-a", gpus=8, spot=True,
+                                        boot_delay_s=3600.0))
     run_id = f"run-gate-{namespace}"
     spec = make_spec(namespace, tmp_path, nodes=3)
-    with pytest.raises(GangPlacementFailed, match="missing"):
-        train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0),
-                  api=step_api, gate_timeout_s=3.0)
+    try:
+        with pytest.raises(GangPlacementFailed, match=stuck):
+            train.run(spec, run_id, make_capacity(run_id, pool, names + [stuck]).to_json(), job_json=job_json(3.0),
+                      api=step_api, gate_timeout_s=3.0)
+    finally:
+        kube.core.delete_node(stuck)
     assert pytorchjob.get(kube.api, namespace, pytorchjob.job_name(run_id, "train")) is None
 
 

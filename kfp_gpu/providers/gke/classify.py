@@ -52,6 +52,8 @@ ERROR_SCOPES: dict[str, tuple[type[KfpGpuError], Scope]] = {
     "RESOURCE_OPERATION_RATE_EXCEEDED": (RateLimited, Scope.NONE),
     "backendError": (TransientCloudError, Scope.NONE),
     "BACKEND_ERROR": (TransientCloudError, Scope.NONE),
+    # Compute 400 while another operation changes the instance group ("The resource '...' is not ready")
+    "resourceNotReady": (TransientCloudError, Scope.NONE),
 }
 
 # HTTP status -> (error, scope) when no token matched.
@@ -68,7 +70,8 @@ HTTP_SCOPES: dict[int, tuple[type[KfpGpuError], Scope]] = {
 
 # Message patterns for faults that carry no code (GKE's "incompatible operation" is a 400).
 MESSAGE_SCOPES: tuple[tuple[re.Pattern[str], type[KfpGpuError], Scope], ...] = (
-    (re.compile(r"incompatible operation|currently operating on|try again once it is done", re.I),
+    (re.compile(r"incompatible operation|currently operating on|try again once it is done|"
+                r"The resource '[^']+' is not ready", re.I),
      TransientCloudError, Scope.NONE),
     (re.compile(r"does not have enough resources available", re.I), CapacityUnavailable, Scope.ZONE),
     (re.compile(r"insufficient (regional )?quota|quota '[A-Z0-9_]+' exceeded", re.I), QuotaExceeded, Scope.REGION),
