@@ -16,6 +16,7 @@ lock and does nothing. Run it as the CronJob in deploy/janitor-cronjob.yaml.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import socket
@@ -253,8 +254,8 @@ class _Owners:
             return workflow_state(True, st.get("phase"), st.get("finishedAt"),
                                   owned.labels(wf).get("workflows.argoproj.io/completed"))
         except ApiException as exc:
-            if exc.status == 404:
-                return OwnerState.GONE
+            if exc.status == 404 and _names(exc, name):
+                return OwnerState.GONE  # the object is gone (not: the resource was not served at that moment)
             log.warning("janitor: cannot check owner %s: %s %s", owner, exc.status, exc.reason)
             return OwnerState.UNKNOWN
 
@@ -268,6 +269,14 @@ class _Owners:
                     raise
                 self._argo = False
         return self._argo
+
+
+def _names(exc: ApiException, name: str) -> bool:
+    """Whether a 404 says that object ``name`` does not exist (its Status names it)."""
+    try:
+        return bool((json.loads(exc.body or "{}").get("details") or {}).get("name") == name)
+    except (ValueError, AttributeError):
+        return False
 
 
 def pid_alive(pid: int) -> bool:

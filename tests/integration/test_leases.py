@@ -301,13 +301,25 @@ WORKFLOW_CRD = {
 
 
 @pytest.fixture
-def argo_workflows(kube) -> Iterator[None]:
-    """The Argo Workflow CRD (as Argo installs it: no status subresource), created if absent."""
+def argo_workflows(kube) -> None:
+    """The Argo Workflow CRD (as Argo installs it: no status subresource), installed if absent.
+
+    It is left installed: deleting it while another run of this test uses it would make that run's Workflow
+    vanish (a dead owner), and a CRD still terminating from an earlier deletion is waited out first.
+    """
     ext = client.ApiextensionsV1Api(kube.api)
-    created = False
+
+    def terminating() -> bool:
+        try:
+            return ext.read_custom_resource_definition("workflows.argoproj.io").metadata.deletion_timestamp is not None
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    wait_until("no Workflow CRD terminating", lambda: not terminating(), timeout=120)
     try:
         ext.create_custom_resource_definition(WORKFLOW_CRD)
-        created = True
     except ApiException as e:
         if e.status != 409:
             raise
@@ -315,9 +327,6 @@ def argo_workflows(kube) -> Iterator[None]:
         c.type == "Established" and c.status == "True"
         for c in (ext.read_custom_resource_definition("workflows.argoproj.io").status.conditions or [])), timeout=30)
     wait_until("workflows served", lambda: _served(kube.api), timeout=30)
-    yield
-    if created:
-        ext.delete_custom_resource_definition("workflows.argoproj.io")
 
 
 def _served(api: client.ApiClient) -> bool:
