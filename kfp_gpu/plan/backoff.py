@@ -1,21 +1,14 @@
 """Exponential back-off with full jitter (AWS architecture blog style), in virtual time.
 
-``delay = uniform(0, min(cap, base * factor**attempt))``. Only transient errors
-(:func:`kfp_gpu.errors.is_transient`, or a custom predicate) are retried, and a retry is never
-scheduled past the deadline: if the next sleep would end after it, the last error is raised.
-Clock, sleep and RNG are injected, so tests run in virtual time with no real sleeping.
+``delay = uniform(0, min(cap, base * factor**attempt))``. The one retry loop built on it is
+:func:`kfp_gpu.retry.call` (Retry-After aware, bounded); :class:`VirtualClock` lets tests of it run in
+virtual time with no real sleeping.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
-
-from kfp_gpu.errors import is_transient
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -46,41 +39,3 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return self.rng.uniform(0.0, self.ceiling(attempt))
-
-
-def retry(
-    fn: Callable[[], T],
-    *,
-    deadline: float,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-    backoff: Backoff | None = None,
-    retryable: Callable[[BaseException], bool] = is_transient,
-    max_attempts: int | None = None,
-    on_retry: Callable[[int, BaseException, float], None] | None = None,
-) -> T:
-    """Call ``fn`` until it succeeds, retrying only ``retryable`` errors with jittered back-off.
-
-    ``deadline`` is absolute, in ``clock()`` units.
-
-    Raises:
-        BaseException: the first non-retryable error at once, or the last retryable error when the
-        next retry would start after ``deadline`` or ``max_attempts`` is reached.
-    """
-    bo = backoff or Backoff()
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            if max_attempts is not None and attempt + 1 >= max_attempts:
-                raise
-            wait = bo.delay(attempt)
-            if clock() + wait >= deadline:
-                raise
-            if on_retry is not None:
-                on_retry(attempt, exc, wait)
-            sleep(wait)
-            attempt += 1

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
-
 from kfp_gpu.errors import (
     CapacityUnavailable,
     KfpGpuError,
     PermissionDenied,
     QuotaExceeded,
     RateLimited,
-    TransientCloudError,
 )
-from kfp_gpu.plan.backoff import Backoff, VirtualClock, retry
+from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 
 CANDS = [Candidate("r1", "r1-a"), Candidate("r1", "r1-b"), Candidate("r2", "r2-a")]
@@ -72,54 +69,3 @@ def test_backoff_full_jitter_bounds() -> None:
     assert [bo.ceiling(i) for i in range(6)] == [1, 2, 4, 8, 10, 10]
     for i in range(50):
         assert 0 <= bo.delay(i) <= bo.ceiling(i)
-
-
-def test_retry_transient_until_success_in_virtual_time() -> None:
-    clock = VirtualClock()
-    attempts = iter([TransientCloudError("503"), RateLimited("429"), None])
-
-    def call() -> str:
-        e = next(attempts)
-        if e:
-            raise e
-        return "ok"
-
-    out = retry(call, deadline=100, clock=clock, sleep=clock.sleep, backoff=Backoff(rng=random.Random(1)))
-    assert out == "ok" and len(clock.sleeps) == 2 and clock.now == sum(clock.sleeps)
-
-
-def test_retry_never_retries_permanent_errors() -> None:
-    clock = VirtualClock()
-    calls = []
-
-    def call() -> None:
-        calls.append(1)
-        raise QuotaExceeded("no")
-
-    with pytest.raises(QuotaExceeded):
-        retry(call, deadline=100, clock=clock, sleep=clock.sleep)
-    assert calls == [1] and clock.sleeps == []
-
-
-def test_retry_never_sleeps_past_deadline() -> None:
-    clock = VirtualClock()
-
-    def call() -> None:
-        raise RateLimited("429")
-
-    with pytest.raises(RateLimited):
-        retry(call, deadline=30, clock=clock, sleep=clock.sleep, backoff=Backoff(base=2, cap=8, rng=random.Random(3)))
-    assert clock.now < 30 and clock.sleeps
-
-
-def test_retry_max_attempts() -> None:
-    clock = VirtualClock()
-    n = []
-
-    def call() -> None:
-        n.append(1)
-        raise RateLimited("429")
-
-    with pytest.raises(RateLimited):
-        retry(call, deadline=1e9, clock=clock, sleep=clock.sleep, max_attempts=3)
-    assert len(n) == 3
