@@ -194,7 +194,8 @@ class Heartbeat:
         """End the beats and release the Lease (holder cleared; expiry kept). Idempotent; never raises."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=5)  # a renewal in flight is bounded by the request timeout; do not hold a
+            # terminating pod for it: a late renewal only re-records this (dying) pod as holder
         if self._released:
             return
         self._released = True
