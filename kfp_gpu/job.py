@@ -1,57 +1,140 @@
 """JobTemplate: what the PyTorchJob runs. Travels from the DSL to the train step as JSON.
 
+Everything a user sets on the training pods lives here: image, command, args, env, per-replica resources,
+``/dev/shm`` size, volumes and mounts, service account, extra tolerations and node affinity, labels and
+annotations, ``nprocPerNode`` and image pull secrets. kfp-gpu adds placement (gang nodes, the run's
+toleration, the node's GPUs), gang size, ownership labels and the resume env when it renders the job
+(:func:`kfp_gpu.cluster.pytorchjob.manifest`); it never replaces what the user set.
+
 Kept free of kfp imports: the train step (and the KFP executor that runs it) must not import kfp.dsl
 through this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field
+from typing import Any
 
+from kfp_gpu import job_fields as f
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.job_fields import PLACEHOLDER_KEY, is_placeholder
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/kfp-gpu/trainer:0.1.0"
+__all__ = ["DEFAULT_TRAINER_IMAGE", "JobTemplate", "PLACEHOLDER_KEY", "is_placeholder"]
 
 
 @dataclass(frozen=True)
 class JobTemplate:
-    """What the PyTorchJob runs. Travels to the train step as JSON."""
+    """What every pod of the PyTorchJob runs (Master and Workers share it). Travels to the train step as JSON.
+
+    Fields take Kubernetes shapes: ``resources={"requests": {"cpu": "8", "memory": "64Gi"}, "limits":
+    {"memory": "64Gi", "vpc.amazonaws.com/efa": "4"}}``, ``volumes=[{"name": "data", "persistentVolumeClaim":
+    {"claimName": "datasets"}}]``, ``volume_mounts=[{"name": "data", "mountPath": "/data"}]``, tolerations
+    and ``node_affinity`` as in a pod spec. Mappings (env, labels, annotations) may be dicts; they are kept as
+    sorted pairs. String values may be run-time placeholders (``{"__kfp_gpu_param__": ...}``).
+    """
 
     name: str = "train"
-    image: str = DEFAULT_TRAINER_IMAGE
-    command: tuple[str, ...] = ("python", "-m", "pipelines.trainer.train_lm")
-    args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    checkpoint_every: int = 10
-    sim_duration_s: float = 2.0  # local rehearsal only: how long KWOK keeps the pods Running
+    image: Any = DEFAULT_TRAINER_IMAGE
+    command: tuple[Any, ...] = ("python", "-m", "pipelines.trainer.train_lm")
+    args: tuple[Any, ...] = ()
+    env: tuple[tuple[str, Any], ...] = ()
+    checkpoint_every: Any = 10
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    shm_size: Any = ""  # e.g. "16Gi": an emptyDir (medium Memory) at /dev/shm with this sizeLimit
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
+    service_account: Any = ""  # serviceAccountName (Workload Identity / IRSA); "" = the namespace default
+    tolerations: tuple[dict[str, Any], ...] = ()  # added to the run's own toleration
+    node_affinity: dict[str, Any] = field(default_factory=dict)  # ANDed with the gang placement
+    labels: tuple[tuple[str, Any], ...] = ()  # on the job and every pod
+    annotations: tuple[tuple[str, Any], ...] = ()  # on the job and every pod
+    nproc_per_node: Any = ""  # spec.nprocPerNode: "", "auto", "cpu", "gpu" or an integer
+    image_pull_secrets: tuple[Any, ...] = ()
+    container_extra: dict[str, Any] = field(default_factory=dict)  # workingDir, imagePullPolicy, securityContext...
+    pod_extra: dict[str, Any] = field(default_factory=dict)  # priorityClassName, securityContext...
+    # accepted and ignored until kfp_gpu.dsl stops passing it: the local target sets the rehearsal duration
+    sim_duration_s: InitVar[float | None] = None
 
-    def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("-", "").isalnum() or self.name != self.name.lower():
+    def __post_init__(self, sim_duration_s: float | None = None) -> None:
+        s = object.__setattr__
+        if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").isalnum() \
+                or self.name != self.name.lower():
             raise InvalidSpec("train.name", self.name, "must be a lowercase DNS label like 'finetune'")
+        s(self, "image", f.text("train.image", self.image, allow_empty=False))
+        s(self, "command", tuple(f.text(f"train.command[{i}]", c) for i, c in enumerate(f.seq("train.command",
+                                                                                              self.command))))
         if not self.command:
             raise InvalidSpec("train.command", self.command, "must not be empty")
-        if self.checkpoint_every < 1:
-            raise InvalidSpec("train.checkpoint_every", self.checkpoint_every, "must be >= 1 step")
-        if self.sim_duration_s < 0:
-            raise InvalidSpec("train.sim_duration_s", self.sim_duration_s, "must be >= 0 seconds")
+        s(self, "args", tuple(f.text(f"train.args[{i}]", a) for i, a in enumerate(f.seq("train.args", self.args))))
+        s(self, "env", f.env("train.env", self.env))
+        if not is_placeholder(self.checkpoint_every):
+            if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                    or self.checkpoint_every < 1:
+                raise InvalidSpec("train.checkpoint_every", self.checkpoint_every, "must be an integer >= 1 step")
+        s(self, "resources", f.resources("train.resources", self.resources))
+        s(self, "shm_size", f.quantity("train.shm_size", self.shm_size) if self.shm_size else "")
+        s(self, "volumes", f.volumes("train.volumes", self.volumes))
+        s(self, "volume_mounts", f.mounts("train.volume_mounts", self.volume_mounts,
+                                          {v["name"] for v in self.volumes}))
+        s(self, "service_account", f.name("train.service_account", self.service_account)
+          if self.service_account else "")
+        s(self, "tolerations", f.tolerations("train.tolerations", self.tolerations))
+        s(self, "node_affinity", f.node_affinity("train.node_affinity", self.node_affinity))
+        s(self, "labels", f.label_map("train.labels", self.labels))
+        s(self, "annotations", f.annotation_map("train.annotations", self.annotations))
+        s(self, "nproc_per_node", f.nproc("train.nproc_per_node", self.nproc_per_node))
+        s(self, "image_pull_secrets", tuple(
+            f.name(f"train.image_pull_secrets[{i}]", p.get("name") if isinstance(p, dict) and not is_placeholder(p)
+                   else p) for i, p in enumerate(f.seq("train.image_pull_secrets", f.plain(self.image_pull_secrets)))))
+        s(self, "container_extra", f.extra("train.container_extra", self.container_extra, f.CONTAINER_EXTRA_KEYS))
+        s(self, "pod_extra", f.extra("train.pod_extra", self.pod_extra, f.POD_EXTRA_KEYS))
+
+    @classmethod
+    def build(cls, job: Any = None, **fields: Any) -> JobTemplate:
+        """The one constructor ``kfp_gpu.train()`` calls.
+
+        ``build(**fields)`` is ``JobTemplate(**fields)``. ``build(job=model, **overrides)`` takes the pod
+        template of a kubeflow-training ``KubeflowOrgV1PyTorchJob`` / ``KubeflowOrgV1PyTorchJobSpec`` (or the
+        same as a plain dict) and applies ``overrides`` on top.
+
+        Raises:
+            InvalidSpec: a bad field (named), an unknown field, or a part of ``job`` kfp-gpu cannot keep.
+        """
+        known = {x.name for x in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise InvalidSpec(f"train.{unknown[0]}", fields[unknown[0]], f"unknown job field; known: "
+                              f"{', '.join(sorted(known))}")
+        if job is not None:
+            from kfp_gpu.training_models import template_fields
+
+            fields = {**template_fields(job), **fields}
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {x.name: getattr(self, x.name) for x in dataclasses.fields(self)}
+        for key in ("env", "labels", "annotations"):
+            d[key] = dict(d[key])
+        for key in ("command", "args", "volumes", "volume_mounts", "tolerations", "image_pull_secrets"):
+            d[key] = list(d[key])
+        return d
 
     def to_json(self) -> str:
-        return json.dumps({
-            "name": self.name, "image": self.image, "command": list(self.command), "args": list(self.args),
-            "env": dict(self.env), "checkpoint_every": self.checkpoint_every,
-            "sim_duration_s": self.sim_duration_s,
-        }, sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobTemplate:
-        """Raises: InvalidSpec when ``text`` is not a job template."""
+        """Raises: InvalidSpec when ``text`` is not a job template (or a field is invalid, named)."""
         try:
             d = json.loads(text)
-            return cls(
-                name=d["name"], image=d["image"], command=tuple(d["command"]), args=tuple(d.get("args", ())),
-                env=tuple(sorted(dict(d.get("env", {})).items())), checkpoint_every=int(d["checkpoint_every"]),
-                sim_duration_s=float(d.get("sim_duration_s", 2.0)),
-            )
+            if not isinstance(d, dict):
+                raise TypeError("not a JSON object")
+            for key in ("name", "image", "command", "checkpoint_every"):
+                d[key]  # noqa: B018 - required keys
+            d.pop("sim_duration_s", None)  # written by kfp-gpu <= 0.1 (now set by the local target)
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidSpec("job_json", (text or "")[:80], f"is not a kfp-gpu job template ({exc})") from None
+        return cls.build(**d)

@@ -1,6 +1,7 @@
 """The Training Operator v1 PyTorchJob the train step runs: manifest, create-or-attach, delete.
 
-The manifest is a plain dict (the kubeflow-training SDK models are not needed). Gang safety:
+The manifest is a plain dict rendered from the JobTemplate (kubeflow-training SDK models are converted into
+a JobTemplate first, see :mod:`kfp_gpu.training_models`). Gang safety:
 ``runPolicy.schedulingPolicy.minAvailable`` = nodes (honoured by a gang scheduler when the operator runs
 with one), one Master + (nodes - 1) Workers each asking for the node's GPUs, pinned to the provisioned
 pool by node selector *and* to the exact gang nodes by node affinity. ``restartPolicy: Never`` and
@@ -21,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
+from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
 from kfp_gpu.providers.base import label_safe
 from kfp_gpu.steps.capacity import Capacity
 
@@ -28,11 +30,12 @@ GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 JOB_LABEL = "kfp-gpu.io/job"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
-GPU_RESOURCE = "nvidia.com/gpu"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"
 ENV_RESUME_STEP = "KFP_GPU_RESUME_STEP"
 ENV_RUN_ID = "KFP_GPU_RUN_ID"
 ENV_DATASET_URI = "KFP_GPU_DATASET_URI"
+_OWN_ENV = (ENV_CHECKPOINT_URI, ENV_RESUME_STEP, ENV_RUN_ID, ENV_DATASET_URI)
 
 
 def job_name(run_id: str, template: str) -> str:
@@ -51,37 +54,62 @@ def job_name(run_id: str, template: str) -> str:
 def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
     checkpoint_uri: str, resume_step: int, run_id: str, dataset_uri: str = "",
-    gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None,
+    gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None, local: bool = False,
 ) -> dict[str, Any]:
-    """The PyTorchJob body for one attempt. ``pod_annotations`` are added to every pod template."""
-    env = [{"name": k, "value": v} for k, v in template.env]
+    """The PyTorchJob body for one attempt: the user's template plus kfp-gpu's placement and bookkeeping.
+
+    kfp-gpu's parts win where they meet the user's: ownership labels, the node's GPUs, the gang's node
+    selector and affinity (ANDed with the user's node affinity), the run's toleration (the user's are added),
+    the checkpoint/resume env. ``pod_annotations`` are added to every pod template, over the template's;
+    ``local`` (the local rehearsal) adds the default ``kfp-gpu.io/sim-duration`` under both.
+    """
+    env = [{"name": k, **v} if isinstance(v, dict) else {"name": k, "value": v}
+           for k, v in template.env if k not in _OWN_ENV]
     env += [
         {"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri},
         {"name": ENV_RESUME_STEP, "value": str(resume_step)},
         {"name": ENV_RUN_ID, "value": run_id},
         {"name": ENV_DATASET_URI, "value": dataset_uri},
     ]
-    job_labels = {**labels, JOB_LABEL: name}
+    job_labels = {**dict(template.labels), **labels, JOB_LABEL: name}
+    resources: dict[str, Any] = {k: dict(v) for k, v in template.resources.items()}
+    resources.setdefault("limits", {})[GPU_RESOURCE] = str(capacity.gpus_per_node)
+    mounts = [dict(m) for m in template.volume_mounts]
+    volumes = [dict(v) for v in template.volumes]
+    if template.shm_size:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+    container: dict[str, Any] = {
+        **template.container_extra,
+        "name": "pytorch",  # the operator requires this container name
+        "image": template.image,
+        "command": list(template.command),
+        "args": list(template.args),
+        "env": env,
+        "resources": resources,
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    tolerations = list(capacity.tolerations())
+    tolerations += [t for t in template.tolerations if t not in tolerations]
     pod_spec: dict[str, Any] = {
+        **template.pod_extra,
         "restartPolicy": "Never",
         "nodeSelector": capacity.node_selector(),
-        "tolerations": capacity.tolerations(),
-        "containers": [{
-            "name": "pytorch",  # the operator requires this container name
-            "image": template.image,
-            "command": list(template.command),
-            "args": list(template.args),
-            "env": env,
-            "resources": {"limits": {GPU_RESOURCE: str(capacity.gpus_per_node)}},
-        }],
+        "tolerations": tolerations,
+        "containers": [container],
     }
-    if gang_nodes:
-        pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(gang_nodes)},
-            ]}],
-        }}}
-    annotations = {SIM_DURATION_ANNOTATION: f"{template.sim_duration_s:g}s", **(pod_annotations or {})}
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if template.service_account:
+        pod_spec["serviceAccountName"] = template.service_account
+    if template.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in template.image_pull_secrets]
+    affinity = node_affinity(template.node_affinity, gang_nodes)
+    if affinity:
+        pod_spec["affinity"] = {"nodeAffinity": affinity}
+    annotations = {**({SIM_DURATION_ANNOTATION: "2s"} if local else {}), **dict(template.annotations),
+                   **(pod_annotations or {})}
 
     def replica(count: int) -> dict[str, Any]:
         return {
@@ -93,16 +121,34 @@ def manifest(
     specs: dict[str, Any] = {"Master": replica(1)}
     if nodes > 1:
         specs["Worker"] = replica(nodes - 1)
+    spec: dict[str, Any] = {
+        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0, "schedulingPolicy": {"minAvailable": nodes}},
+        "pytorchReplicaSpecs": specs,
+    }
+    if template.nproc_per_node:
+        spec["nprocPerNode"] = str(template.nproc_per_node)
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
         "metadata": {"name": name, "labels": job_labels,
-                     "annotations": {"kfp-gpu.io/run-id-raw": run_id, "kfp-gpu.io/resume-step": str(resume_step)}},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0,
-                          "schedulingPolicy": {"minAvailable": nodes}},
-            "pytorchReplicaSpecs": specs,
-        },
+                     "annotations": {**dict(template.annotations), "kfp-gpu.io/run-id-raw": run_id,
+                                     "kfp-gpu.io/resume-step": str(resume_step)}},
+        "spec": spec,
     }
+
+
+def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str]) -> dict[str, Any]:
+    """The user's node affinity ANDed with the gang pin (``kubernetes.io/hostname In gang``).
+
+    Node selector terms are ORed, so the gang's expression joins every user term; preferred terms are kept.
+    """
+    out = {k: v for k, v in user.items() if k != REQUIRED}
+    terms = [dict(t) for t in (user.get(REQUIRED) or {}).get("nodeSelectorTerms") or [{}]]
+    if gang_nodes:
+        pin = {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(gang_nodes)}
+        terms = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), pin]} for t in terms]
+    if any(terms):
+        out[REQUIRED] = {"nodeSelectorTerms": terms}
+    return out
 
 
 def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
