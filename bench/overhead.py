@@ -54,7 +54,7 @@ def _one(namespace: str) -> dict[str, float]:
         t = time.perf_counter()
         cap = scale_up.provision(spec, run_id, api, provider)
         out["scale_up"] = time.perf_counter() - t
-        template = JobTemplate(name="bench", sim_duration_s=0.0)
+        template = JobTemplate(name="bench", annotations={pytorchjob.SIM_DURATION_ANNOTATION: "0s"})
         t = time.perf_counter()
         st = train.TrainState(spec, run_id, api, cap, pytorchjob.job_name(run_id, template.name))
         job = st.job

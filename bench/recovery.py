@@ -289,8 +289,8 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
         recovery=Recovery(max_preemptions=2))
     provider = GkeProvider.from_target(spec.target)
     run_id = uid("brec-")
-    template = JobTemplate(name="bench", image="busybox", command=("true",), sim_duration_s=p.sim_duration_s,
-                           checkpoint_every=K)
+    template = JobTemplate(name="bench", image="busybox", command=("true",), checkpoint_every=K,
+                           annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{p.sim_duration_s:g}s"})
     job = pytorchjob.job_name(run_id, template.name)
     pods = JobPods(api, namespace, job, N).start()
     trainer: Trainer | None = None
@@ -383,8 +383,8 @@ def baseline_manifest(name: str, nodes: list[str], p: Params) -> dict[str, Any]:
 
     cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), GPUS, accelerators.get(ACCEL).gke_label, spot=True)
     # long enough that no survivor completes before the replacement is Running (the bench deletes the job)
-    template = JobTemplate(name="bench", image="busybox", command=("true",), sim_duration_s=max(60.0, p.timeout_s),
-                           checkpoint_every=K)
+    template = JobTemplate(name="bench", image="busybox", command=("true",), checkpoint_every=K,
+                           annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{max(60.0, p.timeout_s):g}s"})
     body = pytorchjob.manifest(name, capacity=cap, template=template, labels={"kfp-gpu.io/bench": "recovery"},
                                nodes=N, checkpoint_uri="", resume_step=0, run_id=name)
     body["spec"]["runPolicy"]["backoffLimit"] = 10

@@ -46,7 +46,7 @@ from kfp_gpu.plan.recovery import (
     unclaimed,
 )
 from kfp_gpu.providers.base import Owner, label_safe
-from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
@@ -231,6 +231,7 @@ def _supervise(
                 st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
                 checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
                 dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes, pod_annotations=annotations,
+                local=spec.target.kind is TargetKind.LOCAL,
             )
             job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
         else:

@@ -100,7 +100,8 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
     # The run's own job: the manifest the train step creates, as the step ServiceAccount.
     cap = Capacity(run_id, (Placement(pool, ZONE, tuple(gang)),), 8, ACCEL, spot=False)
     name = pytorchjob.job_name(run_id, "iso")
-    body = pytorchjob.manifest(name, capacity=cap, template=JobTemplate(name="iso", sim_duration_s=600.0),
+    tpl = JobTemplate(name="iso", annotations={pytorchjob.SIM_DURATION_ANNOTATION: "600s"})
+    body = pytorchjob.manifest(name, capacity=cap, template=tpl,
                                labels={LABEL_RUN_ID: label_safe(run_id)}, nodes=2, checkpoint_uri="",
                                resume_step=0, run_id=run_id, gang_nodes=gang)
     pytorchjob.create_or_get(step_api, namespace, body)

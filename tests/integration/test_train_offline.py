@@ -29,7 +29,7 @@ def test_job_name_is_deterministic_and_dns_safe() -> None:
 
 
 def test_manifest_is_a_gang_on_the_capacity() -> None:
-    tpl = JobTemplate(name="ft", env=(("A", "1"),), sim_duration_s=7)
+    tpl = JobTemplate(name="ft", env=(("A", "1"),), annotations={"kfp-gpu.io/sim-duration": "7s"})
     body = pytorchjob.manifest("j", capacity=CAP, template=tpl, labels={"kfp-gpu.io/run-id": "run-1"},
                                nodes=4, checkpoint_uri="gs://b/c", resume_step=40, run_id="run-1",
                                dataset_uri="gs://d", gang_nodes=CAP.nodes)

@@ -48,8 +48,9 @@ def make_capacity(run_id: str, pool: str, names: list[str], *, spot: bool = True
 
 
 def job_json(seconds: float, name: str = "train") -> str:
-    return JobTemplate(name=name, image="busybox", command=("true",), sim_duration_s=seconds,
-                       checkpoint_every=10).to_json()
+    """A job whose pods KWOK keeps Running for ``seconds`` (the scenario's sim-duration annotation)."""
+    return JobTemplate(name=name, image="busybox", command=("true",), checkpoint_every=10,
+                       annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{seconds:g}s"}).to_json()
 
 
 @dataclass
