@@ -21,10 +21,19 @@ def _params(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def cmd_compile(a: argparse.Namespace) -> int:
+    import os
+
+    from kfp_gpu import image
+
+    if a.image:  # before kfp_gpu.components is imported: its components are defined with this image
+        os.environ[image.ENV_VAR] = image.validate_image(a.image, "--image")
+    chosen = image.image_for_version() if os.environ.get(image.ENV_VAR, "").strip() else ""
     from kfp_gpu.compile import compile_pipeline, dag_edges
 
     out = compile_pipeline(a.pipeline_file, a.output, target=a.target, name=a.pipeline)
-    print(f"compiled {a.pipeline_file} for {a.target} -> {out}")
+    if chosen:  # components defined earlier in this process still carry the default: rewrite the IR
+        image.retag_compiled(out, chosen)
+    print(f"compiled {a.pipeline_file} for {a.target} -> {out}" + (f" (component image {chosen})" if chosen else ""))
     for task, deps in sorted(dag_edges(out).items()):
         print(f"  {task:<22} after {', '.join(deps) or '(start)'}")
     return 0
@@ -74,10 +83,16 @@ def cmd_gc(a: argparse.Namespace) -> int:
     return 1 if report.errors or "error" in report.runs.values() else 0
 
 
+def cmd_run(a: argparse.Namespace) -> int:
+    from kfp_gpu.demo import run
+
+    return run(a.pipeline_file, a.arg, pipeline=a.pipeline, scenario=a.scenario or None, keep=a.keep)
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
     from kfp_gpu.demo import main as demo_main
 
-    return demo_main(nodes=a.nodes, keep=a.keep)
+    return demo_main(keep=a.keep)
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
@@ -146,6 +161,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", required=True)
     c.add_argument("--target", choices=["kfp", "vertex"], default="kfp")
     c.add_argument("--pipeline", default=None, help="pipeline name when the file defines several")
+    c.add_argument("--image", default="", metavar="REPO:TAG",
+                   help="component image for every kfp-gpu step (default: $KFP_GPU_IMAGE, else "
+                   "ghcr.io/kfp-gpu/kfp-gpu:<version>); see docs/images.md")
     c.set_defaults(fn=cmd_compile)
     c = sub.add_parser("components", help="regenerate components/*/component.yaml, READMEs and docs")
     c.add_argument("--root", default=".")
@@ -165,8 +183,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="report what would be released; take no lock, change nothing")
     c.add_argument("--endpoint", default="", help="cloud stand-in endpoint for the local target")
     c.set_defaults(fn=cmd_gc)
-    c = sub.add_parser("demo", help="run the example pipeline end to end on the local GKE")
-    c.add_argument("--nodes", type=int, default=4)
+    c = sub.add_parser("run", help="rehearse a provisioned pipeline end to end on the local GKE (kfp.local)")
+    c.add_argument("pipeline_file")
+    c.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="a pipeline argument, typed by the pipeline's signature (repeatable)")
+    c.add_argument("--pipeline", default=None, help="pipeline name when the file defines several")
+    c.add_argument("--scenario", default="", help="stand-in scenario YAML (default: the bundled one)")
+    c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")
+    c.set_defaults(fn=cmd_run)
+    c = sub.add_parser("demo", help="kfp-gpu run on the example pipeline (pipelines/llm_finetune.py)")
     c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")
     c.set_defaults(fn=cmd_demo)
     c = sub.add_parser("submit", help="submit to Kubeflow Pipelines or Vertex AI Pipelines")

@@ -1,24 +1,180 @@
-"""`make demo`: the example pipeline end to end through kfp.local against the local GKE.
+"""`kfp-gpu run PIPELINE.py` and `make demo`: rehearse a provisioned pipeline end to end on the local GKE.
 
-Boots (or reuses) the local control plane, starts the GKE stand-in on it, runs
-``pipelines/llm_finetune.py`` with kfp.local's SubprocessRunner, then prints the provisioning timeline,
-the cost-risk report and proof that nothing of the run is left.
+Boots (or reuses) the local control plane, starts the GKE stand-in on it, runs the file's
+``@kfp_gpu.provisioned`` pipeline with kfp.local's SubprocessRunner (``--arg k=v`` values become pipeline
+arguments, typed by the pipeline's signature), then prints the provisioning timeline, the cost-risk
+report and proof that nothing of the run is left. The terminal gets one progress line per step; kfp.local's
+own logs (executor inputs and outputs, step logs) go to a file whose path is printed.
+``kfp-gpu demo`` is ``kfp-gpu run pipelines/llm_finetune.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
 import json
 import os
+import re
 import sys
 import tempfile
 import time
+import traceback
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 
+from kfp_gpu.errors import InvalidSpec, KfpGpuError
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "pipelines" / "llm_finetune.py"
+LOG_NAME = "executor.log"
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+_JSON_TYPES: dict[str, type] = {"List": list, "Dict": dict}
 
+
+# ---- pipeline arguments -------------------------------------------------------------------------------
+def _convert(name: str, kind: str, raw: str) -> Any:
+    """``raw`` as the pipeline parameter type ``kind`` (KFP IR names: Integer, Float, Boolean, String, ...).
+
+    Raises: InvalidSpec naming ``--arg name``, the value and the expected type.
+    """
+    field = f"--arg {name}"
+    try:
+        if kind == "Integer":
+            return int(raw)
+        if kind == "Float":
+            return float(raw)
+        if kind == "Boolean":
+            if raw.lower() in _TRUE | _FALSE:
+                return raw.lower() in _TRUE
+            raise ValueError(raw)
+        if kind == "String":
+            return raw
+        if kind in _JSON_TYPES:
+            value = json.loads(raw)
+            if not isinstance(value, _JSON_TYPES[kind]):
+                raise ValueError(raw)
+            return value
+    except ValueError:
+        example = {"Integer": "an integer, e.g. 3", "Float": "a number, e.g. 0.5", "Boolean": "true or false",
+                   "List": 'a JSON list, e.g. ["a", "b"]', "Dict": 'a JSON object, e.g. {"k": 1}'}[kind]
+        raise InvalidSpec(field, raw, f"must be {example} (the pipeline declares it {kind})",
+                          remediation=f"pass --arg {name}=<{kind.lower()}>") from None
+    raise InvalidSpec(field, raw, f"is an input of type {kind}; kfp-gpu run passes parameters only",
+                      remediation="give the input a default, or turn it into a parameter (int, float, bool, str, list, dict)")
+
+
+def typed_args(pairs: Sequence[str], inputs: Mapping[str, Any], pipeline: str) -> dict[str, Any]:
+    """``["k=v", ...]`` -> ``{k: typed v}`` for a pipeline whose root inputs are ``inputs`` (name -> KFP
+    ``InputSpec`` with ``type``, ``default`` and ``optional``).
+
+    Raises:
+        InvalidSpec: a pair without ``=``, a name given twice or not a parameter of the pipeline (the
+            message lists the parameters), a value of the wrong type, or a required parameter missing.
+    """
+    params = ", ".join(f"{n}:{getattr(s, 'type', '?')}" for n, s in sorted(inputs.items())) or "(none)"
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvalidSpec("--arg", pair, "must be NAME=VALUE", remediation=f"parameters of {pipeline}: {params}")
+        if name not in inputs:
+            raise InvalidSpec("--arg", name, f"is not a parameter of pipeline {pipeline}",
+                              remediation=f"use one of: {params}")
+        if name in out:
+            raise InvalidSpec("--arg", name, "is given twice", remediation="pass each parameter once")
+        out[name] = _convert(name, str(getattr(inputs[name], "type", "String")), raw)
+    missing = sorted(n for n, s in inputs.items()
+                     if n not in out and not getattr(s, "optional", False) and getattr(s, "default", None) is None)
+    if missing:
+        raise InvalidSpec("--arg", ", ".join(missing), f"required by pipeline {pipeline} (no default)",
+                          remediation=" ".join(f"--arg {n}=VALUE" for n in missing))
+    return out
+
+
+def load(pipeline_file: str | Path, name: str | None = None) -> Any:
+    """The provisioned pipeline of ``pipeline_file`` (see :func:`kfp_gpu.compile.load_pipeline`).
+
+    Raises:
+        InvalidSpec: no such file, no (or an undecorated) pipeline, several without ``name``, or the
+            file fails to import (named with its first error line).
+    """
+    from kfp_gpu.compile import load_pipeline
+
+    try:
+        return load_pipeline(pipeline_file, name)
+    except KfpGpuError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's file: its error, in one line
+        first = (str(exc).strip().splitlines() or [""])[0]
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        raise InvalidSpec("pipeline file", str(pipeline_file), f"fails to import: {type(exc).__name__}: {first}{where}",
+                          remediation=f"fix the file: python {pipeline_file} shows the traceback") from None
+
+
+# ---- the terminal: progress lines while kfp.local writes its logs to a file ----------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STARTED = re.compile(r"Executing task '([^']+)'")
+_FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
+_RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+
+
+class Progress(io.TextIOBase):
+    """A stdout stand-in for kfp.local: every byte goes to ``log``; task start/finish lines become one
+    progress line each on ``terminal``; the first run id of a kfp-gpu step is remembered."""
+
+    def __init__(self, log: TextIO, terminal: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.log, self.terminal, self.clock = log, terminal, clock
+        self.started: dict[str, float] = {}
+        self.finished: dict[str, str] = {}
+        self.run_id = ""
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.log.write(s)
+        lines = (self._partial + s).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self._line(_ANSI.sub("", line))
+        return len(s)
+
+    def flush(self) -> None:
+        self.log.flush()
+
+    def _line(self, line: str) -> None:
+        if m := _STARTED.search(line):
+            self.started[m.group(1)] = self.clock()
+            self._say(f"  > {m.group(1)} started")
+        elif m := _FINISHED.search(line):
+            task, status = m.group(1), m.group(2)
+            took = self.clock() - self.started.get(task, self.clock())
+            self.finished[task] = status
+            verb = "finished" if status == "SUCCESS" else f"failed ({status})"
+            self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {took:.1f}s")
+        elif not self.run_id and (m := _RUN_ID.search(line)):
+            self.run_id = m.group(1)
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.terminal, flush=True)
+
+
+def _to(log: TextIO) -> Callable[..., None]:
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        log.write(warnings.formatwarning(message, category, filename, lineno, line))
+    return show
+
+
+# ---- what the run left behind ----------------------------------------------------------------------------
 def _teardown_output(root: str) -> dict[str, object]:
     for path in sorted(glob.glob(f"{root}/**/executor_output.json", recursive=True)):
         if "teardown" in path:
@@ -30,55 +186,113 @@ def _teardown_output(root: str) -> dict[str, object]:
     return {}
 
 
-def main(nodes: int = 4, keep: bool = True) -> int:
-    """Run the demo; the local cluster stays up unless ``keep=False``. Returns the process exit code."""
+def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str] = (),
+              timeout_s: float = 20.0) -> dict[str, list[str]]:
+    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs and run
+    Leases in ``namespace`` (Nodes cluster-wide), plus any of ``deleted_nodes`` (the Nodes teardown deleted
+    through the cloud) still registered. Polls until nothing is left or ``timeout_s`` (deletions finish
+    asynchronously). Empty means clean.
+
+    Raises: kubernetes ApiException (refused or failed listing).
+    """
+    from kfp_gpu.cluster import owned
+
+    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, owned.JOB, owned.LEASE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found: dict[str, list[str]] = {}
+        for kind, obj in owned.run_objects(api, namespace, run_id, kinds):
+            found.setdefault(kind.name, []).append(str(owned.meta(obj).get("name")))
+        if deleted_nodes:
+            names = {str(owned.meta(n).get("name")) for n in owned.list_objects(api, owned.NODE, None, "")}
+            if gone_not := sorted(names & set(deleted_nodes)):
+                found["node"] = gone_not
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
+
+
+# ---- the rehearsal ---------------------------------------------------------------------------------------
+def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | None = None,
+        scenario: str | None = None, keep: bool = True, terminal: TextIO | None = None) -> int:
+    """Rehearse the provisioned pipeline of ``pipeline_file`` locally; returns the process exit code
+    (0: succeeded, timeline recorded, nothing left behind). The local cluster stays up unless ``keep=False``.
+
+    Raises:
+        InvalidSpec: see :func:`load` and :func:`typed_args` (checked before anything boots).
+        KfpGpuError: the local cluster or the stand-in cannot start.
+    """
     from kfp import local
 
     from kfp_gpu.devcluster import boot
+    from kfp_gpu.dsl import spec_of
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
     from kfp_gpu.sim.server import SimServer
 
-    print("kfp-gpu demo: booting the local GKE (etcd, kube-apiserver, scheduler, controller-manager, KWOK, "
-          "Training Operator)...", flush=True)
+    out_ = terminal or sys.stdout
+    say: Callable[[str], None] = lambda text: print(text, file=out_, flush=True)  # noqa: E731
+    graph = load(pipeline_file, pipeline)
+    spec: ProvisioningSpec | None = spec_of(graph)
+    assert spec is not None  # load() returns provisioned pipelines only
+    arguments = typed_args(args, dict(graph.component_spec.inputs or {}), graph.name)
+    shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "defaults"
+    say(f"kfp-gpu run: pipeline {graph.name} from {pipeline_file} ({shown})")
+    say("booting (or reusing) the local GKE: etcd, kube-apiserver, scheduler, controller-manager, KWOK, "
+        "Training Operator...")
     ctx = boot.up()
     os.environ["KUBECONFIG"] = str(ctx.kubeconfig)
-    sim = SimServer(None, ctx.kubeconfig)
+    sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
     os.environ["KFP_GPU_SIM_ENDPOINT"] = url
-    print(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes\n", flush=True)
-    root = tempfile.mkdtemp(prefix="kfp-gpu-demo-")
-    sys.path.insert(0, str(Path.cwd()))
-    import importlib
-
-    example = importlib.import_module("pipelines.llm_finetune")
-    spec: ProvisioningSpec = example.SPEC
-    llm_finetune = example.llm_finetune
+    root = tempfile.mkdtemp(prefix="kfp-gpu-run-")
+    log_path = Path(root) / LOG_NAME
+    say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")
+    say(f"executor logs: {log_path}\n")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
-    t0 = time.time()
-    failure = ""
-    try:
-        llm_finetune()
-    except Exception as exc:  # kfp.local raises after the exit handler (teardown) has run
-        failure = str(exc).splitlines()[0]
+    t0, failure = time.time(), ""
+    with open(log_path, "w", encoding="utf-8") as log:
+        progress = Progress(log, out_)
+        try:
+            with contextlib.redirect_stdout(progress), warnings.catch_warnings():
+                warnings.showwarning = _to(log)  # kfp.local's runner warnings: the log, not the terminal
+                graph(**arguments)
+        except Exception as exc:  # noqa: BLE001 - kfp.local raises after the exit handler (teardown) ran
+            failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        finally:
+            sim.stop()
     took = time.time() - t0
     out = _teardown_output(root)
-    sim.stop()
-    status = f"FAILED: {failure}" if failure else "SUCCEEDED"
-    print(f"\n=== pipeline llm-finetune {status} in {took:.1f}s (kfp.local, SubprocessRunner) ===")
+    status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
+    say(f"\n=== pipeline {graph.name} {status} in {took:.1f}s (kfp.local, SubprocessRunner) ===")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
     if tl.nodes:
-        print("\nProvisioning timeline (requested -> registered -> Ready -> released):")
-        print(gantt(tl, width=100))
-        print("\nCost-risk report:")
-        print(cost_table(cost_report(spec, tl), width=100))
+        say("\nProvisioning timeline (requested -> registered -> Ready -> released):")
+        say(gantt(tl, width=100))
+        say("\nCost-risk report:")
+        say(cost_table(cost_report(spec, tl), width=100))
     else:
-        print("no timeline found in the teardown output (did the run fail? see the logs above)")
-    leftovers = {k: out.get(k) for k in ("errors",) if out.get(k)}
+        say(f"no timeline in the teardown output (did the run fail? see {log_path})")
+    errors = list(out.get("errors") or [])  # type: ignore[call-overload]
     released = list(out.get("nodes_released") or [])  # type: ignore[call-overload]
-    print(f"\nteardown: released {len(released)} nodes, restored pools "
-          f"{out.get('pools_restored')}, deleted jobs {out.get('jobs')}; errors: {leftovers or 'none'}")
-    print(f"artifacts and HTML reports: {root}")
+    say(f"\nteardown: released {len(released)} nodes, restored pools {out.get('pools_restored') or {}}, "
+        f"deleted jobs {out.get('jobs') or []}; errors: {errors or 'none'}")
+    run_id = tl.run_id or progress.run_id
+    left: dict[str, list[str]] = {"run id": ["unknown (no kfp-gpu step started)"]}
+    if run_id:
+        from kfp_gpu.cluster.kube import api_client
+
+        left = leftovers(api_client(spec.target), spec.target.namespace, run_id,
+                         list(out.get("nodes_deleted") or []))  # type: ignore[call-overload]
+    what = "ledgers, balloons, node claims, PyTorchJobs, leases, deleted nodes"
+    say(f"leak check (run {run_id or '?'}: {what}): " +
+        ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
+    say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")
     if not keep:
         boot.down()
-    return 0 if tl.nodes and not leftovers and not failure else 1
+    return 0 if tl.nodes and not errors and not left and not failure else 1
+
+
+def main(keep: bool = True) -> int:
+    """``kfp-gpu demo``: :func:`run` on the example pipeline. Raises: see :func:`run`."""
+    return run(EXAMPLE, keep=keep)

@@ -150,7 +150,9 @@ class GkeProvider:
                 "reservations": compute_v1.ReservationsClient, "zone_ops": compute_v1.ZoneOperationsClient,
                 "igm": compute_v1.InstanceGroupManagersClient,
             }[kind]
-        c = factory(transport="rest", credentials=creds, client_options=opts)
+        from kfp_gpu.providers.gke.http_pool import size_pool
+
+        c = size_pool(factory(transport="rest", credentials=creds, client_options=opts))
         with self._lock:
             return self._clients.setdefault(kind, c)
 
