@@ -6,7 +6,13 @@ under kfp.local's SubprocessRunner and in the component image), parses its input
 and the metrics, and maps errors to exit codes. All logic lives in ``kfp_gpu.steps``.
 
 Data flow: every step returns a JSON string (its ledger/result) that the next step consumes; the
-teardown exit task takes only constants and the run id and finds everything by ownership label.
+teardown exit task takes only constants, pipeline parameters and the run id and finds everything by
+ownership label.
+
+Run-time inputs: a pipeline built with ``@kfp_gpu.provisioned(spec, runtime=(...))`` gives every task extra
+inputs ``spec__<field>``, and a ``train()`` with pipeline parameters or task outputs in its job fields gives
+the train task inputs ``p0..pN`` (:mod:`kfp_gpu.channels`). They are not in these signatures: the step entry
+reads them from the executor input (:mod:`kfp_gpu.runtime`).
 """
 
 
@@ -72,16 +78,19 @@ def train_pytorchjob(
     report: Output[HTML],
     metrics: Output[Metrics],
     dataset: Input[Dataset] = None,
+    job_runtime_json: str = "",
 ) -> str:
     """Launch a gang-safe Training Operator PyTorchJob on the provisioned capacity and see it through.
 
     Recovers from spot preemption from the newest complete checkpoint within the spec's restart budget.
+    Job fields holding pipeline parameters or task outputs are filled in from this task's run-time inputs.
     """
     from kfp_gpu.steps.entry import run_component
 
     return run_component(
         "train", spec_json, run_id, capacity_json, report=report, metrics=metrics,
-        job_json=job_json, dataset_uri=dataset.uri if dataset is not None else "",
+        job_json=job_json, job_runtime_json=job_runtime_json,
+        dataset_uri=dataset.uri if dataset is not None else "",
     )
 
 

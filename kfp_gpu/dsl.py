@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +34,10 @@ from typing import Any
 from kfp import dsl
 from kfp.dsl import base_component, graph_component
 
+from kfp_gpu import channels
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.job import DEFAULT_TRAINER_IMAGE, JobTemplate
+from kfp_gpu.runtime import RUNTIME_FIELDS, SPEC_INPUT, check_runtime_fields, parameter_default, python_type
 from kfp_gpu.spec import ProvisioningSpec
 
 TARGETS = ("kfp", "vertex")
@@ -70,30 +73,39 @@ class _Context:
     target: str
     run_id: str
     scale_up: dsl.PipelineTask
+    runtime: dict[str, Any] = field(default_factory=dict)  # run-time spec field -> its pipeline parameter
     trains: list[dsl.PipelineTask] = field(default_factory=list)
 
 
 _STACK: list[_Context] = []
+__all__ = ["DEFAULT_TRAINER_IMAGE", "JobTemplate", "build", "for_target", "provisioned", "spec_of", "train"]
 
 
 def train(
     *,
-    name: str = "train",
-    image: str = DEFAULT_TRAINER_IMAGE,
-    command: Sequence[str] = JobTemplate.command,
-    args: Sequence[str] = (),
-    env: Mapping[str, str] | None = None,
+    name: str | None = None,
+    image: Any = None,
+    command: Any = None,
+    args: Any = None,
+    env: Any = None,
     dataset: Any = None,
     after: Sequence[dsl.PipelineTask] = (),
-    checkpoint_every: int = 10,
-    sim_duration_s: float = 2.0,
+    checkpoint_every: Any = None,
+    job: Any = None,
+    **job_fields: Any,
 ) -> dsl.PipelineTask:
     """Create the PyTorchJob step inside a ``@kfp_gpu.provisioned`` pipeline.
 
-    It depends on burst scale-up and on its data inputs (``dataset`` artifact, ``after`` tasks) only.
+    It depends on burst scale-up and on its data inputs (``dataset`` artifact, ``after`` tasks) only. Every
+    job field (``image``, ``command``, ``args``, ``env`` values and the other ``job_fields``) may hold pipeline
+    parameters and upstream task outputs, or strings built from them (``f"--steps={steps}"``): they are
+    resolved when the step runs, never serialised at compile time (:mod:`kfp_gpu.channels`). Fields without
+    them are validated here; fields with them are validated by the train step once the values are known.
+    ``job`` takes a ``kubeflow.training`` PyTorchJob model; the other fields apply over it.
 
     Raises:
-        InvalidSpec: called outside a provisioned pipeline, or a bad job template field.
+        InvalidSpec: called outside a provisioned pipeline, a bad job template field, a value that is neither
+            JSON nor a pipeline parameter/task output, or a channel in ``name`` (it names the task).
     """
     from kfp.dsl import pipeline_context
 
@@ -110,18 +122,35 @@ def train(
             "kfp_gpu.train", name, "must be called inside a pipeline decorated with @kfp_gpu.provisioned(spec)",
             remediation="decorate the pipeline function with @kfp_gpu.provisioned(spec)",
         )
+    if channels.has_channels(name):
+        raise InvalidSpec("train.name", str(name), "names the task, so it is fixed at compile time",
+                          remediation="pass a literal name; pass run-time values in args, env or other job fields")
     ctx = _STACK[-1]
-    job = JobTemplate(
-        name=name, image=image, command=tuple(command), args=tuple(args),
-        env=tuple(sorted((env or {}).items())), checkpoint_every=checkpoint_every, sim_duration_s=sim_duration_s,
-    )
+    given = {"name": name, "image": image, "command": command, "args": args, "env": env,
+             "checkpoint_every": checkpoint_every, **job_fields}
+    fields = {k: v for k, v in given.items() if v is not None}
+    params = channels.Params()
+    encoded: dict[str, Any] = {}
+    whole: dict[str, Any] = {}  # a list/dict parameter standing for a whole field: filled in at run time
+    for key, value in fields.items():
+        if channels.whole_collection(value):
+            whole[key] = channels.encode(key, value, params)
+        elif channels.has_channels(value):
+            encoded[key] = channels.encode(key, value, params)
+        else:
+            channels.check_plain(key, value)
+            encoded[key] = value
+    template = JobTemplate.build(job=job, **encoded)
     kwargs: dict[str, Any] = dict(
-        spec_json=ctx.spec.to_json(), run_id=ctx.run_id, capacity_json=ctx.scale_up.outputs["Output"], job_json=job.to_json(),
+        spec_json=ctx.spec.to_json(), run_id=ctx.run_id, capacity_json=ctx.scale_up.outputs["Output"],
+        job_json=template.to_json(),
     )
+    if whole:
+        kwargs["job_runtime_json"] = json.dumps(whole, sort_keys=True)
     if dataset is not None:
         kwargs["dataset"] = dataset
-    task = components.train_pytorchjob(**kwargs)
-    task.set_display_name(name)
+    task = _call(components.train_pytorchjob, ctx.runtime, params.inputs(), **kwargs)
+    task.set_display_name(name or "train")
     task.set_caching_options(False)
     for t in after:
         task.after(t)
@@ -130,25 +159,46 @@ def train(
     return task
 
 
+def _call(
+    component: Any, runtime: Mapping[str, Any], params: Mapping[str, tuple[str, Any]], **kwargs: Any,
+) -> dsl.PipelineTask:
+    """Call a kfp-gpu component with its run-time inputs: ``spec__<field>`` for each run-time spec field
+    (bound to the pipeline parameter) and ``pN`` for each channel of the job."""
+    extra = {f"{SPEC_INPUT}{k}": (RUNTIME_FIELDS[k], ch) for k, ch in runtime.items()}
+    extra.update(params)
+    variant = channels.with_inputs(component, {k: kind for k, (kind, _) in extra.items()})
+    task: dsl.PipelineTask = variant(**kwargs, **{k: ch for k, (_, ch) in extra.items()})
+    return task
+
+
 def provisioned(
     spec: ProvisioningSpec, *, name: str | None = None, description: str | None = None, target: str = "kfp",
+    runtime: Sequence[str] = (),
 ) -> Callable[[Any], graph_component.GraphComponent]:
     """Wrap a ``@dsl.pipeline`` (or plain pipeline function) with latency-aware GPU provisioning.
 
+    ``runtime`` names spec fields chosen when the pipeline is run (``nodes``, ``accelerator``,
+    ``gpus_per_node``, ``capacity``, ``zones``, ``scale_up_deadline_s``, ``reservation``, ``checkpoint_uri``):
+    each becomes a pipeline parameter of that name whose default is the spec's value (the Kubeflow UI run
+    form, Vertex ``parameter_values``). Every kfp-gpu step runs with the spec those values resolve to; quota
+    preflight validates it first, with the same messages as a bad value in the Python spec.
+
     Raises:
-        InvalidSpec: ``spec`` is not a ProvisioningSpec, the target is unknown, the pipeline returns
-            outputs (an ExitHandler cannot return pipeline outputs), it already uses an ExitHandler, or it
-            never calls ``kfp_gpu.train``.
+        InvalidSpec: ``spec`` is not a ProvisioningSpec, the target is unknown, ``runtime`` names an unknown
+            field or one the pipeline already has as a parameter, the pipeline returns outputs (an ExitHandler
+            cannot return pipeline outputs), it already uses an ExitHandler, or it never calls ``kfp_gpu.train``.
     """
     if not isinstance(spec, ProvisioningSpec):
         raise InvalidSpec("spec", type(spec).__name__, "must be a kfp_gpu.ProvisioningSpec")
     if target not in TARGETS:
         raise InvalidSpec("target", target, f"allowed: {', '.join(TARGETS)}")
+    fields = check_runtime_fields(runtime)
 
     def decorate(pipeline: Any) -> graph_component.GraphComponent:
         func, pname, pdesc = _unwrap(pipeline)
-        built = build(spec, func, name=name or pname, description=description or pdesc, target=target)
-        setattr(built, _ATTR, (spec, func, name or pname, description or pdesc))
+        info = (spec, func, name or pname, description or pdesc, fields)
+        built = build(spec, func, name=info[2], description=info[3], target=target, runtime=fields)
+        setattr(built, _ATTR, info)
         return built
 
     return decorate
@@ -156,6 +206,7 @@ def provisioned(
 
 def build(
     spec: ProvisioningSpec, func: Callable[..., Any], *, name: str, description: str | None, target: str,
+    runtime: Sequence[str] = (),
 ) -> graph_component.GraphComponent:
     """Build the provisioned pipeline for one compile target. Raises: InvalidSpec (see provisioned)."""
     from kfp_gpu import components
@@ -167,32 +218,48 @@ def build(
             "a provisioned pipeline cannot return outputs (KFP ExitHandlers cannot return pipeline outputs)",
             remediation="write results to artifacts of the final step instead of returning them",
         )
+    for field_name in runtime:
+        if field_name in sig.parameters:
+            raise InvalidSpec(
+                "runtime", field_name, f"pipeline {name!r} already has a parameter of that name",
+                remediation=f"rename the pipeline's own {field_name!r} parameter or drop it from runtime=",
+            )
+    user_params = list(sig.parameters.values())
+    rt_params = [inspect.Parameter(f, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=parameter_default(spec, f),
+                                   annotation=python_type(f)) for f in runtime]
 
     def outer(*args: Any) -> None:
+        user_args, rt = args[:len(user_params)], dict(zip(runtime, args[len(user_params):], strict=True))
         spec_json, run_id = spec.to_json(), dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        td = components.teardown(spec_json=spec_json, run_id=run_id)
+        td = _call(components.teardown, rt, {}, spec_json=spec_json, run_id=run_id)
         td.set_display_name("kfp-gpu teardown").set_caching_options(False)
         _platform(td, target, "teardown")
         with dsl.ExitHandler(td, name="kfp-gpu-provisioned"):
-            pf = components.quota_preflight(spec_json=spec_json, run_id=run_id)
-            wp = components.reserve_warm_pool(spec_json=spec_json, run_id=run_id, preflight_json=pf.outputs["Output"])
-            su = components.burst_scale_up(spec_json=spec_json, run_id=run_id, warm_pool_json=wp.outputs["Output"])
+            pf = _call(components.quota_preflight, rt, {}, spec_json=spec_json, run_id=run_id)
+            wp = _call(components.reserve_warm_pool, rt, {}, spec_json=spec_json, run_id=run_id,
+                       preflight_json=pf.outputs["Output"])
+            su = _call(components.burst_scale_up, rt, {}, spec_json=spec_json, run_id=run_id,
+                       warm_pool_json=wp.outputs["Output"])
             for task, label in ((pf, "quota preflight"), (wp, "warm pool"), (su, "burst scale-up")):
                 task.set_display_name(f"kfp-gpu {label}").set_caching_options(False)
                 _platform(task, target, label)
-            ctx = _Context(spec, target, run_id, su)
+            ctx = _Context(spec, target, run_id, su, rt)
             with _pushed(ctx):
-                func(*args)
+                func(*user_args)
             if not ctx.trains:
                 raise InvalidSpec(
                     "pipeline", name, "never calls kfp_gpu.train(...), so nothing would use the GPUs",
                     remediation="create the training step with kfp_gpu.train(...) inside the pipeline",
                 )
 
-    outer.__signature__ = sig.replace(return_annotation=inspect.Signature.empty)  # type: ignore[attr-defined,unused-ignore]
+    outer.__signature__ = sig.replace(  # type: ignore[attr-defined,unused-ignore]
+        parameters=user_params + rt_params, return_annotation=inspect.Signature.empty)
     outer.__name__ = func.__name__
     outer.__doc__ = func.__doc__
-    outer.__annotations__ = {k: v for k, v in func.__annotations__.items() if k != "return"}
+    outer.__annotations__ = {
+        **{k: v for k, v in func.__annotations__.items() if k != "return"},
+        **{p.name: p.annotation for p in rt_params},
+    }
     try:
         return dsl.pipeline(name=name, description=description)(outer)
     except InvalidSpec:
@@ -213,8 +280,8 @@ def for_target(pipeline: graph_component.GraphComponent, target: str) -> graph_c
         raise InvalidSpec("pipeline", getattr(pipeline, "name", pipeline), "is not decorated with @kfp_gpu.provisioned")
     if target not in TARGETS:
         raise InvalidSpec("target", target, f"allowed: {', '.join(TARGETS)}")
-    spec, func, name, desc = info
-    built = build(spec, func, name=name, description=desc, target=target)
+    spec, func, name, desc, runtime = info
+    built = build(spec, func, name=name, description=desc, target=target, runtime=runtime)
     setattr(built, _ATTR, info)
     return built
 

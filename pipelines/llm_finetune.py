@@ -4,6 +4,9 @@
     kfp-gpu compile pipelines/llm_finetune.py -o vertex.yaml --target vertex  # Vertex AI Pipelines
     make demo                                                                  # rehearse locally
 
+Launching it, the run form offers num_docs, train_steps and the size fields of SPEC (nodes, accelerator,
+gpus_per_node, capacity, zones, scale_up_deadline_s), each defaulting to the value below.
+
 Data preparation runs in parallel with quota preflight, warm pool and scale-up; only the
 PyTorchJob waits for the GPUs. Evaluation runs after training.
 """
@@ -64,7 +67,12 @@ def evaluate(train_result: str, metrics: Output[Metrics]) -> None:
     metrics.log_metric("preemptions", float(result.get("preemptions") or 0))
 
 
-@kfp_gpu.provisioned(SPEC)
+# The size fields are pipeline parameters (defaults from SPEC): choose them in the Kubeflow UI run form or
+# Vertex parameter_values; every kfp-gpu step runs with the values chosen, and preflight validates them.
+RUNTIME = ("nodes", "accelerator", "gpus_per_node", "capacity", "zones", "scale_up_deadline_s")
+
+
+@kfp_gpu.provisioned(SPEC, runtime=RUNTIME)
 @dsl.pipeline(name="llm-finetune", description="Data prep -> 4x8 GPU PyTorchJob fine-tune -> evaluation")
 def llm_finetune(num_docs: int = 256, train_steps: int = 60) -> None:
     data = prepare_data(num_docs=num_docs)
@@ -72,7 +80,7 @@ def llm_finetune(num_docs: int = 256, train_steps: int = 60) -> None:
     job = kfp_gpu.train(
         name="finetune",
         command=["python", "-m", "pipelines.trainer.train_lm"],
-        args=["--steps", "60", "--checkpoint-every", "10"],
+        args=["--steps", train_steps, "--checkpoint-every", "10"],  # train_steps is resolved at run time
         dataset=data.outputs["dataset"],
         checkpoint_every=10,
     )

@@ -12,11 +12,12 @@ import importlib
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Protocol
 
+from kfp_gpu import runtime as runtime_values
 from kfp_gpu.errors import Cancelled, InvalidSpec, KfpGpuError
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
@@ -63,12 +64,25 @@ def cancellable(step: str) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def run_step(step: str, spec_json: str, run_id: str, upstream_json: str, **kwargs: Any) -> StepResult:
-    """Parse inputs and run one step in-process. Raises: KfpGpuError."""
+def run_step(
+    step: str, spec_json: str, run_id: str, upstream_json: str, *, runtime: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> StepResult:
+    """Parse inputs, apply the run-time values (``runtime``: the task's executor-input parameters) and run one
+    step in-process. Teardown falls back to the compiled spec when the run-time values are invalid (the run
+    failed in preflight; what it made is found by label anyway). Raises: KfpGpuError."""
     if spec_json == "__kfp_gpu_unprovisioned__":
         raise InvalidSpec("pipeline", "train()", "this pipeline was compiled without @kfp_gpu.provisioned(spec)",
                           remediation="decorate the pipeline with @kfp_gpu.provisioned(spec) and recompile")
-    spec = ProvisioningSpec.from_json(spec_json)
+    overrides, values = runtime_values.split(runtime or {})
+    try:
+        spec = runtime_values.resolve_spec(spec_json, overrides)
+    except InvalidSpec:
+        if step != "teardown" or not overrides:
+            raise
+        spec = ProvisioningSpec.from_json(spec_json)
+    if "job_json" in kwargs:
+        kwargs["job_json"] = runtime_values.resolve_job(kwargs["job_json"], kwargs.pop("job_runtime_json", ""), values)
     if not run_id:
         raise InvalidSpec("run_id", run_id, "must be the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
     fn = resolve(step)
@@ -88,9 +102,11 @@ def run_component(
     step: str, spec_json: str, run_id: str, upstream_json: str, *,
     report: _Artifact | None = None, metrics: _Metrics | None = None, **kwargs: Any,
 ) -> str:
-    """Component body: run the step, publish its report and metrics, exit non-zero on error."""
+    """Component body: run the step with the run-time inputs of its executor input (``sys.argv``), publish its
+    report and metrics, exit non-zero on error."""
     try:
-        result = run_step(step, spec_json, run_id, upstream_json, **kwargs)
+        params = runtime_values.executor_parameters(sys.argv)
+        result = run_step(step, spec_json, run_id, upstream_json, runtime=params, **kwargs)
     except KfpGpuError as err:
         print(f"kfp-gpu {step} failed: {err}", file=sys.stderr)
         print(json.dumps({"error": err.to_dict()}), file=sys.stderr)
