@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_gpu import job_fields as f
@@ -55,10 +55,8 @@ class JobTemplate:
     image_pull_secrets: tuple[Any, ...] = ()
     container_extra: dict[str, Any] = field(default_factory=dict)  # workingDir, imagePullPolicy, securityContext...
     pod_extra: dict[str, Any] = field(default_factory=dict)  # priorityClassName, securityContext...
-    # accepted and ignored until kfp_gpu.dsl stops passing it: the local target sets the rehearsal duration
-    sim_duration_s: InitVar[float | None] = None
 
-    def __post_init__(self, sim_duration_s: float | None = None) -> None:
+    def __post_init__(self) -> None:
         s = object.__setattr__
         if not isinstance(self.name, str) or not self.name or not self.name.replace("-", "").isalnum() \
                 or self.name != self.name.lower():
