@@ -58,7 +58,7 @@ test-unit: venv
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 
 demo: venv cluster-up
-	$(BIN)/kfp-gpu demo
+	$(BIN)/kfp-gpu run pipelines/llm_finetune.py
 
 components: venv
 	$(BIN)/kfp-gpu components

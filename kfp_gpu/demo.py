@@ -156,7 +156,8 @@ class Progress(io.TextIOBase):
             self._say(f"  > {m.group(1)} started")
         elif m := _FINISHED.search(line):
             task, status = m.group(1), m.group(2)
-            took = self.clock() - self.started.get(task, self.clock())
+            now = self.clock()
+            took = now - self.started.get(task, now)
             self.finished[task] = status
             verb = "finished" if status == "SUCCESS" else f"failed ({status})"
             self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {took:.1f}s")

@@ -28,7 +28,9 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 STEP_ENTRY = "kfp_gpu.steps.entry"  # every kfp-gpu component body imports it; no user component does
 
 # An OCI reference that names a tag or a digest (or both): [host[:port]/]path[:tag][@algo:hex].
-_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+# a registry host is told apart from a path component as Docker does: it has a dot or a port, or is localhost
+_HOST = rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]+)?/|{_LABEL}:[0-9]+/)?"
 _PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
 _REF = re.compile(rf"^{_HOST}{_PATH}(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}))?"
                   r"(?:@(?P<digest>[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-fA-F0-9]{32,}))?$")

@@ -1,0 +1,129 @@
+"""`kfp-gpu run`: --arg parsing and typing by the pipeline's signature, bad files, the progress stream."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from kfp_gpu import cli, demo
+from kfp_gpu.errors import InvalidSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests/integration/pipelines/tiny_pipeline.py"
+PLAIN = """from kfp import dsl
+
+@dsl.component(base_image="python:3.11-slim")
+def hello() -> str:
+    return "hi"
+
+@dsl.pipeline(name="plain")
+def plain() -> None:
+    hello()
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs() -> dict[str, object]:
+    return dict(demo.load(TINY).component_spec.inputs or {})
+
+
+def _one_line(exc: pytest.ExceptionInfo[InvalidSpec]) -> str:
+    msg = cli.one_line(exc.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_args_are_typed_by_the_signature(tiny_inputs: dict[str, object]) -> None:
+    got = demo.typed_args(["greeting=a=b c", "repeat=3", "shout=Yes"], tiny_inputs, "tiny-l4")
+    assert got == {"greeting": "a=b c", "repeat": 3, "shout": True}
+    assert type(got["repeat"]) is int and type(got["shout"]) is bool
+    assert demo.typed_args(["shout=0"], tiny_inputs, "tiny-l4") == {"shout": False}
+    assert demo.typed_args([], tiny_inputs, "tiny-l4") == {}  # defaults come from the pipeline
+
+
+def test_unknown_arg_lists_the_parameters(tiny_inputs: dict[str, object]) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        demo.typed_args(["steps=5"], tiny_inputs, "tiny-l4")
+    msg = _one_line(err)
+    assert "invalid --arg='steps': is not a parameter of pipeline tiny-l4" in msg
+    assert "greeting:String, repeat:Integer, shout:Boolean" in msg
+
+
+@pytest.mark.parametrize("pair,needle", [
+    ("repeat=three", "invalid --arg repeat='three': must be an integer"),
+    ("repeat=1.5", "the pipeline declares it Integer"),
+    ("shout=maybe", "must be true or false"),
+    ("greeting", "invalid --arg='greeting': must be NAME=VALUE"),
+    ("=x", "must be NAME=VALUE"),
+])
+def test_bad_values_are_one_line(tiny_inputs: dict[str, object], pair: str, needle: str) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        demo.typed_args([pair], tiny_inputs, "tiny-l4")
+    assert needle in _one_line(err)
+
+
+def test_twice_and_missing_required() -> None:
+    class Spec:
+        def __init__(self, type: str, default: object = None, optional: bool = False) -> None:
+            self.type, self.default, self.optional = type, default, optional
+
+    inputs = {"lr": Spec("Float"), "tags": Spec("List", [], True), "cfg": Spec("Dict", {}, True),
+              "data": Spec("system.Dataset@0.0.1", None, True)}
+    assert demo.typed_args(["lr=1e-3", "tags=[\"a\"]", "cfg={\"k\": 1}"], inputs, "p") == \
+        {"lr": 0.001, "tags": ["a"], "cfg": {"k": 1}}
+    with pytest.raises(InvalidSpec, match="is given twice"):
+        demo.typed_args(["lr=1", "lr=2"], inputs, "p")
+    with pytest.raises(InvalidSpec) as err:
+        demo.typed_args([], inputs, "p")
+    assert "invalid --arg='lr': required by pipeline p (no default) (fix: --arg lr=VALUE)" in _one_line(err)
+    with pytest.raises(InvalidSpec, match="must be a JSON list"):
+        demo.typed_args(["lr=1", "tags={}"], inputs, "p")
+    with pytest.raises(InvalidSpec, match="kfp-gpu run passes parameters only"):
+        demo.typed_args(["lr=1", "data=/tmp/x"], inputs, "p")
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("x = 1\n", "must define exactly one @kfp_gpu.provisioned pipeline, found none"),
+    (PLAIN, "found none (fix: decorate the pipeline with @kfp_gpu.provisioned(spec))"),
+    ("def broken(:\n", "fails to import: SyntaxError"),
+    ("import no_such_module_kfp_gpu\n", "fails to import: ModuleNotFoundError: No module named 'no_such_module_kfp_gpu'"),
+])
+def test_files_without_a_provisioned_pipeline_fail_in_one_line_before_booting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, needle: str) -> None:
+    f = tmp_path / "user_pipeline.py"
+    f.write_text(body)
+    assert cli.main(["run", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kfp-gpu: invalid pipeline file="), err
+    assert needle in lines[0]
+
+
+def test_missing_file_and_unknown_pipeline_name(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "no/such/pipeline.py"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["run", str(TINY), "--pipeline", "nope"]) == 2
+    assert "invalid --pipeline='nope': not found" in capsys.readouterr().err
+
+
+def test_progress_lines_and_run_id_from_the_kfp_local_stream() -> None:
+    log, term = io.StringIO(), io.StringIO()
+    clock = iter([10.0, 12.5, 20.0, 21.25]).__next__
+    p = demo.Progress(log, term, clock=clock)
+    stream = ("12:00:00.000 - INFO - Executing task \x1b[96m'quota-preflight'\x1b[0m\n"
+              '    {"inputs": {"parameterValues": {"run_id": "1234",\n'
+              "12:00:02.500 - INFO - Task \x1b[96m'quota-preflight'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m\n"
+              "12:00:03.000 - INFO - Executing task 'train-pytorchjob'\n"
+              '    "run_id": "9999"\n'
+              "12:00:04.000 - INFO - Task 'train-pytorchjob' finished with status FAILURE\n")
+    for i in range(0, len(stream), 7):  # kfp.local writes in arbitrary pieces
+        p.write(stream[i:i + 7])
+    assert log.getvalue() == stream
+    assert term.getvalue().splitlines() == [
+        "  > quota-preflight started", "  ✓ quota-preflight finished in 2.5s",
+        "  > train-pytorchjob started", "  ✗ train-pytorchjob failed (FAILURE) in 1.2s"]
+    assert p.run_id == "1234"
+    assert p.finished == {"quota-preflight": "SUCCESS", "train-pytorchjob": "FAILURE"}
