@@ -49,3 +49,45 @@ def test_every_component_uses_the_versioned_image() -> None:
                 if img:
                     images.add(img)
         assert images == {image.image_for_version()}, f"{f.relative_to(ROOT)}: {images}"
+
+
+TRAINER_DOCKERFILE = ROOT / "pipelines" / "trainer" / "Dockerfile"
+
+
+def test_trainer_dockerfile_matches_the_default_trainer_image_and_the_torch_pin() -> None:
+    from kfp_gpu.job import DEFAULT_TRAINER_IMAGE
+
+    text = TRAINER_DOCKERFILE.read_text()
+    (arg,) = re.findall(r"^ARG KFP_GPU_VERSION=(\S+)$", text, re.M)
+    assert DEFAULT_TRAINER_IMAGE == f"ghcr.io/kfp-gpu/trainer:{arg}" and arg == image.VERSION
+    (torch_pin,) = re.findall(r"^ARG TORCH_VERSION=(\S+)$", text, re.M)
+    assert f"torch=={torch_pin} " in (ROOT / "Makefile").read_text()  # the version the tests train with
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert '"python", "-m", "pipelines.trainer.train_lm"' in text  # JobTemplate's default command
+
+
+def test_trainer_dockerfile_copies_everything_the_trainer_imports(tmp_path: Path) -> None:
+    """Lay out the image's /opt/trainer from the COPY lines and import the trainer there, without the
+    installed kfp_gpu (no site .pth) and without kfp: a missing file or a new heavy import fails here."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    copies = re.findall(r"^COPY (.+) (\S+)$", TRAINER_DOCKERFILE.read_text(), re.M)
+    assert copies
+    for sources, dest in copies:
+        target = tmp_path / dest.removeprefix("./")
+        for src in sources.split():
+            path = ROOT / src
+            if path.is_dir():
+                shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, target / path.name)
+    code = ("import sys; sys.path.append(sys.argv[1]); import kfp_gpu.checkpoint, pipelines.trainer.train_lm; "
+            "assert kfp_gpu.checkpoint.__file__.startswith(sys.argv[2]), kfp_gpu.checkpoint.__file__; "
+            "assert 'kfp' not in sys.modules and 'kubernetes' not in sys.modules")
+    res = subprocess.run([sys.executable, "-S", "-c", code, sysconfig.get_paths()["purelib"], str(tmp_path)],
+                         cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
