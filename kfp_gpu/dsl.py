@@ -78,7 +78,8 @@ class _Context:
 
 
 _STACK: list[_Context] = []
-__all__ = ["DEFAULT_TRAINER_IMAGE", "JobTemplate", "build", "for_target", "provisioned", "spec_of", "train"]
+__all__ = ["DEFAULT_TRAINER_IMAGE", "JobTemplate", "build", "for_target", "provisioned", "resolved_spec", "spec_of",
+           "train"]
 
 
 def train(
@@ -292,6 +293,22 @@ def spec_of(pipeline: Any) -> ProvisioningSpec | None:
         return None
     spec: ProvisioningSpec = info[0]
     return spec
+
+
+def resolved_spec(pipeline: Any, arguments: Mapping[str, Any]) -> ProvisioningSpec | None:
+    """The spec a run of ``pipeline`` with ``arguments`` (pipeline parameter values) provisions: the decorated
+    spec with the ``runtime=`` fields found in ``arguments`` applied. ``None`` for an undecorated pipeline.
+
+    Raises:
+        InvalidSpec: an argument makes the spec invalid (named, as preflight would say).
+    """
+    info = getattr(pipeline, _ATTR, None)
+    if info is None:
+        return None
+    spec: ProvisioningSpec = info[0]
+    from kfp_gpu.runtime import resolve_spec
+
+    return resolve_spec(spec.to_json(), {k: arguments[k] for k in info[4] if k in arguments})
 
 
 def _unwrap(pipeline: Any) -> tuple[Callable[..., Any], str, str | None]:

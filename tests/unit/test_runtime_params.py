@@ -229,3 +229,16 @@ def test_executor_parameters_reads_the_command_line():
     assert runtime.executor_parameters(["x"]) == {}
     with pytest.raises(InvalidSpec, match="--executor_input"):
         runtime.executor_parameters(["--executor_input", "{nope"])
+
+
+def test_resolved_spec_of_a_pipeline_applies_only_its_runtime_fields():
+    from kfp_gpu.dsl import resolved_spec
+
+    @kfp_gpu.provisioned(SPEC, runtime=("nodes",))
+    def p(steps: int = 1) -> None:
+        kfp_gpu.train(args=["--steps", steps])
+
+    assert resolved_spec(p, {"nodes": 5, "steps": 3, "capacity": "spot"}).nodes == 5
+    assert resolved_spec(p, {"capacity": "spot"}) == SPEC  # capacity is not a run-time field of p
+    with pytest.raises(InvalidSpec, match="nodes=0"):
+        resolved_spec(p, {"nodes": 0})
