@@ -226,7 +226,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp import local
 
     from kfp_gpu.devcluster import boot
-    from kfp_gpu.dsl import spec_of
+    from kfp_gpu.dsl import resolved_spec, spec_of
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
     from kfp_gpu.sim.server import SimServer
@@ -237,6 +237,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     spec: ProvisioningSpec | None = spec_of(graph)
     assert spec is not None  # load() returns provisioned pipelines only
     arguments = typed_args(args, dict(graph.component_spec.inputs or {}), graph.name)
+    with contextlib.suppress(InvalidSpec):  # a bad run-time value: preflight fails the run with this message
+        spec = resolved_spec(graph, arguments) or spec  # the runtime= fields given as --arg, for the cost table
     shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "defaults"
     say(f"kfp-gpu run: pipeline {graph.name} from {pipeline_file} ({shown})")
     say("booting (or reusing) the local GKE: etcd, kube-apiserver, scheduler, controller-manager, KWOK, "
