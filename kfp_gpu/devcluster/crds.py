@@ -37,7 +37,13 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str, bool]] = {
 
 
 def api_client(kubeconfig: Path) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(kubeconfig))
+    """A client for ``kubeconfig`` whose connection pool fits the callers' concurrency (the default is
+    cpu_count * 5, i.e. 10 here, and concurrent callers logged "Connection pool is full").
+    Raises: kubernetes.config.ConfigException."""
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    cfg.connection_pool_maxsize = 64  # as kfp_gpu.cluster.kube.api_client
+    return client.ApiClient(cfg)
 
 
 def apply(api: client.ApiClient, obj: dict[str, Any]) -> Any:
