@@ -207,12 +207,19 @@ def _check_ports_consistent(c: Ctx) -> None:
 
 
 def _fingerprint(argv: list[str]) -> str:
-    """argv plus the content hash of any --config file (so editing stages.yaml restarts KWOK)."""
-    lines = list(argv)
+    """argv plus the content hash of any --config file (so editing stages.yaml restarts KWOK).
+
+    A config file counts by name and content, not by directory: two checkouts of the same commit (a CI
+    clone beside the working tree) share one running cluster instead of restarting KWOK under each other.
+    """
+    lines = []
     for a in argv:
         if a.startswith("--config="):
             f = Path(a.split("=", 1)[1])
-            lines.append(f"# {f}: sha256 {hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else '-'}")
+            digest = hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else "-"
+            lines.append(f"--config={f.name} sha256 {digest}")
+        else:
+            lines.append(a)
     return "\n".join(lines)
 
 
