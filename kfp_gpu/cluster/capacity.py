@@ -1,4 +1,5 @@
-"""The capacity a scale-up produced: the contract between burst_scale_up and train_pytorchjob."""
+"""The capacity a scale-up produced: the contract between burst_scale_up and train_pytorchjob (also used by
+kfp_gpu.cluster.pytorchjob, hence here and not in kfp_gpu.steps)."""
 
 from __future__ import annotations
 

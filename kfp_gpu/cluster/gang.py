@@ -33,12 +33,18 @@ class GangTracker:
         self._claim_limit = 0
         self.claim_submitted: set[str] = set()
         self._raw: dict[str, Node] = {}
+        self.watch_error: BaseException | None = None  # set when the Node watch was refused (RBAC)
 
     def seed(self, nodes: Sequence[Node], at: float) -> None:
         for n in nodes:
             self.on_event("ADDED", n, at, preexisting=True)
 
     def on_event(self, kind: str, node: Node, at: float, *, preexisting: bool = False) -> None:
+        if kind == "ERROR":  # the watch was refused (401/403): ``node["error"]``; no node changed
+            with self.cond:
+                self.watch_error = node.get("error")
+                self.cond.notify_all()
+            return
         view = NodeView.of(node)
         if view.pool not in self.pools or (view.uid and view.uid in self.exclude):
             return

@@ -14,15 +14,14 @@ list + watch cost over a second of CPU. ``Node`` below is that dict.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
 GPU = "nvidia.com/gpu"
@@ -219,63 +218,24 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
 EventFn = Callable[[str, Node, float], None]
 
 
-class NodeWatch:
-    """A background Node watch calling ``on_event(type, node, received_at)`` for every event.
+class NodeWatch(Watcher):
+    """Scale-up's Node watch (a :class:`kfp_gpu.cluster.listwatch.Watcher`): ``on_event(type, node,
+    received_at)`` for every event, from ``resource_version`` on (the caller listed and seeded already).
 
-    It resumes from the last resourceVersion on stream timeouts and relists on 410 Gone, so no event
-    is lost; ``stop()`` ends it. Watches cost one API request per (re)connect, not one per node.
+    Stream timeouts resume from the last resourceVersion; 410 Gone re-lists (``relist()`` when given, else a
+    list with the same selector) and replays each node as ``SYNC``, so no state is lost. A refused watch (401/403) is
+    passed on once as ``on_event("ERROR", {"error": ApiException}, at)`` and also kept in ``error``; ``stop()``
+    ends it. Watches cost one API request per (re)connect, not one per node.
     """
 
     def __init__(self, api: client.ApiClient, selector: str, resource_version: str, on_event: EventFn,
                  relist: Callable[[], tuple[list[Node], str]] | None = None) -> None:
-        self._api = api
-        self._selector = selector
-        self._rv = resource_version
-        self._on_event = on_event
-        self._relist = relist
-        self._stop = threading.Event()
-        self._watch = watch.Watch()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kfp-gpu-node-watch", daemon=True)
 
-    def start(self) -> NodeWatch:
-        self._thread.start()
-        return self
+        def emit(ev: Event) -> None:
+            if ev.type == ERROR:
+                self.error = ev.obj["error"]
+            on_event(ev.type, ev.obj, ev.at)
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._watch.stop()
-
-    def _run(self) -> None:
-        core = client.CoreV1Api(self._api)
-
-        def list_node(**kwargs: Any) -> Any:  # no docstring: the watch then yields plain dicts
-            return core.list_node(**kwargs)
-
-        while not self._stop.is_set():
-            try:
-                for ev in self._watch.stream(list_node, label_selector=self._selector or None,
-                                             resource_version=self._rv, timeout_seconds=30,
-                                             allow_watch_bookmarks=True):
-                    obj: Node = ev["object"]
-                    if ev["type"] == "ERROR":
-                        code = int((obj or {}).get("code", 0))
-                        raise ApiException(status=code, reason=str((obj or {}).get("message", "")))
-                    self._rv = str((obj.get("metadata") or {}).get("resourceVersion", self._rv))
-                    if ev["type"] != "BOOKMARK":
-                        self._on_event(ev["type"], obj, time.time())
-                    if self._stop.is_set():
-                        return
-            except ApiException as exc:
-                if exc.status == 410 and self._relist is not None:
-                    nodes, self._rv = self._relist()
-                    for n in nodes:
-                        self._on_event("MODIFIED", n, time.time())
-                    continue
-                self.error = exc
-                return
-            except Exception as exc:  # connection dropped: resume from the last resourceVersion
-                if self._stop.is_set():
-                    return
-                self.error = exc
-                time.sleep(0.2)
+        super().__init__("node", client.CoreV1Api(api).list_node, emit, label_selector=selector or None,
+                         since=resource_version, relist=relist)

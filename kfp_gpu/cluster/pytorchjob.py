@@ -20,11 +20,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
 from kfp_gpu.providers.base import label_safe
-from kfp_gpu.steps.capacity import Capacity
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 JOB_LABEL = "kfp-gpu.io/job"

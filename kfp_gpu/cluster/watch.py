@@ -1,9 +1,7 @@
-"""Watch helpers: background Kubernetes watches feeding one event queue, plus fact extraction.
+"""The train step's view of the cluster: node, pod and job watches feeding one event queue, plus fact extraction.
 
-A :class:`Watcher` lists once (emitting the current objects as ``SYNC`` events, so a consumer starts from
-the real state), then follows a ``kubernetes.watch.Watch`` stream from that resourceVersion, re-listing
-when the version expires (HTTP 410). Every event carries the wall-clock time it was *received*, which is
-what detection-latency metrics are measured against. Consumers block on the queue (``queue.get`` with a
+The watches are :class:`kfp_gpu.cluster.listwatch.Watcher` loops (list, then watch, re-list on 410; raw JSON;
+receive-time stamps) whose events go into one queue. Consumers block on the queue (``queue.get`` with a
 deadline), so reacting to a node deletion costs one network hop, never a polling interval.
 
 The ``*_fact`` functions turn raw object dicts into the plain dataclasses of
@@ -14,18 +12,14 @@ from __future__ import annotations
 
 import calendar
 import dataclasses
-import json
-import logging
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
+from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
 from kfp_gpu.plan.recovery import (
     DISRUPTION_CONDITION,
@@ -42,108 +36,18 @@ from kfp_gpu.plan.recovery import (
 )
 from kfp_gpu.providers.base import LABEL_RUN_ID
 
-log = logging.getLogger(__name__)
+__all__ = ["ERROR", "SYNC", "Event", "GangWatch", "Watcher", "custom_watcher", "node_fact", "node_watcher",
+           "parse_time", "pod_fact", "pod_watcher", "quantity"]
 
 GPU_RESOURCE = "nvidia.com/gpu"
-SYNC = "SYNC"
-ERROR = "ERROR"  # the watch was refused (401/403); ``obj["error"]`` is the ApiException
-
-
-@dataclass(frozen=True)
-class Event:
-    source: str  # "node" | "pod" | "job" | "<watcher name>"
-    type: str  # ADDED | MODIFIED | DELETED | SYNC
-    obj: dict[str, Any]
-    at: float  # unix seconds when the event was received
-
-
-ListFn = Callable[..., Any]
-
-
-class Watcher:
-    """One list+watch loop in a daemon thread, pushing :class:`Event` s into ``sink``.
-
-    ``list_fn`` is a kubernetes list call (``CoreV1Api.list_node``, ``CustomObjectsApi.list_namespaced_
-    custom_object``...); ``args``/``kwargs`` are passed to it (selectors, namespace...).
-    """
-
-    def __init__(
-        self, source: str, list_fn: ListFn, sink: queue.Queue[Event], *args: Any,
-        window_s: int = 30, **kwargs: Any,
-    ) -> None:
-        self.source = source
-        self._list = list_fn
-        self._sink = sink
-        self._args = args
-        self._kwargs = kwargs
-        self._window_s = window_s
-        self._stop = threading.Event()
-        self._watch: watch.Watch | None = None
-        self.synced = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"kfp-gpu-watch-{source}", daemon=True)
-
-    def start(self) -> Watcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Ask the loop to end; it does at the next event or window end (daemon thread, never blocks)."""
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
-
-    def _relist(self) -> str:
-        resp = self._list(*self._args, **self._kwargs, _preload_content=False)
-        body = json.loads(resp.data)
-        now = time.time()
-        for item in body.get("items") or []:
-            self._sink.put(Event(self.source, SYNC, item, now))
-        self.synced.set()
-        return str((body.get("metadata") or {}).get("resourceVersion", ""))
-
-    def _run(self) -> None:
-        rv = ""
-        backoff = 0.2
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    rv = self._relist()
-                self._watch = watch.Watch()
-                for ev in self._watch.stream(
-                    self._list, *self._args, resource_version=rv, timeout_seconds=self._window_s,
-                    allow_watch_bookmarks=False, **self._kwargs,
-                ):
-                    raw = ev.get("raw_object") or {}
-                    if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                        self._sink.put(Event(self.source, str(ev["type"]), raw, time.time()))
-                    rv = str((raw.get("metadata") or {}).get("resourceVersion", rv))
-                    if self._stop.is_set():
-                        return
-                backoff = 0.2
-            except ApiException as exc:
-                if exc.status == 410:
-                    rv = ""  # expired: list again from the current state
-                    continue
-                if exc.status in (401, 403):  # a refusal does not heal by retrying: hand it to the consumer
-                    self._sink.put(Event(self.source, ERROR, {"error": exc}, time.time()))
-                    self.synced.set()
-                    return
-                log.warning("watch %s failed (%s); retrying", self.source, exc.status)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except Exception as exc:  # network blips: re-list and carry on
-                log.warning("watch %s interrupted (%s); re-listing", self.source, exc)
-                rv = ""
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
 
 
 def node_watcher(api: client.ApiClient, sink: queue.Queue[Event]) -> Watcher:
-    return Watcher("node", client.CoreV1Api(api).list_node, sink)
+    return Watcher("node", client.CoreV1Api(api).list_node, sink.put)
 
 
 def pod_watcher(api: client.ApiClient, sink: queue.Queue[Event], namespace: str, selector: str) -> Watcher:
-    return Watcher("pod", client.CoreV1Api(api).list_namespaced_pod, sink, namespace, label_selector=selector)
+    return Watcher("pod", client.CoreV1Api(api).list_namespaced_pod, sink.put, namespace, label_selector=selector)
 
 
 def custom_watcher(
@@ -151,7 +55,7 @@ def custom_watcher(
     name: str,
 ) -> Watcher:
     return Watcher(
-        "job", client.CustomObjectsApi(api).list_namespaced_custom_object, sink, group, version, namespace,
+        "job", client.CustomObjectsApi(api).list_namespaced_custom_object, sink.put, group, version, namespace,
         plural, field_selector=f"metadata.name={name}",
     )
 

@@ -47,6 +47,17 @@ def test_plan_does_no_io(path):
         assert mod.split(".")[0] not in IO_MODULES, f"plan/{path.name} imports {mod}"
 
 
+@pytest.mark.parametrize("path", sorted((PKG / "cluster").rglob("*.py")), ids=lambda p: p.name)
+def test_cluster_never_imports_steps(path):
+    """cluster/ sits below steps/: not even a lazy (function-level) import of kfp_gpu.steps."""
+    for mod in _imports(path, top_level_only=False):
+        assert mod != "kfp_gpu.steps" and not mod.startswith("kfp_gpu.steps."), f"cluster/{path.name} imports {mod}"
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # ``from kfp_gpu import steps``
+        if isinstance(node, ast.ImportFrom) and node.module == "kfp_gpu":
+            assert "steps" not in [a.name for a in node.names], f"cluster/{path.name} imports kfp_gpu.steps"
+
+
 def test_importing_the_sdk_loads_no_cloud_sdk():
     code = ("import sys, kfp_gpu, kfp_gpu.spec, kfp_gpu.dsl, kfp_gpu.steps.entry, kfp_gpu.providers\n"
             "bad = [m for m in sys.modules if m.startswith(('google.cloud.', 'boto3', 'botocore'))]\n"
