@@ -6,8 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kfp_gpu.errors import InvalidSpec, KfpGpuError
+
+if TYPE_CHECKING:
+    from kfp_gpu.providers.base import CapacityProvider
 
 
 def _params(pairs: Sequence[str]) -> dict[str, str]:
@@ -134,7 +138,7 @@ def cmd_quota(a: argparse.Namespace) -> int:
 
         spec = spec_of(load_pipeline(a.pipeline_file, None))
         assert spec is not None
-        plan = plan_quota(load_schedule(a.schedule), for_target(spec.target), file_requests=a.file,
+        plan = plan_quota(load_schedule(a.schedule), _quota_provider(for_target(spec.target), a), file_requests=a.file,
                           justification="kfp-gpu quota plan: scheduled training runs")
         print(plan.to_markdown())
         return 0 if plan.ok else 4
@@ -142,9 +146,23 @@ def cmd_quota(a: argparse.Namespace) -> int:
 
     spec = spec_of(load_pipeline(a.pipeline_file, None))
     assert spec is not None
-    rid = request_increase(spec, for_target(spec.target), a.metric, a.region, a.value, a.justification)
+    rid = request_increase(spec, _quota_provider(for_target(spec.target), a), a.metric, a.region, a.value,
+                           a.justification)
     print(f"quota request filed: {rid}")
     return 0
+
+
+def _quota_provider(provider: CapacityProvider, a: argparse.Namespace) -> CapacityProvider:
+    """The provider with ``--contact-email`` (Cloud Quotas requires one on an increase; GKE only), checked
+    before any call when requests will be filed. Raises: InvalidSpec (no or bad contact email)."""
+    if hasattr(provider, "contact_email"):
+        if a.contact_email:
+            provider.contact_email = a.contact_email.strip()
+        if a.quota_cmd == "request" or a.file:
+            from kfp_gpu.providers.gke.preferences import check_contact_email
+
+            check_contact_email(provider.contact_email)
+    return provider
 
 
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
@@ -213,10 +231,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--region", required=True)
     r.add_argument("--value", type=float, required=True)
     r.add_argument("--justification", required=True)
+    r.add_argument("--contact-email", default="", help="GKE: the contact Cloud Quotas requires on an increase "
+                   "(default: $KFP_GPU_QUOTA_CONTACT_EMAIL)")
     r = qs.add_parser("plan", help="which quotas to raise by when, for a schedule of runs")
     r.add_argument("pipeline_file")
     r.add_argument("--schedule", required=True)
     r.add_argument("--file", action="store_true", help="file the requests through the provider")
+    r.add_argument("--contact-email", default="", help="GKE: the contact Cloud Quotas requires on an increase "
+                   "(default: $KFP_GPU_QUOTA_CONTACT_EMAIL)")
     c.set_defaults(fn=cmd_quota)
     c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
     c.add_argument("action", choices=["up", "down", "status", "build"])

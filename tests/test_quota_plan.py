@@ -173,3 +173,23 @@ def test_plan_serialises(tmp_path: Path) -> None:
     s = parse_schedule(_sched(_run("a", "2026-12-20", 32)))
     d: dict[str, Any] = json.loads(json.dumps(plan_quota(s, _fake(us_central1=8), today=TODAY).to_dict()))
     assert d["ok"] is False and d["raises"][0]["request_by"] == "2026-12-13"
+
+
+def test_filed_against_cloud_quotas_one_preference_per_quota_updated_in_place() -> None:
+    from kfp_gpu.providers.gke import GkeProvider
+    from tests.sim._helpers import CLUSTER, PROJECT, running
+
+    with running() as sim:
+        p = GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url, contact_email="ml@example.com")
+        first = plan_quota(parse_schedule(_sched(_run("a", "2026-12-20", 256))), p, today=TODAY, file_requests=True)
+        names = {r.metric: r.request_id for r in first.raises}
+        assert A100 in names and all(n.startswith(f"projects/{PROJECT}/") for n in names.values())
+        assert not any(r.request_error for r in first.raises)
+        more = plan_quota(parse_schedule(_sched(_run("a", "2026-12-20", 384))), p, today=TODAY, file_requests=True)
+        assert {r.metric: r.request_id for r in more.raises} == names  # the same preferences, patched
+        assert sorted(sim.state.quota_prefs) == sorted(names.values())
+        a100 = sim.state.quota_prefs[names[A100]]
+        assert int(a100["quotaConfig"]["preferredValue"]) == next(r.new_limit for r in more.raises if r.metric == A100)
+        p.contact_email = ""
+        again = plan_quota(parse_schedule(_sched(_run("a", "2026-12-20", 512))), p, today=TODAY, file_requests=True)
+        assert all("contact_email" in r.request_error for r in again.raises if r.status == "short")

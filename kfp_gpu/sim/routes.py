@@ -272,34 +272,6 @@ def quota_info_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[st
     return 200, _family_quota_info(st, m["p"])
 
 
-@route("POST", _G + "/quotaPreferences", "cloudquotas.quotaPreferences.create")
-def quota_pref_create(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
-    st.check_project(m["p"])
-    pid = q.get("quotaPreferenceId") or f"pref-{shapes.next_id()}"
-    name = f"projects/{m['p']}/locations/{m['loc']}/quotaPreferences/{pid}"
-    cfg = b.get("quotaConfig") or {}
-    if not b.get("quotaId") or not b.get("service") or "preferredValue" not in cfg:
-        raise shapes.http_error(400, "quotaId, service and quotaConfig.preferredValue are required.")
-    with st.lock:
-        if name in st.quota_prefs:
-            raise shapes.http_error(409, f"QuotaPreference {name} already exists.", reason="alreadyExists")
-        now = shapes.now_rfc3339()
-        pref = {**b, "name": name, "createTime": now, "updateTime": now, "etag": shapes.next_id(),
-                "reconciling": True, "quotaConfig": {**cfg, "grantedValue": cfg.get("grantedValue", "0"),
-                                                     "requestOrigin": "ORIGIN_UNSPECIFIED"}}
-        st.quota_prefs[name] = pref
-    return 200, pref
-
-
-@route("GET", _G + "/quotaPreferences/(?P<qp>[^/]+)", "cloudquotas.quotaPreferences.get")
-def quota_pref_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
-    name = f"projects/{m['p']}/locations/{m['loc']}/quotaPreferences/{m['qp']}"
-    with st.lock:
-        if name not in st.quota_prefs:
-            raise shapes.http_error(404, f"QuotaPreference {name} not found.")
-        return 200, st.quota_prefs[name]
-
-
 # ---- /sim/v1 control plane -------------------------------------------------------------------
 @route("POST", "/sim/v1/preempt", "sim.preempt")
 def sim_preempt(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
@@ -326,3 +298,6 @@ def sim_state(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, An
             "reservations": [f"{z}/{n}" for z, n in st.reservations],
             "quotaPreferences": list(st.quota_prefs), "preempted": list(st.preempted),
         }
+
+
+from kfp_gpu.sim import quota_prefs as _quota_prefs  # noqa: E402,F401 - registers its routes

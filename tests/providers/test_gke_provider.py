@@ -191,18 +191,19 @@ def test_reserve_over_quota_and_in_stockout() -> None:
 
 
 def test_request_quota_increase(sim: SimServer) -> None:
-    p = _provider(sim)
+    p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, contact_email="ml@example.com")
     name = p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "burst training for run-42")
     assert name.startswith(f"projects/{PROJECT}/locations/global/quotaPreferences/kfpgpu-")
     assert p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "again") == name  # idempotent
     pref = sim.state.quota_prefs[name]
-    assert pref["quotaId"] == "NVIDIA-A100-80GB-GPUS-per-project-region"
+    assert pref["quotaId"] == "NVIDIA-A100-80GB-GPUS-per-project-region" and pref["contactEmail"] == "ml@example.com"
     assert pref["dimensions"] == {"region": REGION} and pref["justification"] == "burst training for run-42"
     fam = sim.state.quota_prefs[p.request_quota_increase("NVIDIA_H100", REGION, 128, "x")]
     assert fam["quotaId"] == "GPUS-PER-GPU-FAMILY-per-project-region"
     assert fam["dimensions"] == {"region": REGION, "gpu_family": "NVIDIA_H100"}
     glob = sim.state.quota_prefs[p.request_quota_increase("GPUS_ALL_REGIONS", REGION, 1024, "x")]
     assert glob["quotaId"] == "GPUS-ALL-REGIONS-per-project" and not glob.get("dimensions")
+    assert len(sim.state.quota_prefs) == 3
     with pytest.raises(InvalidSpec, match="above the current"):
         p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 64, "less")
 

@@ -166,7 +166,7 @@ def test_cloud_quotas_infos_and_preferences(sim: SimServer) -> None:
     assert cq.get_quota_info(name=f"{parent}/quotaInfos/{infos[0].quota_id}").quota_id == infos[0].quota_id
     pref = cloudquotas_v1.QuotaPreference(
         service="compute.googleapis.com", quota_id="NVIDIA-L4-GPUS-per-project-region",
-        dimensions={"region": REGION}, justification="burst training",
+        dimensions={"region": REGION}, justification="burst training", contact_email="ml@example.com",
         quota_config=cloudquotas_v1.QuotaConfig(preferred_value=512))
     made = cq.create_quota_preference(parent=f"projects/{PROJECT}/locations/global", quota_preference=pref,
                                       quota_preference_id="p1")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from kfp_gpu.providers.base import (
 from kfp_gpu.providers.gke import activity
 from kfp_gpu.providers.gke import classify as cl
 from kfp_gpu.providers.gke import pools as pools_mod
+from kfp_gpu.providers.gke import preferences as prefs
 from kfp_gpu.providers.gke import quota as quota_mod
 from kfp_gpu.providers.gke import reservations as res_mod
 
@@ -59,6 +61,8 @@ class GkeProvider:
             so real tokens never travel unencrypted.
         timeout: per-call timeout, seconds.
         retry: bounds of the retry loop around every call (attempts, total seconds, back-off).
+        contact_email: the address Cloud Quotas requires on an increase request (QuotaPreference
+            ``contactEmail``); None reads ``$KFP_GPU_QUOTA_CONTACT_EMAIL``.
     """
 
     name = "gke"
@@ -73,12 +77,15 @@ class GkeProvider:
         credentials: Any = None,
         timeout: float = 30.0,
         retry: retry_mod.RetryPolicy | None = None,
+        contact_email: str | None = None,
     ) -> None:
         self.project, self.location, self.cluster = project, location, cluster
         self.endpoint = endpoint.rstrip("/")
         self._credentials = credentials
         self.timeout = timeout
         self.retry = retry or retry_mod.RetryPolicy()
+        self.contact_email = (os.environ.get(prefs.CONTACT_EMAIL_ENV, "") if contact_email is None
+                              else contact_email).strip()
         self._igms: dict[tuple[str, str], str] = {}  # (pool, zone) -> instance group name
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -205,10 +212,11 @@ class GkeProvider:
         return quota_mod.read(self, accelerators.get(accelerator), region, spot=spot)
 
     def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
-        """File a Cloud Quotas QuotaPreference; returns its resource name. Idempotent per (metric, region, value).
+        """Ask Cloud Quotas for ``value``: the one QuotaPreference of (metric, region) is created or patched in
+        place; returns its resource name. Idempotent; needs ``contact_email``.
 
-        Raises: PermissionDenied (needs cloudquotas.quotas.update), InvalidSpec (value below the
-        current limit), CloudError.
+        Raises: InvalidSpec (no contact_email, checked before any call; value below the current limit),
+        PermissionDenied (needs cloudquotas.quotas.update), CloudError.
         """
         return quota_mod.request_increase(self, metric, region, value, justification)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -10,10 +9,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators
-from kfp_gpu import retry as retry_mod
 from kfp_gpu.accelerators import GCP_ALL_REGIONS_METRIC, GCP_GPU_FAMILY_QUOTA_ID, Accelerator
-from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, Scope
 from kfp_gpu.providers.base import QuotaAmount
+from kfp_gpu.providers.gke import preferences as prefs
 
 if TYPE_CHECKING:
     from kfp_gpu.providers.gke.provider import GkeProvider
@@ -161,39 +160,22 @@ def quota_target(metric: str, region: str) -> tuple[str, dict[str, str]]:
 
 
 def request_increase(p: GkeProvider, metric: str, region: str, value: float, justification: str) -> str:
-    """Create a QuotaPreference (idempotent: an existing one with the same id is returned).
+    """Ask Cloud Quotas for ``value`` of ``metric`` in ``region``: the one QuotaPreference of that quota and
+    dimensions is created, or patched in place (see :mod:`kfp_gpu.providers.gke.preferences`).
 
-    Raises: PermissionDenied, InvalidSpec (value not above the current limit), CloudError.
+    The contact email is ``p.contact_email`` and is checked before any call.
+
+    Raises: InvalidSpec (no/bad contact_email, value not above the current limit), PermissionDenied, CloudError.
     """
     if value <= 0:
         raise InvalidSpec("value", value, "must be a positive quota amount")
+    email = prefs.check_contact_email(p.contact_email)
     quota_id, dims = quota_target(metric, region)
     current = _current_limit(p, metric, region)
     if current is not None and value <= current:
         raise InvalidSpec("value", value, f"must be above the current {metric} limit ({current:g}) in {region}",
                           remediation="ask for more than you have; check free quota first")
-    from google.cloud import cloudquotas_v1
-
-    pref_id = re.sub(r"[^a-z0-9-]+", "-", f"kfpgpu-{metric}-{region}-{int(value)}".lower()).strip("-")[:63]
-    parent = f"projects/{p.project}/locations/global"
-    pref = cloudquotas_v1.QuotaPreference(
-        service=_SERVICE, quota_id=quota_id, dimensions=dims, justification=justification,
-        quota_config=cloudquotas_v1.QuotaConfig(preferred_value=int(value)),
-    )
-    def create() -> str:  # idempotent by its id: a retry that finds it (409) is done
-        try:
-            created = p.client("quotas").create_quota_preference(
-                parent=parent, quota_preference=pref, quota_preference_id=pref_id, retry=None, timeout=p.timeout)
-        except Exception as exc:  # noqa: BLE001
-            if getattr(exc, "code", 0) == 409:
-                return f"{parent}/quotaPreferences/{pref_id}"
-            err = p.classify(exc, region=region)
-            if isinstance(err, PermissionDenied) and not err.fields.get("permission"):
-                err.fields["permission"] = "cloudquotas.quotas.update"
-            raise err from exc
-        return str(created.name)
-
-    return retry_mod.call(create, policy=p.retry, what=f"quotaPreferences.create {pref_id}")
+    return prefs.upsert(p, quota_id, dims, int(value), justification, email, region=region)
 
 
 def _current_limit(p: GkeProvider, metric: str, region: str) -> float | None:
