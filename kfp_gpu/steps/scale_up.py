@@ -27,7 +27,7 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.gang import GangTracker
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes, name_of
-from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, ProvisioningTimeout
+from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, PermissionDenied, ProvisioningTimeout
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
@@ -239,6 +239,12 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
     next_op_check = next_progress = 0.0
     with tracker.cond:
         while True:
+            if tracker.watch_error is not None:  # a refused Node watch never heals: fail now, in one line
+                from kfp_gpu.cluster.kube import api_refusal
+
+                raise api_refusal(tracker.watch_error) or PermissionDenied(
+                    f"the Kubernetes API refused the Node watch: {tracker.watch_error}",
+                    remediation="grant list and watch on nodes in deploy/rbac.yaml")
             if tracker.ready_count_locked(zones) >= gang:
                 _progress(tracker, gang)
                 return "", None

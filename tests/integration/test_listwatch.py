@@ -80,6 +80,23 @@ def test_a_refused_watch_is_reported_not_retried(kube, namespace, rbac_identity)
         gw.stop()
 
 
+def test_scale_up_fails_at_once_on_a_refused_node_watch(kube, namespace, rbac_identity):
+    """The wait for the gang does not sit until its deadline when the Node watch was refused."""
+    from kfp_gpu.steps.scale_up import _wait_gang
+
+    crippled = rbac_identity(drop=(("", "nodes", "watch"),))
+    nodes, rv = list_nodes(crippled.api, "")
+    tracker = GangTracker("run-x", {"no-such-pool"}, Timeline("run-x"), 8, False)
+    w = NodeWatch(crippled.api, "", rv, tracker.on_event).start()
+    t0 = time.time()
+    try:
+        with pytest.raises(PermissionDenied) as info:
+            _wait_gang(tracker, 1, ("us-central1-a",), t0 + 120, None, [])  # type: ignore[arg-type]
+    finally:
+        w.stop()
+    assert time.time() - t0 < 30 and "watch" in str(info.value) and "nodes" in str(info.value)
+
+
 def test_watcher_hands_raw_json_to_any_callback(kube, kwok_nodes):
     from kubernetes import client
 
