@@ -175,3 +175,26 @@ def test_cli_quota_plan_file_needs_the_contact_email_first(sim: SimServer, tmp_p
     out = subprocess.run([*cmd, "--contact-email", EMAIL], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 4 and "quotaPreferences/kfpgpu-" in out.stdout, out.stderr
     assert len(sim.state.quota_prefs) >= 1
+
+
+def test_a_stale_etag_is_re_read_and_patched_again(sim: SimServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kfp_gpu.providers.gke import preferences
+
+    p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, contact_email=EMAIL)
+    name = p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "x")
+    real_patch = preferences._patch
+    etags: list[str] = []
+
+    def raced(p_: GkeProvider, existing: Any, *a: Any) -> str:
+        etags.append(existing.etag)
+        if len(etags) == 1:  # someone else edits it between our read and our patch
+            other = cloudquotas_v1.QuotaPreference(name=name, justification="someone else", contact_email=EMAIL)
+            _cq(sim).update_quota_preference(quota_preference=other,
+                                             update_mask=field_mask_pb2.FieldMask(paths=["justification"]))
+        return real_patch(p_, existing, *a)
+
+    monkeypatch.setattr(preferences, "_patch", raced)
+    assert p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 300, "y") == name
+    assert len(etags) == 2 and etags[0] != etags[1]  # the ABORTED patch was retried from a fresh read
+    got = _cq(sim).get_quota_preference(name=name)
+    assert got.quota_config.preferred_value == 300 and got.justification == "y"
