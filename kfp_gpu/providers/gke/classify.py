@@ -91,6 +91,8 @@ IAM_PERMISSIONS: tuple[tuple[str, str, str], ...] = (
     ("GET", r"/regions/[^/]+$|/regions/[^/?]+\?", "compute.regions.get"),
     ("GET", r"/compute/v1/projects/[^/?]+($|\?)", "compute.projects.get"),
     ("POST", r"/quotaPreferences", "cloudquotas.quotas.update"),
+    ("PATCH", r"/quotaPreferences/", "cloudquotas.quotas.update"),
+    ("GET", r"/quotaPreferences", "cloudquotas.quotas.get"),
     ("GET", r"/quotaInfos", "cloudquotas.quotas.get"),
 )
 
