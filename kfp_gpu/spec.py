@@ -24,6 +24,7 @@ _GCP_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")  # us-central1-a -> us-
 _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-east-1
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
+AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
 
 
 class CapacityType(str, enum.Enum):
@@ -45,6 +46,11 @@ class Target:
 
     ``pools`` are GKE node pool names or EKS managed node group names, in priority order. For
     ``local`` the target is the GKE stand-in (``endpoint``) driving the local control plane.
+
+    ``autoscaled_pools`` says what scale-up does with a pool the cluster autoscaler manages: ``"protect"``
+    resizes it and annotates every node the run claims
+    ``cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`` until release; ``"refuse"`` fails
+    before any resize of such a pool.
     """
 
     kind: TargetKind = TargetKind.LOCAL
@@ -55,9 +61,15 @@ class Target:
     endpoint: str = ""  # API endpoint override (stand-in URL); empty means the real cloud
     kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
     namespace: str = "default"
+    autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
 
     def __post_init__(self) -> None:
         _coerce_enum(self, "kind", TargetKind, "target.kind")
+        if self.autoscaled_pools not in AUTOSCALED_POOLS:
+            raise InvalidSpec("target.autoscaled_pools", self.autoscaled_pools,
+                              f"allowed: {', '.join(repr(v) for v in AUTOSCALED_POOLS)}",
+                              remediation="set target.autoscaled_pools='protect' (annotate the nodes the run "
+                              "holds) or 'refuse' (never resize an autoscaled pool)")
         object.__setattr__(self, "pools", tuple(self.pools))
         if not self.cluster:
             raise InvalidSpec("target.cluster", self.cluster, "must be the cluster name")

@@ -136,9 +136,32 @@ def _taints(node: Node) -> list[dict[str, Any]]:
     return [dict(t) for t in (node.get("spec") or {}).get("taints") or []]
 
 
-def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, attempts: int = 8) -> bool:
+SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+PROTECTED_BY = "kfp-gpu.io/scale-down-disabled-by"  # the run whose claim set SCALE_DOWN_DISABLED
+
+
+def annotations_of(node: Node) -> dict[str, str]:
+    return dict((node.get("metadata") or {}).get("annotations") or {})
+
+
+def _protection(node: Node, run_id: str) -> dict[str, str]:
+    """The annotations a protecting claim adds: none when the node already carries scale-down-disabled
+    that kfp-gpu did not set (it belongs to someone else and stays as it is)."""
+    ann = annotations_of(node)
+    if ann.get(SCALE_DOWN_DISABLED) == "true" and PROTECTED_BY not in ann:
+        return {}
+    return {SCALE_DOWN_DISABLED: "true", PROTECTED_BY: label_safe(run_id)}
+
+
+def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, attempts: int = 8,
+          protect: bool = False) -> bool:
     """Label an unclaimed node with ``run_id`` and taint it for the run; False when another run got it first
     (or it vanished).
+
+    ``protect`` (the node is in a pool the cluster autoscaler manages, and the spec says protect): the same
+    patch annotates it ``cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`` (plus
+    ``kfp-gpu.io/scale-down-disabled-by``, so :func:`unclaim` removes only what a claim set), and the
+    autoscaler leaves it alone while the run holds it.
 
     Label and taint go in one patch conditional on ``resourceVersion`` (the taint list is replaced whole, so
     the patch carries the node's other taints as read); a conflict caused by a heartbeat (status update) is
@@ -152,17 +175,21 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
     for _ in range(attempts):
         owner = labels_of(node).get(LABEL_RUN_ID, "")
         taints = _taints(node)
-        if owner == mine and run_taint(run_id) in taints:
+        annotate = _protection(node, run_id) if protect else {}
+        ann = annotations_of(node)
+        if owner == mine and run_taint(run_id) in taints and all(ann.get(k) == v for k, v in annotate.items()):
             return True
         if owner and owner != mine:
             return False
-        body = {
+        body: dict[str, Any] = {
             "metadata": {
                 "resourceVersion": node["metadata"]["resourceVersion"],
                 "labels": {LABEL_RUN_ID: mine, LABEL_LEASE: str(int(lease_expires))},
             },
             "spec": {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY] + [run_taint(run_id)]},
         }
+        if annotate:
+            body["metadata"]["annotations"] = annotate
         try:
             core.patch_node(name_of(node), body, _preload_content=False)
             return True
@@ -181,8 +208,8 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
 
 
 def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
-    """Remove the run claim (label, lease label and run taint) from a node. Missing nodes are a no-op
-    (returns False).
+    """Remove the run claim (label, lease label and run taint) from a node, and the scale-down-disabled
+    annotation when a claim set it (:data:`PROTECTED_BY`). Missing nodes are a no-op (returns False).
 
     The taint list is replaced whole, so the patch is conditional on the ``resourceVersion`` read and retried
     on a conflict: a taint another actor added in between (a shutdown notice) is kept. The node is read by a
@@ -202,6 +229,8 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
             "resourceVersion": node["metadata"]["resourceVersion"],
             "labels": {LABEL_RUN_ID: None, LABEL_LEASE: None},
         }}
+        if PROTECTED_BY in annotations_of(node):
+            body["metadata"]["annotations"] = {SCALE_DOWN_DISABLED: None, PROTECTED_BY: None}
         if any(t.get("key") == RUN_TAINT_KEY for t in taints):
             body["spec"] = {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY]}
         try:

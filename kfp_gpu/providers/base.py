@@ -16,6 +16,11 @@ Contract (every implementation must honour it; tests in tests/providers check it
   narrowest placement and carries the verbatim cloud message.
 * **Amounts, not booleans.** Quota answers are :class:`QuotaAmount` rows (limit, usage, free). A quota
   that cannot be read is returned with ``status="unknown"`` and the reason; it never counts as "ok".
+* **Autoscaling is reported, never fought.** ``PoolState.autoscaling`` is True when the cluster autoscaler
+  manages the pool (GKE ``nodePools.get`` ``autoscaling.enabled``; EKS: the node group's Auto Scaling group
+  carries the ``k8s.io/cluster-autoscaler/enabled`` tag, best effort), with its node limits in
+  ``autoscaling_min``/``autoscaling_max`` (0 when unknown or off). A caller that resizes such a pool must
+  either protect the nodes it adds from scale-down or refuse (``Target.autoscaled_pools``).
 * **Owned and labelled.** Everything a provider creates carries the owner labels (run id, step,
   lease expiry) so ``list_owned`` / teardown / the janitor can always find it.
 
@@ -99,6 +104,8 @@ class PoolRef:
 
 @dataclass(frozen=True)
 class PoolState:
+    """One pool in one zone. ``autoscaling``: the cluster autoscaler manages it (see the contract)."""
+
     ref: PoolRef
     size: int  # target size the cloud is converging to
     max_size: int
@@ -107,6 +114,9 @@ class PoolState:
     machine_type: str
     spot: bool
     labels: dict[str, str] = field(default_factory=dict)
+    autoscaling: bool = False  # the cluster autoscaler may add and remove this pool's nodes
+    autoscaling_min: int = 0  # its node limits (per zone, or the pool's total); 0 when off or unknown
+    autoscaling_max: int = 0
 
 
 class OpStatus(str, enum.Enum):

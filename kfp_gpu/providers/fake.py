@@ -148,11 +148,15 @@ class FakeProvider:
         machine_type: str = "",
         spot: bool = False,
         labels: dict[str, str] | None = None,
+        autoscaling: bool = False,
     ) -> PoolState:
+        """Add (or replace) a pool; ``autoscaling=True`` reports it as managed by the cluster autoscaler
+        (limits 0..``max_size``)."""
         ref = PoolRef(pool, zone, region_of(zone))
         state = PoolState(
             ref, size, max_size, accelerators.get(accelerator).name, gpus_per_node,
             machine_type or f"{accelerator}-{gpus_per_node}g", spot, dict(labels or {}),
+            autoscaling=autoscaling, autoscaling_max=max_size if autoscaling else 0,
         )
         with self._lock:
             self.pool_states[ref] = state

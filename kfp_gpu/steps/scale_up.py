@@ -26,8 +26,9 @@ from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.gang import GangTracker
 from kfp_gpu.cluster.lease import Heartbeat
-from kfp_gpu.cluster.nodes import NodeWatch, claim, list_nodes, name_of
+from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, list_nodes, name_of
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, PermissionDenied, ProvisioningTimeout
+from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
@@ -55,7 +56,8 @@ def _ref(key: str, region: str) -> PoolRef:
 
 def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.ApiClient | None = None,
         provider: CapacityProvider | None = None) -> StepResult:
-    """Component entry. Raises: ProvisioningTimeout, CapacityUnavailable, QuotaExceeded, PermissionDenied."""
+    """Component entry. Raises: ProvisioningTimeout, CapacityUnavailable, QuotaExceeded, PermissionDenied,
+    InvalidSpec (an autoscaled pool under target.autoscaled_pools="refuse")."""
     from kfp_gpu.cluster.kube import api_client
     from kfp_gpu.providers import for_target
 
@@ -95,6 +97,7 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         ProvisioningTimeout: the deadline passed; this run's resizes were rolled back.
         CapacityUnavailable: every candidate zone is blocked (carries the failover history).
         NotFound: no node pool matches the spec.
+        InvalidSpec: the plan would resize an autoscaled pool and target.autoscaled_pools is "refuse".
         QuotaExceeded, PermissionDenied: permanent cloud errors.
     """
     ns, region = spec.target.namespace, spec.target.region
@@ -109,6 +112,7 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             f"({'spot' if spec.spot else 'on-demand'}){' among ' + ', '.join(spec.target.pools) if spec.target.pools else ''}",
             remediation="create a matching GPU node pool or fix target.pools / accelerator / capacity in the spec",
         )
+    protected = protected_pools(states, spec.target.autoscaled_pools)  # claims there: scale-down-disabled
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
     if led.get("rolled_back") and time.time() >= deadline:  # a KFP retry of a step that already timed out
         raise _timeout(spec, timeline, gang_size or spec.nodes)
@@ -155,6 +159,9 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 raise CapacityUnavailable(f"cannot place {gang} nodes: {plan.reason}",
                                           remediation="raise the pools' max node counts, add zones, or allow_zone_spread=True",
                                           failover_history=failover.history)
+            refused = refusal(states, plan.targets, spec.target.autoscaled_pools)
+            if refused is not None:  # an autoscaled pool under autoscaled_pools="refuse": before any resize
+                raise refused
             for ref, size in plan.targets.items():
                 found.setdefault(_key(ref), plan.found.get(ref, 0) + tracker.others_in(ref.pool, ref.zone))
                 targets[_key(ref)] = size + tracker.others_in(ref.pool, ref.zone)
@@ -166,14 +173,15 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                                 spec.spot, timeline.to_json(), {"zones": list(plan.zones)})
             if err is None:
                 tracker.claim_early(lambda node: early.setdefault(
-                    node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires)),
+                    node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
+                                                             protect=NodeView.of(node).pool in protected)),
                     plan.zones, gang - len(tracker.claimed()))
                 watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
                 err_zone, err = _wait_gang(tracker, need, plan.zones, deadline, provider, ops, watched, started)
             if err is None:
                 if tracker.ready_count(plan.zones) < need:
                     raise _timeout(spec, timeline, gang)
-                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early)
+                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early, protected)
                 if len(cap.nodes) >= gang:
                     break
                 if time.time() >= deadline:  # another run claimed nodes we counted: re-plan until the deadline
@@ -318,8 +326,10 @@ def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
 
 
 def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
-           gang: int, zones: tuple[str, ...], early: dict[str, Future[bool]]) -> Capacity:
-    """The gang's nodes, claimed: the early claims made while nodes booted, topped up if any were lost."""
+           gang: int, zones: tuple[str, ...], early: dict[str, Future[bool]],
+           protected: frozenset[str] = frozenset()) -> Capacity:
+    """The gang's nodes, claimed: the early claims made while nodes booted, topped up if any were lost
+    (nodes of ``protected`` pools are claimed with the scale-down-disabled annotation)."""
     mine = list(dict.fromkeys([v.name for v in tracker.claimed()]
                               + [n for n, f in list(early.items()) if f.result()]))
     by_name = {name_of(n): n for n in list_nodes(api, node_selector(spec))[0]} if len(mine) < gang else {}
@@ -327,7 +337,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
         with ThreadPoolExecutor(max_workers=min(32, len(batch))) as pool:
-            won = list(pool.map(lambda n: claim(api, by_name[n], run_id, owner.lease_expires), batch))
+            won = list(pool.map(lambda n: claim(api, by_name[n], run_id, owner.lease_expires,
+                                                protect=NodeView.of(by_name[n]).pool in protected), batch))
         mine += [n for n, ok in zip(batch, won, strict=True) if ok]
     views = {v.name: v for v in tracker.claimable()}
     placements: dict[tuple[str, str], list[str]] = {}

@@ -69,6 +69,21 @@ def test_bad_target_fields():
         Target(pools=("Bad_Pool",))
 
 
+def test_autoscaled_pools_option_defaults_validates_and_round_trips():
+    assert Target().autoscaled_pools == "protect"
+    with pytest.raises(InvalidSpec) as ei:
+        Target(autoscaled_pools="ignore")
+    assert ei.value.field == "target.autoscaled_pools"
+    assert "'protect', 'refuse'" in str(ei.value) and "'ignore'" in str(ei.value)
+    s = full_spec().replace(target=Target(kind="gke", cluster="train", region="us-east5", autoscaled_pools="refuse"))
+    assert json.loads(s.to_json())["target"]["autoscaled_pools"] == "refuse"
+    assert ProvisioningSpec.from_json(s.to_json()) == s
+    bad = json.loads(s.to_json())
+    bad["target"]["autoscaled_pools"] = "fight"
+    with pytest.raises(InvalidSpec, match="target.autoscaled_pools"):
+        ProvisioningSpec.from_dict(bad)
+
+
 def test_eks_zones_and_instance_shapes():
     s = ProvisioningSpec("a100-80gb", 2, target=Target(kind="eks", region="us-east-1"), zones=("us-east-1a",))
     assert s.zones == ("us-east-1a",)

@@ -65,6 +65,14 @@ _NG_STATUS = {"ACTIVE": OpStatus.DONE, "UPDATING": OpStatus.RUNNING, "CREATING":
               "DEGRADED": OpStatus.FAILED, "CREATE_FAILED": OpStatus.FAILED}
 
 
+CA_ENABLED_TAG = "k8s.io/cluster-autoscaler/enabled"  # cluster-autoscaler auto-discovery tag on an ASG
+
+
+def _asg_names(nodegroup: dict[str, Any]) -> list[str]:
+    return [str(g["name"]) for g in (nodegroup.get("resources") or {}).get("autoScalingGroups") or []
+            if g.get("name")]
+
+
 @functools.lru_cache(maxsize=1)
 def known_regions() -> frozenset[str]:
     """Every EC2 region botocore knows (offline data, all partitions)."""
@@ -282,18 +290,39 @@ class EksProvider(ReservationsMixin):
             except (NotFound, CloudError) as exc:
                 log.warning("cannot map node group subnets to zones: %s", exc)
         out = []
+        auto = self._autoscaled_asgs(region, groups)
         for g in groups:
             itype = next((t for t in g.get("instanceTypes") or [] if t in _INSTANCES), None)
             if itype is None:
                 continue
             zones = sorted({az[s] for s in g.get("subnets", []) if s in az})
             sc = g.get("scalingConfig", {})
+            scaled = any(a in auto for a in _asg_names(g))
             out.append(PoolState(
                 PoolRef(g["nodegroupName"], zones[0] if len(zones) == 1 else region, region),
                 int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), _ACC_OF[itype],
                 _INSTANCES[itype].gpus, itype, g.get("capacityType") == "SPOT", dict(g.get("labels") or {}),
+                autoscaling=scaled, autoscaling_min=int(sc.get("minSize", 0)) if scaled else 0,
+                autoscaling_max=int(sc.get("maxSize", 0)) if scaled else 0,
             ))
         return out
+
+    def _autoscaled_asgs(self, region: str, groups: list[dict[str, Any]]) -> set[str]:
+        """Names of the node groups' Auto Scaling groups that carry the cluster-autoscaler auto-discovery tag
+        ``k8s.io/cluster-autoscaler/enabled`` (managed node groups have no autoscaler flag of their own).
+        Best effort: an unreadable answer is logged and counts as not autoscaled. Raises: nothing."""
+        names = sorted({a for g in groups for a in _asg_names(g)})
+        found: set[str] = set()
+        for i in range(0, len(names), 50):  # DescribeAutoScalingGroups takes at most 50 names
+            try:
+                resp = self._call("autoscaling", "describe_auto_scaling_groups", region=region,
+                                  AutoScalingGroupNames=names[i:i + 50])
+            except KfpGpuError as exc:
+                log.warning("cannot read the node groups' cluster-autoscaler tags: %s", exc)
+                return found
+            found |= {str(a.get("AutoScalingGroupName")) for a in resp.get("AutoScalingGroups", [])
+                      if any(t.get("Key") == CA_ENABLED_TAG for t in a.get("Tags") or [])}
+        return found
 
     def resize(self, ref: PoolRef, size: int, owner: Owner) -> Operation:
         """Set the node group's desired size (absolute). Same size again is a no-op.

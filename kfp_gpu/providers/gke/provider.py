@@ -274,6 +274,9 @@ class GkeProvider:
             ref=PoolRef(np.name, zone, region), size=size, max_size=max_size, accelerator=acc,
             gpus_per_node=int(acc_cfg.accelerator_count), machine_type=np.config.machine_type,
             spot=bool(np.config.spot or np.config.preemptible), labels=dict(np.config.resource_labels),
+            autoscaling=bool(auto.enabled),
+            autoscaling_min=int(auto.min_node_count or auto.total_min_node_count or 0) if auto.enabled else 0,
+            autoscaling_max=int(auto.max_node_count or auto.total_max_node_count or 0) if auto.enabled else 0,
         )
 
     def pool(self, ref: PoolRef) -> PoolState:
