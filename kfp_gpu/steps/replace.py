@@ -192,6 +192,10 @@ def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:
     merged: dict[tuple[str, str], list[str]] = {}
     for p in placements:
         merged.setdefault((p.pool, p.zone), []).extend(p.nodes)
+    extra = dict(old.extra)
+    protected = sorted(set(old.extra.get("protected_pools", [])) | set(new.extra.get("protected_pools", [])))
+    if protected:
+        extra["protected_pools"] = protected
     return Capacity(old.run_id, tuple(Placement(pool, zone, tuple(ns)) for (pool, zone), ns in merged.items()),
                     old.gpus_per_node, old.accelerator_label, spot=old.spot and new.spot,
-                    timeline_json=old.timeline_json, extra=dict(old.extra))
+                    timeline_json=old.timeline_json, extra=extra)

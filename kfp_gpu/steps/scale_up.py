@@ -348,7 +348,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
             placements.setdefault((v.pool, v.zone), []).append(name)
     return Capacity(run_id=run_id, placements=tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in placements.items()),
                     gpus_per_node=spec.gpus_per_node, accelerator_label=accelerators.get(spec.accelerator).gke_label,
-                    spot=spec.spot, timeline_json=tracker.timeline.to_json())
+                    spot=spec.spot, timeline_json=tracker.timeline.to_json(),
+                    extra={"protected_pools": sorted(protected)} if protected else {})
 
 
 def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], targets: dict[str, int],

@@ -332,12 +332,13 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
 def _claim(st: TrainState, names: tuple[str, ...]) -> bool:
     """Claim gang nodes that carry no claim (a VM recreated under its old name). True when any was tried;
     the watch then shows each as ours, or as another run's (then it is lost)."""
-    from kfp_gpu.cluster.nodes import claim, read_node
+    from kfp_gpu.cluster.nodes import NodeView, claim, read_node
 
+    protected = set(st.capacity.extra.get("protected_pools", []))  # autoscaled pools under "protect"
     for name in names:
         node = read_node(st.api, name)
         if node is not None:
-            claim(st.api, node, st.run_id, st.owner.lease_expires)
+            claim(st.api, node, st.run_id, st.owner.lease_expires, protect=NodeView.of(node).pool in protected)
     if names:
         st.watch.wait(1.0)  # let the watch deliver the labels (or the loss) before looking again
     return bool(names)

@@ -153,6 +153,11 @@ def test_overlapping_preemptions_converge_with_one_job_copy_and_nothing_left(
         wait_until("first node recreated", lambda: _fresh_node(kube, first), timeout=60)
         sim.preempt(first)
         out = json.loads(th.outcome(300).output_json)
+        # the default pools are autoscaled and the spec says "protect": every node the run holds now, however
+        # it was (re)claimed, is kept from the cluster-autoscaler's scale-down
+        held = [n for p in out["capacity"]["placements"] for n in p["nodes"]]
+        marks = {n: (kube.core.read_node(n).metadata.annotations or {}).get(
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled") for n in held}
     finally:
         copies.stop()
         teardown.run(spec, run, "", api=step_api, provider=provider)
@@ -162,6 +167,7 @@ def test_overlapping_preemptions_converge_with_one_job_copy_and_nothing_left(
     assert lost.count(first) == 2 and second in lost, json.dumps(pre, indent=1)
     assert 2 <= out["preemptions"] <= 5, json.dumps(pre, indent=1)  # losses decided together count once
     assert [p for p in pre if p.get("during") == "recovery"], pre
+    assert set(marks.values()) == {"true"}, marks
     final = [n for p in out["capacity"]["placements"] for n in p["nodes"]]
     assert len(set(final)) == 4, out["capacity"]
     assert all(p["replacement_nodes"] for p in pre), json.dumps(pre, indent=1)
