@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
@@ -41,6 +41,7 @@ from kfp_gpu.steps.retry import retry_transient
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 
@@ -244,7 +245,7 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
     """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
     check the cloud operations, and the ``watched`` pools' instance groups (stockouts since ``since``),
     meanwhile. A failure is returned as (zone, error)."""
-    next_op_check = next_progress = 0.0
+    next_op_check = next_activity_check = next_progress = 0.0
     with tracker.cond:
         while True:
             if tracker.watch_error is not None:  # a refused Node watch never heals: fail now, in one line
@@ -263,24 +264,25 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
             if now >= deadline:
                 return "", None
             if ops and now >= next_op_check:
-                tracker.cond.release()
-                try:
-                    ops, failed = _refresh(provider, ops)
-                finally:
-                    tracker.cond.acquire()
-                if failed is not None:
-                    return failed
                 next_op_check = now + 0.5
-            if watched and now >= next_op_check:
-                tracker.cond.release()
-                try:
-                    failed = _stockout(provider, watched, since)
-                finally:
-                    tracker.cond.acquire()
+                ops, failed = _unlocked(tracker, functools.partial(_refresh, provider, ops))
                 if failed is not None:
                     return failed
-                next_op_check = now + 1.0
+            if watched and now >= next_activity_check:  # its own timer: resize ops must not starve it
+                next_activity_check = now + 1.0
+                failed = _unlocked(tracker, functools.partial(_stockout, provider, watched, since))
+                if failed is not None:
+                    return failed
             tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
+
+
+def _unlocked(tracker: GangTracker, fn: Callable[[], T]) -> T:
+    """Run a cloud read without holding the tracker's lock (the Node watch keeps feeding it meanwhile)."""
+    tracker.cond.release()
+    try:
+        return fn()
+    finally:
+        tracker.cond.acquire()
 
 
 def _stockout(provider: CapacityProvider, watched: Sequence[PoolRef], since: float
