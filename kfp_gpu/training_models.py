@@ -9,7 +9,7 @@ The SDK is imported lazily (only to serialise its models).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kfp_gpu import job_fields as f
@@ -84,22 +84,14 @@ def _pod_fields(where: str, template: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidSpec(f"{where}.spec.containers", [c.get("name") for c in containers],
                           "must hold exactly one container (named 'pytorch')",
                           remediation="move sidecars into the training image; kfp-gpu runs one container per node")
-    pod_extra = {k: v for k, v in spec.items() if k not in _POD_TAKEN and v is not None}
-    bad = sorted(set(pod_extra) - set(f.POD_EXTRA_KEYS))
-    if bad:
-        raise InvalidSpec(f"{where}.spec.{bad[0]}", pod_extra[bad[0]], "kfp-gpu cannot keep this pod field",
-                          remediation=f"remove it; kept pod fields: {', '.join(f.POD_EXTRA_KEYS)}")
+    pod_extra = _extras(spec, _POD_TAKEN, f.POD_EXTRA_KEYS, f"{where}.spec", "pod")
     if pod_extra:
         out["pod_extra"] = pod_extra
     c = containers[0]
     cwhere = f"{where}.spec.containers[0]"
     if c.get("name") not in ("pytorch", None):
         raise InvalidSpec(f"{cwhere}.name", c.get("name"), "the Training Operator requires the name 'pytorch'")
-    container_extra = {k: v for k, v in c.items() if k not in _CONTAINER_TAKEN and v is not None}
-    bad = sorted(set(container_extra) - set(f.CONTAINER_EXTRA_KEYS))
-    if bad:
-        raise InvalidSpec(f"{cwhere}.{bad[0]}", container_extra[bad[0]], "kfp-gpu cannot keep this container field",
-                          remediation=f"remove it; kept container fields: {', '.join(f.CONTAINER_EXTRA_KEYS)}")
+    container_extra = _extras(c, _CONTAINER_TAKEN, f.CONTAINER_EXTRA_KEYS, cwhere, "container")
     if container_extra:
         out["container_extra"] = container_extra
     if not c.get("image"):
@@ -192,3 +184,17 @@ def _drop_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_drop_none(v) for v in value]
     return value
+
+
+def _extras(obj: dict[str, Any], taken: Collection[str], kept: Sequence[str], where: str, what: str
+            ) -> dict[str, Any]:
+    """The fields of ``obj`` kfp-gpu does not set itself, passed through as they are.
+
+    Raises: InvalidSpec naming the first field that is neither set by kfp-gpu nor in ``kept``.
+    """
+    extra = {k: v for k, v in obj.items() if k not in taken and v is not None}
+    bad = sorted(set(extra) - set(kept))
+    if bad:
+        raise InvalidSpec(f"{where}.{bad[0]}", extra[bad[0]], f"kfp-gpu cannot keep this {what} field",
+                          remediation=f"remove it; kept {what} fields: {', '.join(kept)}")
+    return extra
