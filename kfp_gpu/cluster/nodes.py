@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
@@ -172,7 +173,8 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
     """
     core = client.CoreV1Api(api)
     mine = label_safe(run_id)
-    for _ in range(attempts):
+
+    def change(node: Node) -> Node | bool:
         owner = labels_of(node).get(LABEL_RUN_ID, "")
         taints = _taints(node)
         annotate = _protection(node, run_id) if protect else {}
@@ -190,21 +192,11 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
         }
         if annotate:
             body["metadata"]["annotations"] = annotate
-        try:
-            core.patch_node(name_of(node), body, _preload_content=False)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status != 409:
-                raise
-        try:
-            node = _read(core, name_of(node))
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-    return False
+        return body
+
+    name = name_of(node)
+    return patch_conditionally(node, change, lambda body: core.patch_node(name, body, _preload_content=False),
+                               lambda: read_node(api, name), attempts=attempts)
 
 
 def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
@@ -219,11 +211,12 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
         ApiException: any API error other than 404, or a conflict on every attempt.
     """
     core = client.CoreV1Api(api)
-    for attempt in range(attempts):
+
+    def read() -> Node | None:
         found, _ = list_nodes(api, field_selector=f"metadata.name={name}")
-        if not found:
-            return False
-        node = found[0]
+        return found[0] if found else None
+
+    def change(node: Node) -> Node:
         taints = _taints(node)
         body: dict[str, Any] = {"metadata": {
             "resourceVersion": node["metadata"]["resourceVersion"],
@@ -233,15 +226,10 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
             body["metadata"]["annotations"] = {SCALE_DOWN_DISABLED: None, PROTECTED_BY: None}
         if any(t.get("key") == RUN_TAINT_KEY for t in taints):
             body["spec"] = {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY]}
-        try:
-            core.patch_node(name, body, _preload_content=False)
-            return True
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status != 409 or attempt == attempts - 1:
-                raise
-    return False
+        return body
+
+    return patch_conditionally(read(), change, lambda body: core.patch_node(name, body, _preload_content=False),
+                               read, attempts=attempts, raise_when_exhausted=True)
 
 
 EventFn = Callable[[str, Node, float], None]

@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
+from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.ledger import LEDGER_LABEL
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
@@ -103,8 +104,9 @@ def raise_lease_label(api: client.ApiClient, kind: Kind, obj: Obj, expires: floa
     """
     m = meta(obj)
     path = kind.path(m.get("namespace"), str(m.get("name", "")))
-    for _ in range(attempts):
-        current = labels(obj)
+
+    def change(cur: Obj) -> Obj | bool:
+        current = labels(cur)
         if LABEL_LEASE not in current or LABEL_RUN_ID not in current:
             return False
         try:
@@ -112,25 +114,23 @@ def raise_lease_label(api: client.ApiClient, kind: Kind, obj: Obj, expires: floa
                 return False
         except ValueError:
             return False  # not ours to interpret: leave it
-        patch: Obj = {"metadata": {"resourceVersion": meta(obj).get("resourceVersion"),
+        patch: Obj = {"metadata": {"resourceVersion": meta(cur).get("resourceVersion"),
                                    "labels": {LABEL_LEASE: str(int(expires))}}}
         if annotations:
             patch["metadata"]["annotations"] = annotations
+        return patch
+
+    def reread() -> Obj | None:
         try:
-            request(api, "PATCH", path, body=patch, content_type=MERGE_PATCH)
-            return True
+            return request(api, "GET", path)
         except ApiException as exc:
             if exc.status == 404:
-                return False
-            if exc.status != 409:
-                raise
-        try:
-            obj = request(api, "GET", path)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
+                return None
             raise
-    return False
+
+    return patch_conditionally(obj, change, lambda body: request(api, "PATCH", path, body=body,
+                                                                 content_type=MERGE_PATCH),
+                               reread, attempts=attempts)
 
 
 def delete(api: client.ApiClient, kind: Kind, obj: Obj) -> bool:

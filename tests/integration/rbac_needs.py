@@ -112,6 +112,7 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/owned.py", "list_objects", "GET"): {(g, r, "list") for g, r in OWNED_KINDS},
     ("cluster/owned.py", "raise_lease_label", "PATCH"): {(g, r, "patch") for g, r in _LABELLED},
     ("cluster/owned.py", "raise_lease_label", "GET"): {(g, r, "get") for g, r in _LABELLED},
+    ("cluster/owned.py", "reread", "GET"): {(g, r, "get") for g, r in _LABELLED},  # the same call, nested function
     ("cluster/owned.py", "delete", "DELETE"): {(g, r, "delete") for g, r in OWNED_KINDS - {("", _NODES)}},
     ("cluster/pytorchjob.py", "served", "GET"): set(),  # discovery
     ("cluster/lease.py", "detect_identity", "GET"): {("", _PODS, "get")},
