@@ -25,9 +25,13 @@ from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-e
     Autoscaling,
     BootLatency,
     Operations,
+    ReservationAffinity,
+    ReservationSpec,
     World,
+    parse_affinity,
     parse_autoscaling,
     parse_boot,
+    parse_reservations,
     parse_world,
 )
 from kfp_gpu.sim.worldspec import listing as _list
@@ -50,6 +54,7 @@ class PoolSpec:
     machine_type: str = ""  # derived from the catalog when empty
     boot: BootLatency = field(default_factory=BootLatency)
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    reservation_affinity: ReservationAffinity = field(default_factory=ReservationAffinity)
 
     @property
     def region(self) -> str:
@@ -141,6 +146,7 @@ class Scenario:
     node_create_workers: int = 32
     api: ApiSpec = field(default_factory=ApiSpec)
     world: World = field(default_factory=World)  # cloud flavour, operation/boot/notice timing
+    reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -182,7 +188,7 @@ def from_dict(data: Any) -> Scenario:
     d = _obj(data, "scenario", {
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
-        "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations",
+        "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -242,6 +248,7 @@ def from_dict(data: Any) -> Scenario:
         preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
         node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
         api=parse_api(d.get("api", {})), world=parse_world(d),
+        reservations=parse_reservations(d.get("reservations"), zones),
     )
     _check_quota_usage(sc)
     return sc
@@ -293,7 +300,7 @@ def _quota(data: Any, f: str) -> QuotaSpec:
 def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     p = _obj(data, f, {
         "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
-        "machine_type", "boot", "autoscaling",
+        "machine_type", "boot", "autoscaling", "reservation_affinity",
     })
     name = str(p.get("name", ""))
     if not _NAME_RE.match(name):
@@ -319,6 +326,7 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
         name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
         str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
         parse_autoscaling(p.get("autoscaling"), f"{f}.autoscaling", max_nodes),
+        parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"),
     )
 
 

@@ -14,6 +14,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
 
 # Real-world seconds from the VM create request to its Node registering (VM create + boot + kubelet).
@@ -68,6 +69,38 @@ class Autoscaling:
     total: bool = False  # limits given as totalMin/MaxNodeCount instead of per-zone min/maxNodeCount
 
 
+AFFINITY_TYPES = {"any": "ANY_RESERVATION", "specific": "SPECIFIC_RESERVATION", "none": "NO_RESERVATION"}
+RESERVATION_NAME_KEY = "compute.googleapis.com/reservation-name"
+
+
+@dataclass(frozen=True)
+class ReservationAffinity:
+    """A node pool's ``config.reservationAffinity`` (docs/sim.md, "Reservations"). ``consume`` "" = not set:
+    GKE renders no affinity and Compute's default, ANY_RESERVATION, applies."""
+
+    consume: str = ""  # "" | "any" | "specific" | "none"
+    values: tuple[str, ...] = ()  # reservation names of a "specific" affinity
+
+    @property
+    def effective(self) -> str:
+        return self.consume or "any"
+
+
+@dataclass(frozen=True)
+class ReservationSpec:
+    """A Compute zonal reservation that exists when the world starts. ``in_use``: VMs outside the simulated
+    cluster already consume that many of its ``count`` VMs."""
+
+    name: str
+    zone: str
+    accelerator: str
+    gpus_per_node: int
+    count: int
+    specific: bool = False  # specificReservationRequired: only VMs that name it consume it
+    in_use: int = 0
+    machine_type: str = ""  # derived from the catalog when empty
+
+
 @dataclass(frozen=True)
 class World:
     """World-level timing: provider flavour, device plugin delay, MIG retry period, preemption notice."""
@@ -116,6 +149,46 @@ def parse_autoscaling(data: Any, f: str, pool_max: int) -> Autoscaling:
     if hi > pool_max:
         raise InvalidSpec(f"{f}.max_nodes", hi, f"must be <= the pool's max_nodes ({pool_max})")
     return Autoscaling(enabled, lo, hi, bool(a.get("total", False)))
+
+
+def parse_affinity(data: Any, f: str) -> ReservationAffinity:
+    """A pool's ``reservation_affinity:`` block (``consume: any|specific|none``, ``values: [names]``, as gcloud's
+    --reservation-affinity / --reservation). Raises: InvalidSpec naming the field."""
+    if data is None:
+        return ReservationAffinity()
+    a = obj(data, f, {"consume", "values"})
+    consume = str(a.get("consume", ""))
+    if consume not in AFFINITY_TYPES:
+        raise InvalidSpec(f"{f}.consume", consume, f"allowed: {', '.join(AFFINITY_TYPES)}")
+    values = tuple(str(v) for v in listing(a.get("values", []), f"{f}.values"))
+    if (consume == "specific") != bool(values):
+        raise InvalidSpec(f"{f}.values", list(values), "names the reservation(s) of a 'specific' affinity, only")
+    return ReservationAffinity(consume, values)
+
+
+def parse_reservations(data: Any, zones: set[str]) -> tuple[ReservationSpec, ...]:
+    """The scenario's ``reservations:`` list. Raises: InvalidSpec naming the field (``reservations[0].count``)."""
+    out: list[ReservationSpec] = []
+    for i, x in enumerate(listing(data if data is not None else [], "reservations")):
+        f = f"reservations[{i}]"
+        r = obj(x, f, {"name", "zone", "accelerator", "gpus_per_node", "count", "specific", "in_use", "machine_type"})
+        name, zone = str(r.get("name", "")), str(r.get("zone", ""))
+        if zone not in zones:
+            raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; known: {sorted(zones)}")
+        if any(o.name == name and o.zone == zone for o in out):
+            raise InvalidSpec(f"{f}.name", name, f"a reservation of that name already exists in {zone}")
+        try:
+            acc = accelerators.get(str(r.get("accelerator", "")))
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"{f}.accelerator", r.get("accelerator"), exc.fields["allowed"]) from None
+        gpus = int(num(r.get("gpus_per_node", 8), f"{f}.gpus_per_node", 1))
+        count = int(num(r.get("count", 1), f"{f}.count", 1))
+        in_use = int(num(r.get("in_use", 0), f"{f}.in_use", 0))
+        if in_use > count:
+            raise InvalidSpec(f"{f}.in_use", in_use, f"must be <= count ({count})")
+        out.append(ReservationSpec(name, zone, acc.name, gpus, count, bool(r.get("specific", False)), in_use,
+                                   str(r.get("machine_type") or acc.gce_machine_for(gpus).name)))
+    return tuple(out)
 
 
 def parse_world(d: dict[str, Any]) -> World:
