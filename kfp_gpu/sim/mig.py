@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kfp_gpu.sim import reservations as rsv
 from kfp_gpu.sim import shapes
 from kfp_gpu.sim.clock import Timeline, compress
 from kfp_gpu.sim.scenario import PoolSpec, Scenario
@@ -83,6 +84,7 @@ class Instance:
     gen: int = 0  # bumped on every incarnation change; stale timed events compare it
     node: bool = False  # its Kubernetes Node exists
     deadline: float = 0.0  # timeline time a preempted VM's Node goes away
+    reservation: tuple[str, str] | None = None  # (zone, name) of the reservation it consumes (or will)
 
 
 @dataclass
@@ -110,8 +112,9 @@ class World:
     """The MIG mechanics shared by every pool: timeline, lock, backend and scenario timing."""
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
-                 stockout: Callable[[str, str], dict[str, Any] | None]) -> None:
+                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None) -> None:
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
+        self.reservations: rsv.Book = {} if reservations is None else reservations
         w = scenario.world
         self.retry_s, self.plugin_s, self.notice_s = compress(w.mig_retry_s), compress(w.device_plugin_s), \
             compress(w.notice_s)
@@ -170,6 +173,7 @@ class World:
             name = f"gke-{self.sc.cluster}-{p.spec.name}-{p.next_index:04d}"
             p.next_index += 1
             p.instances[name] = Instance(name, CREATING, requested_at)
+            rsv.earmark(self.reservations, p.spec, p.instances[name])
             self.attempt_later(p, p.instances[name], spread_s * (j + 1) / (n + 1))
         p.target = len(p.instances)
 
@@ -186,6 +190,7 @@ class World:
     def drop(self, p: PoolRuntime, inst: Instance) -> list[Action]:
         had_node, inst.node = inst.node, False
         p.instances.pop(inst.name, None)
+        rsv.release(self.reservations, inst)
         inst.gen += 1
         return [(inst.name, lambda: self.backend.delete(inst.name))] if had_node else []
 
@@ -200,7 +205,13 @@ class World:
     def _attempt(self, p: PoolRuntime, inst: Instance, gen: int) -> list[Action]:
         if not self._current(p, inst, gen) or inst.state != CREATING:
             return []
-        item = self.stockout(p.spec.zone, p.spec.accelerator)
+        rsv.earmark(self.reservations, p.spec, inst)  # a slot may have freed since the VM was planned
+        if inst.reservation is not None:  # reserved capacity: no stock needed
+            item = None
+        elif p.spec.reservation_affinity.effective == "specific" and not p.spec.spot:
+            item = rsv.exhausted_item(p.spec)
+        else:
+            item = self.stockout(p.spec.zone, p.spec.accelerator)
         if item is not None:  # the MIG records the error and keeps retrying (targetSize unchanged)
             p.errors.append({
                 "instanceActionDetails": {"action": "RECREATING" if inst.recreate else "CREATING",
@@ -211,6 +222,7 @@ class World:
             del p.errors[:-MAX_ERRORS]
             self.attempt_later(p, inst, self.retry_s)
             return []
+        rsv.created(self.reservations, inst)
         inst.state = BOOTING
         boot = compress(p.spec.boot.sample(p.rng))
         self.later(boot, lambda: self._register(p, inst, gen))
@@ -250,6 +262,7 @@ class World:
             self.attempt_later(p, inst, 0.0)
         else:  # an Auto Scaling group launches a replacement instance (a new name)
             p.instances.pop(inst.name)
+            rsv.release(self.reservations, inst)
             inst.gen += 1
             self.add(p, 1, self.tl.now(), 0.0)
         return actions

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kfp_gpu import accelerators
+from kfp_gpu.sim import reservations as rsv
 from kfp_gpu.sim import shapes
 from kfp_gpu.sim.api import sim_time_scale
 from kfp_gpu.sim.state import SimState
@@ -110,6 +111,15 @@ def reservation_insert(st: SimState, m: re.Match[str], q: dict[str, str], b: dic
     gpus_per_vm = sum(int(a.get("acceleratorCount", 0)) for a in accs)
     acc_type = str(accs[0].get("acceleratorType", "")).rsplit("/", 1)[-1] if accs else ""
     metric = accelerators.get(acc_type).gcp_quota_metric if acc_type else ""
+    acc_name = accelerators.get(acc_type).name if acc_type else ""
+    specific = bool(b.get("specificReservationRequired", False))
+
+    def book() -> None:  # matching running VMs with affinity ANY consume a new automatic reservation at once
+        st.reservations[(zone, name)] = rsv.make(
+            m["p"], zone, name, b, accelerator=acc_name, gpus_per_vm=gpus_per_vm, count=count,
+            machine=str(props.get("machineType", "")).rsplit("/", 1)[-1], specific=specific)
+        rsv.adopt(st.reservations, (zone, name), st.pools.values())
+
     with st.lock:
         if (zone, name) in st.reservations:
             raise shapes.http_error(409, f"The resource '{target}' already exists", reason="alreadyExists")
@@ -117,7 +127,11 @@ def reservation_insert(st: SimState, m: re.Match[str], q: dict[str, str], b: dic
         items: list[dict[str, Any]] = []
         status = 0
         family = accelerators.get(acc_type).gcp_gpu_family if acc_type else None
-        err = st.quota_check(region, metric, family, float(count * gpus_per_vm)) if metric else None
+        before = st.usage(region, metric)
+        book()  # quota grows by what the reservation adds beyond the VMs it adopts
+        extra = st.usage(region, metric) - before
+        rsv.forget(st.reservations, (zone, name), st.pools.values())
+        err = st.quota_check(region, metric, family, extra) if metric else None
         if err is not None:
             meta = err.body["error"]["details"][0]["metadata"]
             items, status = [shapes.quota_error_item(meta["metric"], meta["region"], float(meta["limit"]))], 403
@@ -128,19 +142,11 @@ def reservation_insert(st: SimState, m: re.Match[str], q: dict[str, str], b: dic
         op = shapes.compute_operation(m["p"], zone, "insert", target, error_items=items, http_status=status)
         st.compute_ops[op["name"]] = op
         if not items:
-            res = dict(b)
-            res.update({
-                "kind": "compute#reservation", "id": shapes.next_id(), "zone": f"{shapes.COMPUTE}/projects/{m['p']}/zones/{zone}",
-                "selfLink": target, "status": "READY", "creationTimestamp": shapes.now_rfc3339(),
-                "specificReservation": {**sr, "count": str(count), "inUseCount": "0"},
-                "_metric": metric, "_gpus": count * gpus_per_vm,
-            })
-            st.reservations[(zone, name)] = res
+            book()
     return 200, op
 
 
-def _public(res: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in res.items() if not k.startswith("_")}
+_public = rsv.public
 
 
 @route("GET", _C + "/zones/(?P<z>[^/]+)/reservations/(?P<n>[^/]+)", "compute.reservations.get")
@@ -156,8 +162,9 @@ def reservation_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[s
 def reservation_delete(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
     key = _reservation_key(st, m, m["n"])
     with st.lock:
-        if st.reservations.pop(key, None) is None:
+        if key not in st.reservations:
             raise shapes.compute_not_found(f"projects/{m['p']}/zones/{m['z']}/reservations/{m['n']}")
+        rsv.forget(st.reservations, key, st.pools.values())
         target = f"{shapes.COMPUTE}/projects/{m['p']}/zones/{m['z']}/reservations/{m['n']}"
         op = shapes.compute_operation(m["p"], m["z"], "delete", target)
         st.compute_ops[op["name"]] = op

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kfp_gpu import accelerators
+from kfp_gpu.sim import reservations as rsv
 from kfp_gpu.sim import shapes
 from kfp_gpu.sim.clock import Timeline, compress, expand
 from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Action, Instance, World
@@ -40,11 +41,12 @@ class SimState:
         self.backend: NodeBackend = backend or MemoryBackend()
         self.lock = threading.RLock()
         self.timeline = timeline or Timeline()
-        self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout)
+        self.reservations: rsv.Book = {(r.zone, r.name): rsv.from_spec(scenario.project, r)
+                                       for r in scenario.reservations}
+        self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout, self.reservations)
         self.pools: dict[str, PoolRuntime] = {}
         self.gke_ops: dict[str, dict[str, Any]] = {}
         self.compute_ops: dict[str, dict[str, Any]] = {}
-        self.reservations: dict[tuple[str, str], dict[str, Any]] = {}
         self.quota_prefs: dict[str, dict[str, Any]] = {}
         self.requests: collections.Counter[str] = collections.Counter()
         self.routes: collections.Counter[str] = collections.Counter()
@@ -58,6 +60,8 @@ class SimState:
                 name = f"gke-{scenario.cluster}-{p.name}-{rt.next_index:04d}"
                 rt.next_index += 1
                 rt.instances[name] = Instance(name, RUNNING, 0.0, node=True)
+                rsv.earmark(self.reservations, p, rt.instances[name])
+                rsv.created(self.reservations, rt.instances[name])
                 self.backend.create(p, scenario.cluster, name, 0.0, gpus_ready=True)
             rt.target = len(rt.instances)
 
@@ -119,29 +123,28 @@ class SimState:
             f"projects/{self.scenario.project}/locations/{location}/clusters/{cluster}/nodePools/{name}")
 
     # ---- quota ------------------------------------------------------------------------------
-    def usage(self, region: str, metric: str) -> float:
-        """GPUs of existing nodes + reservations counted against ``metric`` in ``region``."""
+    def _used(self, want: Callable[[str, str, str], bool]) -> float:
+        """GPUs counted against quota, for the (region, metric, accelerator) ``want`` keeps: each reservation's
+        reserved GPUs, plus the VMs of pools that hold no reserved slot (VMs inside a reservation are in its
+        count: max(reserved, used), never the sum). VMs of a SPECIFIC pool without a slot do not exist."""
         with self.lock:
             used = sum(
-                len(p.instances) * p.spec.gpus_per_node for p in self.pools.values()
-                if p.spec.region == region and p.spec.quota_metric == metric
-            )
-            for (zone, _), r in self.reservations.items():
-                if self.zone_region(zone).name == region and r["_metric"] == metric:
-                    used += r["_gpus"]
+                p.spec.gpus_per_node for p in self.pools.values() for i in p.instances.values()
+                if i.reservation is None and (p.spec.spot or p.spec.reservation_affinity.effective != "specific")
+                and want(p.spec.region, p.spec.quota_metric, p.spec.accelerator))
+            used += sum(r["_gpus"] for (zone, _), r in self.reservations.items()
+                        if r["_acc"] and want(self.zone_region(zone).name, r["_metric"], r["_acc"]))
             return float(used)
 
+    def usage(self, region: str, metric: str) -> float:
+        """GPUs of existing nodes + reservations counted against ``metric`` in ``region``."""
+        return self._used(lambda r, m, _a: r == region and m == metric)
+
     def family_usage(self, region: str, family: str) -> float:
-        with self.lock:
-            return float(sum(
-                len(p.instances) * p.spec.gpus_per_node for p in self.pools.values()
-                if p.spec.region == region and accelerators.get(p.spec.accelerator).gcp_gpu_family == family
-            ))
+        return self._used(lambda r, _m, a: r == region and accelerators.get(a).gcp_gpu_family == family)
 
     def all_regions_usage(self) -> float:
-        with self.lock:
-            nodes = sum(len(p.instances) * p.spec.gpus_per_node for p in self.pools.values())
-            return float(nodes + sum(r["_gpus"] for r in self.reservations.values()))
+        return self._used(lambda _r, _m, _a: True)
 
     def quota_check(self, region: str, metric: str, family: str | None, extra: float) -> SimHttpError | None:
         """The first quota that ``extra`` more GPUs would exceed, as a 403, else None."""
@@ -187,10 +190,12 @@ class SimState:
                 raise operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
             delta = count - len(p.instances)
+            outside = 0 if p.spec.reservation_affinity.effective == "specific" and not p.spec.spot else \
+                delta - rsv.free_for(self.reservations, p.spec)  # VMs a reservation holds need no more quota
             if delta > 0:
                 acc = accelerators.get(p.spec.accelerator)
-                err = self.quota_check(p.spec.region, p.spec.quota_metric, acc.gcp_gpu_family,
-                                       float(delta * p.spec.gpus_per_node))
+                err = None if outside <= 0 else self.quota_check(
+                    p.spec.region, p.spec.quota_metric, acc.gcp_gpu_family, float(outside * p.spec.gpus_per_node))
                 if err is not None:
                     raise err
                 item = self.stockout(p.spec.zone, p.spec.accelerator)
@@ -296,14 +301,18 @@ class SimState:
         labels = {"cloud.google.com/gke-nodepool": p.spec.name, "cloud.google.com/gke-accelerator": acc.gke_label}
         if p.spec.spot:
             labels["cloud.google.com/gke-spot"] = "true"
+        config = {
+            "machineType": p.spec.machine_type, "diskSizeGb": 100, "imageType": "COS_CONTAINERD",
+            "accelerators": [{"acceleratorCount": str(p.spec.gpus_per_node), "acceleratorType": acc.gke_label}],
+            "spot": p.spec.spot, "labels": labels, "resourceLabels": {"kfp_gpu_sim": "true"},
+            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}],
+        }
+        affinity = rsv.affinity_json(p.spec)
+        if affinity is not None:
+            config["reservationAffinity"] = affinity
         return {
             "name": p.spec.name,
-            "config": {
-                "machineType": p.spec.machine_type, "diskSizeGb": 100, "imageType": "COS_CONTAINERD",
-                "accelerators": [{"acceleratorCount": str(p.spec.gpus_per_node), "acceleratorType": acc.gke_label}],
-                "spot": p.spec.spot, "labels": labels, "resourceLabels": {"kfp_gpu_sim": "true"},
-                "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}],
-            },
+            "config": config,
             "initialNodeCount": p.spec.initial_size,
             "locations": [p.spec.zone],
             "autoscaling": autoscaling_json(p.spec),
