@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,6 +48,8 @@ class KubeBackend:
         cfg.connection_pool_maxsize = pool_size
         self.api_client = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api_client)
+        # (pool, node name) -> (extra labels, extra taints) a node gets at registration (queued pools: kfp_gpu.sim.dws)
+        self.extras: Callable[[str, str], tuple[dict[str, str], list[dict[str, str]]]] | None = None
 
     def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
                sampled_s: float | None = None, *, gpus_ready: bool = True) -> None:
@@ -74,6 +77,11 @@ class KubeBackend:
         )
         notes = body["metadata"]["annotations"]
         notes["kfp-gpu.io/created-by"] = "kfp-gpu-sim"
+        if self.extras is not None:
+            more_labels, more_taints = self.extras(pool.name, name)
+            body["metadata"]["labels"].update(more_labels)
+            if more_taints:
+                body.setdefault("spec", {}).setdefault("taints", []).extend(more_taints)
         if sampled_s is not None:  # the whole latency, from the request to this registration
             notes[BOOT_SAMPLE_ANNOTATION] = f"{sampled_s:g}"
             notes["kfp-gpu.io/boot-sample-real-s"] = f"{expand(sampled_s):g}"

@@ -21,6 +21,7 @@ import yaml
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
 from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
     BootLatency,
@@ -55,6 +56,7 @@ class PoolSpec:
     boot: BootLatency = field(default_factory=BootLatency)
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     reservation_affinity: ReservationAffinity = field(default_factory=ReservationAffinity)
+    queued_provisioning: bool = False  # GKE queuedProvisioning.enabled (flex-start, DWS): ProvisioningRequests only
 
     @property
     def region(self) -> str:
@@ -146,6 +148,8 @@ class Scenario:
     node_create_workers: int = 32
     api: ApiSpec = field(default_factory=ApiSpec)
     world: World = field(default_factory=World)  # cloud flavour, operation/boot/notice timing
+    dws: DwsSpec = field(default_factory=DwsSpec)  # queued provisioning (kfp_gpu.sim.dwsspec)
+    provisioning_revocations: tuple[Revocation, ...] = ()
     reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
 
     def pool(self, name: str) -> PoolSpec:
@@ -189,6 +193,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
+        "dws", "provisioning_revocations",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -247,7 +252,9 @@ def from_dict(data: Any) -> Scenario:
         regions=regions, global_quotas=gq, pools=pools, stockouts=tuple(stockouts), faults=tuple(faults),
         preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
         node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
-        api=parse_api(d.get("api", {})), world=parse_world(d),
+        api=parse_api(d.get("api", {})), world=parse_world(d), dws=parse_dws(d.get("dws")),
+        provisioning_revocations=parse_revocations(d.get("provisioning_revocations"),
+                                                   {p.name: p.queued_provisioning for p in pools}),
         reservations=parse_reservations(d.get("reservations"), zones),
     )
     _check_quota_usage(sc)
@@ -301,6 +308,7 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     p = _obj(data, f, {
         "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
         "machine_type", "boot", "autoscaling", "reservation_affinity",
+        "queued_provisioning",
     })
     name = str(p.get("name", ""))
     if not _NAME_RE.match(name):
@@ -322,11 +330,17 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     initial = int(_num(p.get("initial_size", 0), f"{f}.initial_size", 0))
     if initial > max_nodes:
         raise InvalidSpec(f"{f}.initial_size", initial, f"must be <= max_nodes ({max_nodes})")
+    autoscaling = parse_autoscaling(p.get("autoscaling"), f"{f}.autoscaling", max_nodes)
+    queued = parse_queued(p.get("queued_provisioning"), f"{f}.queued_provisioning")
+    if queued and not autoscaling.enabled:  # gcloud ... --enable-queued-provisioning --enable-autoscaling
+        raise InvalidSpec(f"{f}.autoscaling", p.get("autoscaling"),
+                          "a queued-provisioning pool needs autoscaling: {enabled: true} (GKE requires it)")
+    if queued and initial:  # GKE: --num-nodes=0; nodes come only through ProvisioningRequests
+        raise InvalidSpec(f"{f}.initial_size", initial, "must be 0 for a queued-provisioning pool")
     return PoolSpec(
         name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
         str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
-        parse_autoscaling(p.get("autoscaling"), f"{f}.autoscaling", max_nodes),
-        parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"),
+        autoscaling, parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"), queued,
     )
 
 

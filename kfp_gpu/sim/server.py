@@ -25,6 +25,8 @@ from kfp_gpu.sim import routes
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.api import ApiGate, backend_error, project_of
 from kfp_gpu.sim.clock import compress
+from kfp_gpu.sim.dws import DwsWorld, Key
+from kfp_gpu.sim.dws_pools import refuse_set_size, render
 from kfp_gpu.sim.scenario import Scenario
 from kfp_gpu.sim.shapes import SimHttpError, http_error
 from kfp_gpu.sim.state import NodeBackend, SimState
@@ -127,6 +129,9 @@ class SimServer:
         self._httpd: _Server | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self.dws_status: dict[Key, dict[str, Any]] = {}  # last status per request (any backend)
+        self.dws = DwsWorld(self.state, self._publish)
+        self._dws_controller: Any = None
 
     @property
     def url(self) -> str:
@@ -143,12 +148,15 @@ class SimServer:
         t.start()
         self._threads.append(t)
         self._schedule_preemptions()
+        self._start_dws()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
                  self.scenario.cluster)
         return self.url
 
     def stop(self) -> None:
         self._stop.set()
+        if self._dws_controller is not None:
+            self._dws_controller.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -196,6 +204,9 @@ class SimServer:
         self.state = SimState(self.scenario, self.backend)
         self.gate = ApiGate(self.scenario.api)
         self._request_ids.clear()
+        self.dws = DwsWorld(self.state, self._publish)
+        self.dws_status.clear()
+        self._schedule_revocations()
 
     def handle(self, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
         if path == "/sim/v1/reset" and method == "POST":
@@ -235,7 +246,11 @@ class SimServer:
             with self.state.lock:
                 if key in self._request_ids:
                     return 200, self._request_ids[key]
+        if name == "container.nodePools.setSize":
+            refuse_set_size(self.state, match["np"])
         status, payload = fn(self.state, match, query, body)
+        if name in ("container.nodePools.get", "container.nodePools.list"):
+            render(self.scenario, payload)
         if key is not None and key[1] and status == 200:
             with self.state.lock:
                 self._request_ids[key] = payload
@@ -260,3 +275,38 @@ class SimServer:
             log.info("sim: scheduled preemption of %s", victims)
         except Exception:  # noqa: BLE001
             log.exception("sim: scheduled preemption in pool %s failed", pool)
+
+    # ---- queued provisioning (kfp_gpu.sim.dws) ---------------------------------------------------
+    def revoke_provisioning(self, namespace: str, name: str) -> list[str]:
+        """GKE reclaims the capacity of a provisioned queued-provisioning request: BookingExpired and
+        CapacityRevoked become True, its nodes get the reclaim notice and are deleted after it. Returns the nodes.
+
+        Raises: KeyError (this stand-in does not serve that request), ValueError (it is not provisioned).
+        """
+        return self.dws.revoke((namespace, name))
+
+    def provisioning_requests(self) -> dict[str, dict[str, Any]]:
+        """The requests this stand-in serves: ``{"ns/name": {"phase", "nodes", "busy", "conditions"}}``."""
+        return self.dws.snapshot()
+
+    def _publish(self, key: Key, status: dict[str, Any]) -> None:
+        self.dws_status[key] = status
+        if self._dws_controller is not None:
+            self._dws_controller.publish(key, status)
+
+    def _start_dws(self) -> None:
+        self._schedule_revocations()
+        if not any(p.queued_provisioning for p in self.scenario.pools):
+            return
+        api_client = getattr(self.backend, "api_client", None)
+        if api_client is None:  # nodes in memory: no cluster to watch; tests drive self.dws directly
+            return
+        from kfp_gpu.sim.dws_controller import DwsController
+
+        self.backend.extras = lambda pool, node: self.dws.node_extras(pool, node)  # type: ignore[union-attr]
+        self._dws_controller = DwsController(lambda: self.dws, api_client).start()
+
+    def _schedule_revocations(self) -> None:
+        for ev in self.scenario.provisioning_revocations:
+            world, pool = self.dws, ev.pool
+            self.state.timeline.at(compress(ev.at_s), lambda w=world, p=pool: w.revoke_pool(p))  # type: ignore[misc]
