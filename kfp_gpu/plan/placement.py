@@ -25,14 +25,24 @@ def zone_region(zone: str) -> str:
     return zone.rsplit("-", 1)[0] if "-" in zone else zone
 
 
+def consumes(spec: ProvisioningSpec, pool: PoolState) -> bool:
+    """Whether ``pool``'s reservation affinity fits the spec's capacity type. ``capacity="reservation"`` takes
+    only pools whose affinity is "specific" and names ``spec.reservation``; any other capacity never takes a
+    "specific" pool (its VMs exist only inside the reservations it names, which the spec did not ask for)."""
+    if spec.capacity is CapacityType.RESERVATION:
+        return pool.reservation_affinity == "specific" and spec.reservation in pool.reservations
+    return pool.reservation_affinity != "specific"
+
+
 def matching_pools(spec: ProvisioningSpec, pools: Sequence[PoolState]) -> list[PoolState]:
-    """Pools that can host the spec's nodes: same accelerator, GPUs per node and spot-ness, and -
-    when ``spec.target.pools`` is set - one of the named pools (kept in that priority order)."""
+    """Pools that can host the spec's nodes: same accelerator, GPUs per node and spot-ness, a reservation
+    affinity that fits (:func:`consumes`), and - when ``spec.target.pools`` is set - one of the named pools
+    (kept in that priority order)."""
     want_spot = spec.capacity is CapacityType.SPOT
     out = [
         p for p in pools
         if p.accelerator == spec.accelerator and p.gpus_per_node == spec.gpus_per_node and p.spot == want_spot
-        and (not spec.target.pools or p.ref.pool in spec.target.pools)
+        and consumes(spec, p) and (not spec.target.pools or p.ref.pool in spec.target.pools)
     ]
     if spec.target.pools:
         out.sort(key=lambda p: spec.target.pools.index(p.ref.pool))
@@ -120,14 +130,30 @@ def place(
             if zone_region(p.ref.zone) == region and (not zone or spec.allow_zone_spread or p.ref.zone == zone)
         ]
         capacity = sum(p.max_size for p in in_scope)
+        held = reservation_capacity(spec, in_scope)
+        capacity = capacity if held is None else min(capacity, held)
         if capacity < spec.nodes:
             verdicts.append(Verdict.SHORT)
             where = region if (not zone or spec.allow_zone_spread) else zone
             reasons.append(
+                f"reservation {spec.reservation!r} holds {held} of the {spec.nodes} nodes in {where} "
+                "(VMs its pools run + its free VMs)" if held is not None and held == capacity else
                 f"matching node pools in {where} hold at most {capacity} of the {spec.nodes} nodes "
                 f"({spec.accelerator} x{spec.gpus_per_node}{', spot' if spec.spot else ''})"
             )
     return Placement(region, zone, worst(verdicts), tuple(checks), capacity, tuple(reasons), priority)
+
+
+def reservation_capacity(spec: ProvisioningSpec, pools: Sequence[PoolState]) -> int | None:
+    """Nodes the named reservation lets ``pools`` (its "specific" consumers) hold: the VMs they already run
+    (they consume it) plus its free count. None when the spec consumes no reservation or the free count is
+    unknown. The reservation is shared by its pools, so its free count is counted once."""
+    if spec.capacity is not CapacityType.RESERVATION:
+        return None
+    frees = [p.reservation_free for p in pools if p.reservation_free is not None]
+    if not frees:
+        return None
+    return sum(max(0, p.size) for p in pools) + min(frees)
 
 
 def rank(placements: Sequence[Placement], *, by_headroom: bool) -> list[Placement]:

@@ -21,6 +21,12 @@ Contract (every implementation must honour it; tests in tests/providers check it
   carries the ``k8s.io/cluster-autoscaler/enabled`` tag, best effort), with its node limits in
   ``autoscaling_min``/``autoscaling_max`` (0 when unknown or off). A caller that resizes such a pool must
   either protect the nodes it adds from scale-down or refuse (``Target.autoscaled_pools``).
+* **Reservations are consumed, never duplicated.** ``PoolState.reservation_affinity`` says which
+  reservations the pool's new VMs consume: "any" (matching automatic reservations first; the cloud default
+  when unset, "" = not set), "specific" (only ``reservations``, by name (GKE) or id (EC2); no capacity
+  beyond them) or "none". ``reservation_free`` is what those specific reservations still hold (count -
+  in use), None when unknown. A reservation ``reserve`` creates is automatic (GCE
+  ``specificReservationRequired=false``), so the VMs a resize then adds in that zone consume it.
 * **Owned and labelled.** Everything a provider creates carries the owner labels (run id, step,
   lease expiry) so ``list_owned`` / teardown / the janitor can always find it.
 
@@ -117,6 +123,9 @@ class PoolState:
     autoscaling: bool = False  # the cluster autoscaler may add and remove this pool's nodes
     autoscaling_min: int = 0  # its node limits (per zone, or the pool's total); 0 when off or unknown
     autoscaling_max: int = 0
+    reservation_affinity: str = ""  # "any" | "specific" | "none"; "" = not set (the cloud's default: any)
+    reservations: tuple[str, ...] = ()  # the reservations a "specific" affinity names
+    reservation_free: int | None = None  # VMs those reservations still hold free; None = unknown
 
 
 class OpStatus(str, enum.Enum):
@@ -242,7 +251,8 @@ class CapacityProvider(Protocol):
         ...
 
     def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
-        """Create (or re-attach to) a specific reservation named ``req.name``.
+        """Create (or re-attach to) the reservation named ``req.name``: ``req.count`` VMs of the request's
+        shape in ``req.zone``, consumed automatically by matching VMs of pools whose affinity is "any".
 
         Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied, CloudError.
         """

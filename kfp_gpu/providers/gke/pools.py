@@ -1,8 +1,11 @@
 """Node pool calls of GkeProvider that need more than one round trip: get (with a useful NotFound),
-setSize (adopting an operation already in flight) and deleteInstances (idempotent).
+setSize (adopting an operation already in flight) and deleteInstances (idempotent); a pool's state with its
+reservation affinity and, for a SPECIFIC affinity, the free VMs of the reservations it names.
 
 https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools/setSize
 https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/deleteInstances
+https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations (NodeConfig.reservationAffinity)
+https://cloud.google.com/compute/docs/reference/rest/v1/reservations (specificReservation.count, inUseCount)
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from kfp_gpu import accelerators
 from kfp_gpu import retry as retry_mod
-from kfp_gpu.errors import KfpGpuError, NotFound, TransientCloudError
-from kfp_gpu.providers.base import Operation, OpStatus, PoolRef
+from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, KfpGpuError, NotFound, Scope, TransientCloudError
+from kfp_gpu.providers.base import Operation, OpStatus, PoolRef, PoolState
 from kfp_gpu.providers.gke import activity
 from kfp_gpu.providers.gke import reservations as res_mod
 
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
     from kfp_gpu.providers.gke.provider import GkeProvider
 
 log = logging.getLogger(__name__)
+NO_MAX = 1000  # a pool without autoscaling limits
+AFFINITY = {"ANY_RESERVATION": "any", "SPECIFIC_RESERVATION": "specific", "NO_RESERVATION": "none"}
 _OP_RE = re.compile(r"\b(operation-[A-Za-z0-9-]+)")
 
 
@@ -109,3 +115,73 @@ def delete_nodes(p: GkeProvider, ref: PoolRef, nodes: Sequence[str]) -> Operatio
     if op.status is OpStatus.FAILED and op.error is not None:
         raise op.error
     return op
+
+
+def affinity(np: Any) -> tuple[str, tuple[str, ...]]:
+    """(kind, reservation names) of ``config.reservationAffinity``: kind "any" | "specific" | "none", or ""
+    when unset (Compute then consumes any matching reservation). Names of a shared reservation
+    (``projects/<p>/reservations/<name>``) are kept as their last segment."""
+    ra = np.config.reservation_affinity
+    kind = AFFINITY.get(str(getattr(ra.consume_reservation_type, "name", ra.consume_reservation_type)), "")
+    return kind, tuple(str(v).rsplit("/", 1)[-1] for v in ra.values) if kind == "specific" else ()
+
+
+def reservation_free(p: GkeProvider, np: Any, zone: str) -> int | None:
+    """Free VMs (count - inUseCount) of the reservations a SPECIFIC pool names in ``zone``; a named reservation
+    that does not exist holds 0. None for any other affinity (no limit of its own).
+
+    Raises: PermissionDenied (compute.reservations.get), RateLimited, TransientCloudError.
+    """
+    kind, names = affinity(np)
+    if kind != "specific":
+        return None
+    total = 0
+    for name in names:
+        try:
+            r = p._call("reservations", "get", at_zone=zone, project=p.project, zone=zone, reservation=name)
+        except NotFound:
+            continue
+        sr = r.specific_reservation
+        total += max(0, int(sr.count) - int(sr.in_use_count))
+    return total
+
+
+def pool_state(np: Any, zone: str, region: str, size: int, free: int | None) -> PoolState:
+    """A container_v1.NodePool in ``zone`` as a PoolState (``free``: see :func:`reservation_free`)."""
+    acc_cfg = np.config.accelerators[0]
+    try:
+        acc = accelerators.get(acc_cfg.accelerator_type).name
+    except InvalidSpec:
+        acc = acc_cfg.accelerator_type
+    auto = np.autoscaling
+    max_size = int(auto.max_node_count or auto.total_max_node_count or 0) or NO_MAX
+    kind, names = affinity(np)
+    return PoolState(
+        ref=PoolRef(np.name, zone, region), size=size, max_size=max_size, accelerator=acc,
+        gpus_per_node=int(acc_cfg.accelerator_count), machine_type=np.config.machine_type,
+        spot=bool(np.config.spot or np.config.preemptible), labels=dict(np.config.resource_labels),
+        autoscaling=bool(auto.enabled),
+        autoscaling_min=int(auto.min_node_count or auto.total_min_node_count or 0) if auto.enabled else 0,
+        autoscaling_max=int(auto.max_node_count or auto.total_max_node_count or 0) if auto.enabled else 0,
+        reservation_affinity=kind, reservations=names, reservation_free=free,
+    )
+
+
+def check_reservation(state: PoolState, size: int) -> None:
+    """Refuse to grow a SPECIFIC pool beyond the free VMs of its reservations: its VMs exist only inside them,
+    so the instance group would retry the rest forever.
+
+    Raises: CapacityUnavailable (provider scope: no zone or retry helps) naming the reservation.
+    """
+    if state.reservation_affinity != "specific" or state.reservation_free is None:
+        return
+    want = size - max(0, state.size)
+    if want > state.reservation_free:
+        names = ", ".join(state.reservations)
+        raise CapacityUnavailable(
+            f"reservation {names} in {state.ref.zone} has {state.reservation_free} VM(s) free; node pool "
+            f"{state.ref.pool} needs {want} more",
+            remediation=f"free VMs of reservation {names}, grow its count (gcloud compute reservations update "
+            f"{state.reservations[0]} --zone {state.ref.zone} --vm-count=<n>), or ask for fewer nodes",
+            scope=Scope.PROVIDER, zone=state.ref.zone, pool=state.ref.pool, reservation=names,
+            free=state.reservation_free, wanted=want)

@@ -44,7 +44,6 @@ from kfp_gpu.providers.gke import reservations as res_mod
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-NO_MAX = 1000  # a pool without autoscaling limits
 
 
 class GkeProvider:
@@ -247,11 +246,14 @@ class GkeProvider:
                     rows.append((np, zone, urls.get(zone, "")))
         got: list[Any] = (self.parallel([functools.partial(self._target_size, np, url) for np, _, url in rows])
                           if sizes else [-1] * len(rows))
+        free = self.parallel([functools.partial(pools_mod.reservation_free, self, np, zone) for np, zone, _ in rows])
         out = []
-        for (np, zone, _), size in zip(rows, got, strict=True):
+        for (np, zone, _), size, held in zip(rows, got, free, strict=True):
             if isinstance(size, KfpGpuError):
                 raise size
-            out.append(self._pool_state(np, zone, region, size))
+            if isinstance(held, KfpGpuError):
+                raise held
+            out.append(pools_mod.pool_state(np, zone, region, size, held))
         return out
 
     def _target_size(self, np: Any, igm_url: str) -> int:
@@ -261,23 +263,6 @@ class GkeProvider:
         igm = self._call("igm", "get", at_zone=zone, request={
             "project": self.project, "zone": zone, "instance_group_manager": igm_url.rsplit("/", 1)[-1]})
         return int(igm.target_size)
-
-    def _pool_state(self, np: Any, zone: str, region: str, size: int) -> PoolState:
-        acc_cfg = np.config.accelerators[0]
-        try:
-            acc = accelerators.get(acc_cfg.accelerator_type).name
-        except InvalidSpec:
-            acc = acc_cfg.accelerator_type
-        auto = np.autoscaling
-        max_size = int(auto.max_node_count or auto.total_max_node_count or 0) or NO_MAX
-        return PoolState(
-            ref=PoolRef(np.name, zone, region), size=size, max_size=max_size, accelerator=acc,
-            gpus_per_node=int(acc_cfg.accelerator_count), machine_type=np.config.machine_type,
-            spot=bool(np.config.spot or np.config.preemptible), labels=dict(np.config.resource_labels),
-            autoscaling=bool(auto.enabled),
-            autoscaling_min=int(auto.min_node_count or auto.total_min_node_count or 0) if auto.enabled else 0,
-            autoscaling_max=int(auto.max_node_count or auto.total_max_node_count or 0) if auto.enabled else 0,
-        )
 
     def pool(self, ref: PoolRef) -> PoolState:
         """The state of one pool in one zone.
@@ -296,7 +281,8 @@ class GkeProvider:
         if not np.config.accelerators:
             raise InvalidSpec("pool", ref.pool, "has no GPUs (config.accelerators is empty)")
         url = next((u for u in np.instance_group_urls if f"/zones/{ref.zone}/" in u), "")
-        return self._pool_state(np, ref.zone, region, self._target_size(np, url))
+        return pools_mod.pool_state(np, ref.zone, region, self._target_size(np, url),
+                                    pools_mod.reservation_free(self, np, ref.zone))
 
     def node_pool(self, ref: PoolRef) -> Any:
         """nodePools.get of ``ref.pool`` (container_v1.NodePool).
@@ -333,8 +319,11 @@ class GkeProvider:
         at ``size`` returns a DONE no-op Operation without calling setSize. An Operation that is
         born failed (e.g. a stockout GKE reports at once) is raised as its classified error.
 
-        Raises: QuotaExceeded (region/provider), CapacityUnavailable (zone), InvalidSpec (size
-        out of [0, max]), PermissionDenied, NotFound, RateLimited, TransientCloudError, CloudError.
+        A pool that consumes only specific reservations is not grown beyond their free VMs (a
+        provider-scoped CapacityUnavailable naming them, before any setSize).
+
+        Raises: QuotaExceeded (region/provider), CapacityUnavailable (zone; provider for an exhausted
+        reservation), InvalidSpec (size out of [0, max]), PermissionDenied, NotFound, RateLimited, TransientCloudError, CloudError.
         """
         key = (ref.pool, ref.zone)
         with self._lock:
@@ -345,6 +334,7 @@ class GkeProvider:
         state = self.pool(ref)
         if not 0 <= size <= state.max_size:
             raise InvalidSpec(f"size[{ref.pool}/{ref.zone}]", size, f"must be in [0, {state.max_size}] (pool max)")
+        pools_mod.check_reservation(state, size)
         if state.size == size and (prev is None or prev[1].done):
             if prev is not None and same and prev[1].status is OpStatus.DONE:
                 return prev[1]
@@ -403,8 +393,10 @@ class GkeProvider:
 
     # ---- reservations -------------------------------------------------------------------------
     def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
-        """Create (or re-attach to) the specific reservation ``req.name`` (derived from the owner
-        when empty). Owner labels travel in the description (Compute reservations have no labels).
+        """Create (or re-attach to) the reservation ``req.name`` (derived from the owner when empty), with
+        ``specificReservationRequired=false``: the VMs a resize then adds to a pool in that zone with a matching
+        shape and reservation affinity ANY (GKE's default) consume it instead of paying for it twice. Owner
+        labels travel in the description (Compute reservations have no labels).
 
         Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied, CloudError.
         """

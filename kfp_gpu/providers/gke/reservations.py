@@ -1,4 +1,9 @@
-"""Compute specific reservations owned by kfp-gpu runs.
+"""Compute zonal reservations owned by kfp-gpu runs.
+
+A reservation is created with ``specificReservationRequired=false``: matching VMs (zone, machine type,
+accelerators) of node pools whose reservation affinity is ANY - GKE's default - consume it automatically, so
+the VMs a scale-up adds in that zone are the reservation's VMs, not a second set paid on top of it
+(https://cloud.google.com/compute/docs/instances/reservations-consume).
 
 Compute v1 reservations carry no ``labels`` field, so ownership travels in two places: the
 deterministic name (``kfpgpu-<run>-<step>-<zone>``, derived when the request names none) and the
@@ -98,7 +103,7 @@ def reserve(p: GkeProvider, req: ReservationRequest, owner: Owner) -> Operation:
     body = compute_v1.Reservation(
         name=name,
         description=OWNER_PREFIX + json.dumps(owner.cloud_labels(), sort_keys=True),
-        specific_reservation_required=True,
+        specific_reservation_required=False,  # consumed by the matching VMs of ANY-affinity pools (GKE's default)
         specific_reservation=compute_v1.AllocationSpecificSKUReservation(
             count=req.count,
             instance_properties=compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties(
