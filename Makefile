@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 export KFP_GPU_CACHE ?= $(HOME)/.cache/kfp-gpu
 export KUBECONFIG := $(KFP_GPU_CACHE)/cluster/kubeconfig
 PYTEST_ARGS ?=
+# Autoscaler profile of the local cluster: none (default) | cluster-autoscaler (the real cluster-autoscaler, kwok
+# provider, GPU node groups, ProvisioningRequests; see docs/local-cluster.md). `make test` uses cluster-autoscaler.
+AUTOSCALER ?= none
 # torch for the example trainer, CPU use only. PyPI's wheel links the CUDA runtime libraries directly, so
 # they must be present even on CPU; triton, cusolver, cccl, nvtx and cuda-bindings are not needed
 # (measured: ~2.35 GB download, ~100 s on a fresh machine). The CPU-only index is not reachable here.
@@ -35,12 +38,14 @@ lint: venv
 	$(BIN)/ruff check kfp_gpu tests pipelines bench
 	$(BIN)/mypy kfp_gpu
 
+# With AUTOSCALER=cluster-autoscaler also builds cluster-autoscaler (in parallel with the other Go builds).
 cluster-build: venv
-	$(BIN)/python -m kfp_gpu.devcluster build
+	$(BIN)/python -m kfp_gpu.devcluster build $(if $(filter cluster-autoscaler,$(AUTOSCALER)),--with-autoscaler)
 
 # Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
+# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile.
 cluster-up: cluster-build
-	$(BIN)/python -m kfp_gpu.devcluster up
+	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER)
 	$(BIN)/python -m kfp_gpu.sim.daemon start
 
 cluster-down: venv
@@ -50,7 +55,9 @@ cluster-down: venv
 cluster-status: venv
 	$(BIN)/python -m kfp_gpu.devcluster status
 
-# The whole suite, integration tier included: it boots (or reuses) the local control plane first.
+# The whole suite, integration tier included: it boots (or reuses) the local control plane first, with the
+# cluster-autoscaler profile (the ProvisioningRequest tests run against the real cluster-autoscaler).
+test: AUTOSCALER = cluster-autoscaler
 test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -38,6 +38,7 @@ NAMESPACE = "kube-system"
 CONFIG_CM = "kwok-provider-config"
 TEMPLATES_CM = "kwok-provider-templates"
 DEFAULT_HEALTH_PORT = 18085
+BENCH_STATUS_CM = "kfp-gpu-bench-ca-status"
 
 
 class AutoscalerError(RuntimeError):
@@ -56,7 +57,7 @@ def binary() -> Path:
     return binary_path(NAME, version())
 
 
-def _go_env() -> dict[str, str]:
+def go_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GOTOOLCHAIN", "local")
     env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
@@ -70,7 +71,7 @@ def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
         fh.flush()
-        proc = subprocess.run(list(cmd), cwd=cwd, env=_go_env(), capture_output=True, text=True)
+        proc = subprocess.run(list(cmd), cwd=cwd, env=go_env(), capture_output=True, text=True)
         fh.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
@@ -244,8 +245,9 @@ def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
 
 # ---- provider configuration ---------------------------------------------------------------------
 
-def provider_config(*, group_label: str, gpu_label: str, gpu_types: Sequence[str]) -> str:
-    """The kwok provider's config (templates from the ConfigMap, node groups by ``group_label``)."""
+def provider_config(*, group_label: str, gpu_label: str, gpu_types: Sequence[str],
+                    templates_cm: str = TEMPLATES_CM) -> str:
+    """The kwok provider's config (templates from ConfigMap ``templates_cm``, node groups by ``group_label``)."""
     types = "".join(f'      "{t}": {{}}\n' for t in gpu_types)
     return (
         "apiVersion: v1alpha1\n"
@@ -259,19 +261,26 @@ def provider_config(*, group_label: str, gpu_label: str, gpu_types: Sequence[str
         "    availableGPUTypes:\n"
         f"{types}"
         "configmap:\n"
-        f"  name: {TEMPLATES_CM}\n"
+        f"  name: {templates_cm}\n"
     )
 
 
 def install_provider_config(core: Any, templates: Sequence[Mapping[str, Any]], *, group_label: str,
-                            gpu_label: str, gpu_types: Sequence[str]) -> None:
-    """Create or replace the two ConfigMaps in kube-system. ``core`` is a ``CoreV1Api``."""
+                            gpu_label: str, gpu_types: Sequence[str], config_cm: str = CONFIG_CM,
+                            templates_cm: str = TEMPLATES_CM) -> None:
+    """Create or replace the two ConfigMaps in kube-system. ``core`` is a ``CoreV1Api``.
+
+    CA reads ``config_cm`` from its ``KWOK_PROVIDER_CONFIGMAP`` environment variable (:func:`base_env`).
+
+    Raises: kubernetes.client.ApiException (other than the 404 of a first install).
+    """
     from kubernetes.client import ApiException
 
     docs = {"apiVersion": "v1", "kind": "List", "items": list(templates)}
     data = {
-        CONFIG_CM: {"config": provider_config(group_label=group_label, gpu_label=gpu_label, gpu_types=gpu_types)},
-        TEMPLATES_CM: {"templates": json.dumps(docs)},
+        config_cm: {"config": provider_config(group_label=group_label, gpu_label=gpu_label, gpu_types=gpu_types,
+                                              templates_cm=templates_cm)},
+        templates_cm: {"templates": json.dumps(docs)},
     }
     for name, payload in data.items():
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NAMESPACE},
@@ -286,6 +295,18 @@ def install_provider_config(core: Any, templates: Sequence[Mapping[str, Any]], *
 
 # ---- process -------------------------------------------------------------------------------------
 
+def base_argv(binary_: Path, kubeconfig: Path, health_port: int) -> list[str]:
+    """The kwok-provider basics: out of cluster, no leader election, health on 127.0.0.1:``health_port``."""
+    return [str(binary_), "--cloud-provider=kwok", f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+            f"--address=127.0.0.1:{health_port}", "--namespace=" + NAMESPACE, "--v=1"]
+
+
+def base_env(kubeconfig: Path, config_cm: str = CONFIG_CM) -> dict[str, str]:
+    """Environment the kwok provider reads: its namespace, local mode (KUBECONFIG), its config ConfigMap."""
+    return {"POD_NAMESPACE": NAMESPACE, "KWOK_PROVIDER_MODE": "local", "KUBECONFIG": str(kubeconfig),
+            "KWOK_PROVIDER_CONFIGMAP": config_cm}
+
+
 class Autoscaler:
     """A cluster-autoscaler process (kwok provider) against ``kubeconfig``.
 
@@ -299,16 +320,15 @@ class Autoscaler:
                  health_port: int = DEFAULT_HEALTH_PORT) -> None:
         self.kubeconfig = kubeconfig
         self.extra_args = list(extra_args)
-        self.log_path = log_path or (cache_dir() / "cluster" / "cluster-autoscaler.log")
+        self.log_path = log_path or (cache_dir() / "cluster" / "bench-cluster-autoscaler.log")
         self.health_port = health_port
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        return [
-            str(binary()), "--cloud-provider=kwok", f"--kubeconfig={self.kubeconfig}",
-            "--leader-elect=false", f"--address=127.0.0.1:{self.health_port}",
-            "--namespace=" + NAMESPACE, "--v=1", *self.extra_args,
-        ]
+        # Its own status ConfigMap: the dev cluster's cluster-autoscaler profile (ca_profile.py) owns the
+        # default one, which CA deletes on exit and the provisioning-request backend reads.
+        return [*base_argv(binary(), self.kubeconfig, self.health_port),
+                f"--status-config-map-name={BENCH_STATUS_CM}", *self.extra_args]
 
     def start(self, *, timeout_s: float = 60.0) -> None:
         """Start and wait until ``/health-check`` answers 200.
@@ -317,8 +337,7 @@ class Autoscaler:
         """
         if not binary().exists():
             raise AutoscalerError(f"{binary()} is missing: run `python -m kfp_gpu.devcluster.autoscaler build`")
-        env = dict(os.environ, POD_NAMESPACE=NAMESPACE, KWOK_PROVIDER_MODE="local",
-                   KUBECONFIG=str(self.kubeconfig))
+        env = {**os.environ, **base_env(self.kubeconfig)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.argv(), stdout=fh, stderr=subprocess.STDOUT, env=env)

@@ -297,14 +297,25 @@ def _record_identity(c: Ctx) -> None:
     record_local(crds.api_client(c.kubeconfig), f"https://127.0.0.1:{c.ports['apiserver']}")
 
 
-def up() -> Ctx:
+AUTOSCALERS = ("none", "cluster-autoscaler")
+
+
+def up(autoscaler: str = "none") -> Ctx:
+    """Boot the control plane (idempotent). ``autoscaler="cluster-autoscaler"`` also runs the real
+    cluster-autoscaler profile (:mod:`.ca_profile`); ``"none"`` starts none and leaves one that an earlier
+    ``up`` started running (other sessions share this cluster; ``down --only-autoscaler`` stops it).
+
+    Raises: BootError (also for an unknown ``autoscaler``), CertError.
+    """
+    if autoscaler not in AUTOSCALERS:
+        raise BootError(f"--autoscaler {autoscaler!r}: choose one of {', '.join(AUTOSCALERS)}")
     c = _ctx()
     _check_binaries(c)
     with _locked(c.state):
-        return _up(c)
+        return _up(c, autoscaler)
 
 
-def _up(c: Ctx) -> Ctx:
+def _up(c: Ctx, autoscaler: str = "none") -> Ctx:
     t0 = time.monotonic()
     _check_ports_consistent(c)
     ensure_pki(c.pki)
@@ -318,8 +329,17 @@ def _up(c: Ctx) -> Ctx:
                          c.ports["operator-webhook"])
         status[comp.name] = _ensure(c, comp)
         print(f"[up] {comp.name}: {status[comp.name]} ({time.monotonic() - t0:.1f}s)", flush=True)
+    crds.install_provreq(crds.api_client(c.kubeconfig))  # GKE serves this CRD in every cluster
     _wait_default_sa(c)
     _record_identity(c)
+    from . import ca_profile
+
+    if autoscaler == ca_profile.NAME:
+        status[ca_profile.NAME] = _ensure(ca_profile.prepare(c), ca_profile.COMPONENT)
+        print(f"[up] {ca_profile.NAME}: {status[ca_profile.NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
+    elif ca_profile.running_pid(c) is not None:
+        print(f"[up] {ca_profile.NAME}: left running (started by an earlier up --autoscaler "
+              f"{ca_profile.NAME}; `down --only-autoscaler` stops it)", flush=True)
     (c.state / "state.json").write_text(json.dumps(
         {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
          "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))
@@ -327,13 +347,19 @@ def _up(c: Ctx) -> Ctx:
     return c
 
 
-def down(purge: bool = False) -> None:
+def down(purge: bool = False, only_autoscaler: bool = False) -> None:
     c = _ctx()
     with _locked(c.state):
-        _down(c, purge)
+        _down(c, purge, only_autoscaler)
 
 
-def _down(c: Ctx, purge: bool) -> None:
+def _down(c: Ctx, purge: bool, only_autoscaler: bool = False) -> None:
+    from . import ca_profile
+
+    if ca_profile.stop(c):  # first: on exit CA deletes its nodes through the API server
+        print(f"[down] stopped {ca_profile.NAME}", flush=True)
+    if only_autoscaler:
+        return
     for comp in reversed(COMPONENTS):
         if procs.stop(c.state, comp.name, c.bins[comp.name]):
             print(f"[down] stopped {comp.name}", flush=True)
@@ -352,20 +378,23 @@ def status() -> dict[str, str]:
             out[comp.name] = "stopped"
         else:
             out[comp.name] = f"running pid={pid} " + ("healthy" if comp.healthy(c) else "UNHEALTHY")
+    from . import ca_profile
+
+    out[ca_profile.NAME] = ca_profile.status_line(c)
     return out
 
 
-def main_up() -> int:
+def main_up(autoscaler: str = "none") -> int:
     try:
-        up()
+        up(autoscaler)
     except (BootError, CertError) as e:
         print(f"[up] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def main_down(purge: bool = False) -> int:
-    down(purge)
+def main_down(purge: bool = False, only_autoscaler: bool = False) -> int:
+    down(purge, only_autoscaler)
     return 0
 
 
@@ -374,4 +403,5 @@ def main_status() -> int:
     for k, v in st.items():
         print(f"{k:26s} {v}")
     print(f"kubeconfig: {kubeconfig_path()}")
-    return 0 if all("healthy" in v and "UNHEALTHY" not in v for v in st.values()) else 1
+    return 0 if all(("healthy" in v or v.startswith("stopped (profile")) and "UNHEALTHY" not in v
+                    for v in st.values()) else 1

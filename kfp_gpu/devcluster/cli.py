@@ -11,9 +11,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the binaries into the cache (skips present ones)")
     b.add_argument("--with-autoscaler", action="store_true", help="also build cluster-autoscaler (-tags kwok)")
-    sub.add_parser("up", help="boot the cluster (idempotent)")
+    u = sub.add_parser("up", help="boot the cluster (idempotent)")
+    u.add_argument("--autoscaler", choices=["none", "cluster-autoscaler"], default="none",
+                   help="cluster-autoscaler: also run the real cluster-autoscaler (kwok provider, GPU node groups, "
+                   "ProvisioningRequests; build it with `build --with-autoscaler`); none (default) starts none")
     d = sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
     d.add_argument("--purge", action="store_true", help="also delete the etcd data (cluster state)")
+    d.add_argument("--only-autoscaler", action="store_true", help="stop only the cluster-autoscaler profile")
     sub.add_parser("status", help="print component status")
     n = sub.add_parser("nodes", help="create N KWOK GPU nodes in a pool and time until all are Ready")
     n.add_argument("count", type=int)
@@ -36,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import boot
 
     if args.cmd == "up":
-        return boot.main_up()
+        return boot.main_up(args.autoscaler)
     if args.cmd == "down":
-        return boot.main_down(purge=args.purge)
+        return boot.main_down(purge=args.purge, only_autoscaler=args.only_autoscaler)
     return boot.main_status()
 
 

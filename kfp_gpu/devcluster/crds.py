@@ -111,6 +111,22 @@ def webhook_objects(webhook_manifest: Path, pki: Path, port: int) -> list[dict[s
     return [ns, secret, vwc]
 
 
+def install_provreq(api: client.ApiClient) -> None:
+    """Apply the ProvisioningRequest CRD (``autoscaling.x-k8s.io/v1``, :mod:`.provreq_crd`); wait Established.
+
+    Raises: BootError when the CRD cannot be generated or does not turn Established.
+    """
+    from .autoscaler import AutoscalerError
+    from .provreq_crd import CRD_NAME, CrdError, load
+
+    try:
+        crd = load()
+    except (CrdError, AutoscalerError) as e:
+        raise BootError(f"ProvisioningRequest CRD: {e}") from e
+    apply(api, crd)
+    wait_established(api, CRD_NAME)
+
+
 def install(api: client.ApiClient, share: Path, pki: Path, webhook_port: int) -> None:
     """Apply CRDs + webhook plumbing; wait for the CRD to be Established."""
     crd_file = share / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"

@@ -14,6 +14,9 @@
 ``step_identity`` / ``step_api``       the components' ServiceAccount (kfp-gpu): Identity / its ApiClient.
                Steps run with this; ``kube.api`` (admin) stays for setup, assertions and the stand-in.
 ``janitor_identity`` / ``janitor_api`` the janitor's ServiceAccount (kfp-gpu-janitor), the same way.
+``autoscaler`` session fixture: the cluster-autoscaler profile running (``devcluster up --autoscaler
+               cluster-autoscaler``, idempotent); a :class:`kfp_gpu.devcluster.ca_profile.Profile` (kubeconfig,
+               node_groups, log, pid). FAILS (never skips) when cluster-autoscaler cannot run.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.devcluster.client import Kube, ensure_up
 from kfp_gpu.devcluster.nodes import make_gpu_node
 from tests.integration.rbac_support import (
@@ -49,6 +53,15 @@ def kube() -> Kube:
         return ensure_up()
     except Exception as e:  # noqa: BLE001 - any boot failure must fail loudly, never skip
         pytest.fail(f"dev cluster failed to boot (python -m kfp_gpu.devcluster build; ... up): {e}",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def autoscaler(kube: Kube) -> ca_profile.Profile:
+    try:
+        return ca_profile.ensure_up()
+    except Exception as e:  # noqa: BLE001 - CA that cannot run must fail loudly, never skip
+        pytest.fail(f"cluster-autoscaler profile failed (make cluster-up AUTOSCALER=cluster-autoscaler): {e}",
                     pytrace=False)
 
 

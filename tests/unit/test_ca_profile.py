@@ -1,0 +1,129 @@
+"""Pure parts of the dev cluster's cluster-autoscaler profile: node groups, templates, flags, the CRD rename."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kfp_gpu import accelerators
+from kfp_gpu.devcluster import autoscaler, ca_profile, provreq_crd
+from kfp_gpu.devcluster.ca_profile import NODE_GROUPS, TAINT
+
+
+def test_node_groups_as_the_lead_tests_expect() -> None:
+    rows = {(g.name, g.zone, g.accelerator, g.gpus, g.max_size, g.spot) for g in NODE_GROUPS}
+    assert rows == {
+        ("ca-a100-a", "us-central1-a", "a100-80gb", 8, 4, False),
+        ("ca-a100-b", "us-central1-b", "a100-80gb", 8, 4, False),
+        ("ca-a100-spot-a", "us-central1-a", "a100-80gb", 8, 4, True),
+        ("ca-l4-a", "us-central1-a", "l4", 8, 2, False),
+    }
+    assert ca_profile.default_gpus("l4") == max(m.gpus for m in accelerators.get("l4").gce_machines)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        NODE_GROUPS[0].max_size = 9  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("g", NODE_GROUPS, ids=lambda g: g.name)
+def test_template_looks_like_a_gke_gpu_node_of_its_group(g: ca_profile.NodeGroup) -> None:
+    node = ca_profile.template_node(g)
+    labels, notes = node["metadata"]["labels"], node["metadata"]["annotations"]
+    acc = accelerators.get(g.accelerator)
+    assert labels["cloud.google.com/gke-nodepool"] == g.name
+    assert labels["cloud.google.com/gke-accelerator"] == acc.gke_label
+    assert labels["topology.kubernetes.io/zone"] == g.zone
+    assert labels["topology.kubernetes.io/region"] == "us-central1"
+    assert labels["node.kubernetes.io/instance-type"] == acc.gce_machine_for(g.gpus).name
+    assert labels.get("cloud.google.com/gke-spot") == ("true" if g.spot else None)
+    assert labels[ca_profile.CLUSTER_LABEL] == ca_profile.CLUSTER == "ca"
+    assert labels[ca_profile.GROUP_LABEL] == g.name
+    assert "kubernetes.io/hostname" not in labels  # every CA node is a copy: no shared hostname
+    assert notes["kwok.x-k8s.io/node"] == "fake"  # our KWOK manages it
+    assert notes["cluster-autoscaler.kwok.nodegroup/max-count"] == str(g.max_size)
+    assert notes["kfp-gpu.io/boot-delay"] == f"{ca_profile.BOOT_DELAY_S:g}s"
+    assert "kfp-gpu.io/ready-at" not in notes  # an absolute time would be copied to every node
+    for key in ("capacity", "allocatable"):
+        assert node["status"][key]["nvidia.com/gpu"] == str(g.gpus)
+        assert {"cpu", "memory", "pods"} <= set(node["status"][key])
+    taints = {(t["key"], t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
+    assert taints == {("nvidia.com/gpu", "present", "NoSchedule"),
+                      ("kfp-gpu.io/dedicated", "training", "NoSchedule")}
+
+
+def test_taint_and_toleration_parse_the_one_constant() -> None:
+    assert TAINT == "kfp-gpu.io/dedicated=training:NoSchedule"
+    assert ca_profile.toleration() == {"key": "kfp-gpu.io/dedicated", "operator": "Equal", "value": "training",
+                                       "effect": "NoSchedule"}
+    with pytest.raises(ValueError, match="key=value:Effect"):
+        ca_profile.taint_dict("no-effect=x")
+
+
+def test_provider_config_reads_our_templates_by_our_label() -> None:
+    cfg = yaml.safe_load(ca_profile.provider_config())
+    assert cfg["readNodesFrom"] == "configmap"
+    assert cfg["nodegroups"] == {"fromNodeLabelKey": ca_profile.GROUP_LABEL}
+    assert cfg["configmap"] == {"name": ca_profile.TEMPLATES_CM}
+    assert cfg["nodes"]["gpuConfig"]["gpuLabelKey"] == "cloud.google.com/gke-accelerator"
+    assert set(cfg["nodes"]["gpuConfig"]["availableGPUTypes"]) == {"nvidia-a100-80gb", "nvidia-l4"}
+    assert cfg["nodes"]["skipTaint"] is True
+    # the benchmark's CA keeps the provider's default ConfigMap names, so the two never share a config
+    assert {ca_profile.CONFIG_CM, ca_profile.TEMPLATES_CM}.isdisjoint({autoscaler.CONFIG_CM, autoscaler.TEMPLATES_CM})
+
+
+def test_config_digest_follows_the_node_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = ca_profile.config_digest()
+    assert before == ca_profile.config_digest()
+    bigger = tuple(ca_profile.NodeGroup(g.name, g.zone, g.accelerator, g.gpus, g.max_size + 1, g.spot)
+                   for g in NODE_GROUPS)
+    monkeypatch.setattr(ca_profile, "NODE_GROUPS", bigger)
+    assert ca_profile.config_digest() != before
+
+
+def test_flags_serve_provisioning_requests_and_keep_the_status_configmap() -> None:
+    flags = set(ca_profile.FLAGS)
+    assert {"--enable-provisioning-requests", "--kube-api-content-type=application/json", "--scan-interval=1s",
+            "--write-status-configmap=true", "--status-config-map-name=cluster-autoscaler-status"} <= flags
+    argv = autoscaler.base_argv(autoscaler.binary(), Path("/k"), 1234)
+    assert "--cloud-provider=kwok" in argv and "--address=127.0.0.1:1234" in argv
+    bench = autoscaler.Autoscaler(Path("/k")).argv()
+    assert f"--status-config-map-name={autoscaler.BENCH_STATUS_CM}" in bench
+    assert autoscaler.BENCH_STATUS_CM != ca_profile.STATUS_CM
+
+
+UPSTREAM = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "provisioningrequests.autoscaling.x-k8s.io", "annotations": {"a": "b"},
+                 "creationTimestamp": None},
+    "spec": {"group": "autoscaling.x-k8s.io", "names": {"kind": "ProvisioningRequest"}, "scope": "Namespaced",
+             "versions": [{"name": "v1beta1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object"}}, "subresources": {"status": {}}}]},
+    "status": {"acceptedNames": {}},
+}
+
+
+def test_crd_rename_keeps_the_schema() -> None:
+    before = copy.deepcopy(UPSTREAM)
+    out = provreq_crd.as_v1(UPSTREAM)
+    assert UPSTREAM == before  # not mutated
+    (v,) = out["spec"]["versions"]
+    assert (v["name"], v["served"], v["storage"]) == ("v1", True, True)
+    assert v["schema"] == UPSTREAM["spec"]["versions"][0]["schema"]
+    assert v["subresources"] == {"status": {}}
+    assert out["metadata"] == {"name": "provisioningrequests.autoscaling.x-k8s.io", "annotations": {"a": "b"}}
+    assert "status" not in out
+    assert provreq_crd.as_v1(out) == out  # idempotent
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda d: d["spec"]["versions"].append({"name": "v1"}),
+    lambda d: d["spec"]["versions"][0].update(name="v2"),
+    lambda d: d["metadata"].update(name="other.x-k8s.io"),
+])
+def test_crd_rename_refuses_an_unexpected_upstream(mutate: object) -> None:
+    doc = copy.deepcopy(UPSTREAM)
+    mutate(doc)  # type: ignore[operator]
+    with pytest.raises(provreq_crd.CrdError):
+        provreq_crd.as_v1(doc)
