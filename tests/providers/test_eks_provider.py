@@ -74,7 +74,8 @@ class CapacityReservations:
         tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in cr["tags"].items())
         return (f"<item><capacityReservationId>{cr['id']}</capacityReservationId><instanceType>{cr['type']}"
                 f"</instanceType><availabilityZone>{cr['zone']}</availabilityZone><totalInstanceCount>"
-                f"{cr['count']}</totalInstanceCount><state>{cr['state']}</state><tagSet>{tags}</tagSet></item>")
+                f"{cr['count']}</totalInstanceCount><availableInstanceCount>{cr.get('available', cr['count'])}"
+                f"</availableInstanceCount><state>{cr['state']}</state><tagSet>{tags}</tagSet></item>")
 
     def CreateCapacityReservation(self, q: dict[str, str]) -> AWSResponse:
         token = q.get("ClientToken", "")

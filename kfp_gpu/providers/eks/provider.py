@@ -38,7 +38,7 @@ from kfp_gpu.providers.base import (
     PoolState,
     QuotaAmount,
 )
-from kfp_gpu.providers.eks import activity
+from kfp_gpu.providers.eks import activity, launch
 from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
 from kfp_gpu.providers.eks.reservations import CR_STATUS, ReservationsMixin, token
 
@@ -263,7 +263,8 @@ class EksProvider(ReservationsMixin):
 
     def pools(self, region: str, *, sizes: bool = True) -> list[PoolState]:
         """GPU managed node groups of the cluster. Zone = the AZ of its subnets, or the region when
-        it spans several. Non-GPU node groups are skipped.
+        it spans several. Non-GPU node groups are skipped. A group whose launch template targets a capacity
+        reservation (or Capacity Block) reports it as a "specific" reservation affinity (:mod:`.launch`).
 
         Raises: NotFound (no such region or cluster), PermissionDenied, RateLimited, TransientCloudError.
         """
@@ -298,12 +299,14 @@ class EksProvider(ReservationsMixin):
             zones = sorted({az[s] for s in g.get("subnets", []) if s in az})
             sc = g.get("scalingConfig", {})
             scaled = any(a in auto for a in _asg_names(g))
+            affinity, reservations, free = launch.reservation_target(self, g, region)
             out.append(PoolState(
                 PoolRef(g["nodegroupName"], zones[0] if len(zones) == 1 else region, region),
                 int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), _ACC_OF[itype],
                 _INSTANCES[itype].gpus, itype, g.get("capacityType") == "SPOT", dict(g.get("labels") or {}),
                 autoscaling=scaled, autoscaling_min=int(sc.get("minSize", 0)) if scaled else 0,
                 autoscaling_max=int(sc.get("maxSize", 0)) if scaled else 0,
+                reservation_affinity=affinity, reservations=reservations, reservation_free=free,
             ))
         return out
 
