@@ -25,6 +25,15 @@ Utilisation, from the same timeline:
   ``job-cancelled`` closes it (an open one ends at the end of the timeline). GPUs is the opening
   event's ``gpus`` field, else ``spec.total_gpus``.
 * **idle GPU-minutes** = max(0, provisioned - used) x 60.
+
+Reservations, from run-level events ``reservation-held`` (fields ``name``, ``gpus`` = reserved GPUs, optional
+``pools``: the pools whose nodes consume it, default every node) and ``reservation-released`` (``name``):
+
+* **reserved GPU-hours** = the reservations' GPUs x how long each was held (until released, else the end).
+* **billed GPU-hours** = the integral over time of max(reserved GPUs, GPUs of the Ready nodes that consume
+  them) + the GPUs of the other Ready nodes. A reserved VM that a node consumes is paid once (it is the
+  node); what the reservation holds beyond its nodes is paid as idle reservation. Without reservation events,
+  billed = provisioned.
 """
 
 from __future__ import annotations
@@ -62,6 +71,9 @@ class CostReport:
     nodes_ready: int
     nodes_preempted: int
     notes: tuple[str, ...] = field(default_factory=tuple)
+    reserved_gpu_hours: float = 0.0
+    billed_gpu_hours: float = 0.0  # provisioned + reserved GPU-hours no node consumed (never both)
+    billed_cost_usd: float = 0.0
 
     @property
     def utilisation(self) -> float | None:
@@ -87,7 +99,9 @@ class CostReport:
              f"{_usd(self.provisioned_cost_usd)} at list price"),
             ("GPU-hours used", f"{self.used_gpu_hours:.2f}", f"job-running intervals; utilisation {util}"),
             ("idle GPU-minutes", f"{self.idle_gpu_minutes:.1f}", "provisioned - used"),
-        ]
+        ] + ([("GPU-hours billed", f"{self.billed_gpu_hours:.2f}",
+               f"max(reserved, consuming nodes) + other nodes; {self.reserved_gpu_hours:.2f} reserved; "
+               f"{_usd(self.billed_cost_usd)} at list price")] if self.reserved_gpu_hours > 0 else [])
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -136,6 +150,43 @@ def _provisioned_gpu_hours(tl: Timeline, default_gpus: int, t_end: float) -> flo
     return total
 
 
+RESERVATION_HELD, RESERVATION_RELEASED = "reservation-held", "reservation-released"
+
+
+def _reservations(tl: Timeline, t_end: float) -> list[tuple[float, float, int, frozenset[str]]]:
+    """(start, end, GPUs, consuming pools (empty = every node)) per held reservation."""
+    released = {str(e.get("name")): float(e["t"]) for e in tl.events if e.get("kind") == RESERVATION_RELEASED}
+    out = []
+    for e in tl.events:
+        if e.get("kind") == RESERVATION_HELD and int(e.get("gpus", 0)) > 0:
+            start = float(e["t"])
+            end = max(start, released.get(str(e.get("name")), t_end))
+            out.append((start, end, int(e["gpus"]), frozenset(str(p) for p in e.get("pools") or ())))
+    return out
+
+
+def _billed_gpu_hours(tl: Timeline, default_gpus: int, t_end: float,
+                      held: list[tuple[float, float, int, frozenset[str]]]) -> float:
+    """Integral of max(reserved, consuming Ready nodes) + other Ready nodes (see the module docstring)."""
+    spans = []
+    for n in tl.nodes.values():
+        ready = n.at(NodeState.READY)
+        if ready is None:
+            continue
+        ends = [v for s in (NodeState.PREEMPTED, NodeState.RELEASED) if (v := n.at(s)) is not None]
+        spans.append((ready, min(ends) if ends else t_end, n.gpus or default_gpus, n.pool))
+    cuts = sorted({t for a, b, *_ in spans for t in (a, b)} | {t for a, b, *_ in held for t in (a, b)})
+    total = 0.0
+    for lo, hi in zip(cuts, cuts[1:], strict=False):
+        mid = (lo + hi) / 2
+        live = [(g, pool) for a, b, g, pool in spans if a <= mid < b]
+        reserved = [(g, pools) for a, b, g, pools in held if a <= mid < b]
+        inside = sum(g for g, pool in live if any(not pools or pool in pools for _, pools in reserved))
+        outside = sum(g for g, _ in live) - inside
+        total += (max(sum(g for g, _ in reserved), inside) + outside) * (hi - lo) / 3600.0
+    return total
+
+
 def cost_report(spec: ProvisioningSpec, tl: Timeline) -> CostReport:
     """Compute the cost-risk report (see the module docstring for every formula).
 
@@ -162,6 +213,9 @@ def cost_report(spec: ProvisioningSpec, tl: Timeline) -> CostReport:
         notes.append("no job-running event recorded: used GPU-hours is 0")
     if used > prov + 1e-9:
         notes.append("used exceeds provisioned GPU-hours: the timeline is missing some nodes")
+    held = _reservations(tl, t_end)
+    reserved = sum((b - a) / 3600.0 * g for a, b, g, _ in held)
+    billed = _billed_gpu_hours(tl, spec.gpus_per_node, t_end, held) if held else prov
     return CostReport(
         run_id=tl.run_id,
         accelerator=spec.accelerator,
@@ -185,4 +239,7 @@ def cost_report(spec: ProvisioningSpec, tl: Timeline) -> CostReport:
         nodes_ready=sum(1 for n in tl.nodes.values() if n.at(NodeState.READY) is not None),
         nodes_preempted=sum(1 for n in tl.nodes.values() if n.at(NodeState.PREEMPTED) is not None),
         notes=tuple(notes),
+        reserved_gpu_hours=round(reserved, 6),
+        billed_gpu_hours=round(billed, 6),
+        billed_cost_usd=round(billed * price, 4),
     )
