@@ -1,6 +1,8 @@
 """Build and run the real cluster-autoscaler (kwok cloud provider) against the dev cluster.
 
-Used by the benchmarks (``bench/``) as the baseline for burst scale-up.
+Used by the benchmarks (``bench/``) as the baseline for burst scale-up (:class:`Autoscaler`), and by the dev
+cluster's cluster-autoscaler profile (:mod:`kfp_gpu.devcluster.ca_profile`: ``up --autoscaler cluster-autoscaler``),
+which serves ProvisioningRequests. The two use different provider/status ConfigMaps, ports and logs.
 
 Build: ``k8s.io/autoscaler/cluster-autoscaler`` at ``CLUSTER_AUTOSCALER_VERSION`` (versions.env) is built
 with ``-tags kwok`` in a wrapper module under ``<cache>/build/``. The upstream go.mod's requires and
@@ -132,7 +134,7 @@ def _apis_v1_copy(src: Path, dst: Path) -> None:
     requires (and the only one the module proxy serves) predates the ProvisioningRequest ``v1`` API that the
     autoscaler imports, and has the identical ``v1beta1`` API. The autoscaler imports only ``v1``, so the copy
     renames ``v1beta1`` to ``v1`` throughout (directories, packages, group-version strings, clientset methods).
-    ProvisioningRequests play no part in the benchmarks.
+    The CRD is renamed the same way (:mod:`kfp_gpu.devcluster.provreq_crd`).
     """
     if dst.exists():
         shutil.rmtree(dst)
