@@ -41,6 +41,7 @@ class DwsController:
         self._watchers: list[Watcher] = []
         self._ignored: set[str] = set()  # uids that are not this stand-in's
         self._pods: dict[str, tuple[Key, str]] = {}  # pod uid -> (request it consumes, node it holds)
+        self._provisioned: set[Key] = set()  # requests whose Provisioned write waited for their nodes
         self._retry: dict[str, float] = {}  # uid -> wall time of first sight with a missing PodTemplate
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sim-dws", daemon=True)
@@ -65,7 +66,9 @@ class DwsController:
         """Write ``status`` through the status subresource (a deleted request is skipped)."""
         from kubernetes.client import ApiException
 
-        if any(c["type"] == "Provisioned" and c["status"] == "True" for c in status["conditions"]):
+        true = {c["type"] for c in status["conditions"] if c["status"] == "True"}
+        if true == {"Accepted", "Provisioned"} and key not in self._provisioned:  # the first Provisioned write
+            self._provisioned.add(key)
             self._await_nodes(key)
         try:
             self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, key[0], PLURAL, key[1],
