@@ -186,14 +186,16 @@ def _healthy(c: Ctx) -> bool:
     if not procs.http_ok(f"http://127.0.0.1:{c.ports[NAME]}/health-check"):
         return False
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     from . import crds
 
+    api = crds.api_client(c.kubeconfig)
     try:
-        client.CoreV1Api(crds.api_client(c.kubeconfig)).read_namespaced_config_map(STATUS_CM, NAMESPACE)
-    except ApiException:
+        client.CoreV1Api(api).read_namespaced_config_map(STATUS_CM, NAMESPACE)
+    except Exception:  # noqa: BLE001 - a health probe: 404, or the API server not answering, is "not yet"
         return False
+    finally:
+        api.close()
     return True
 
 
