@@ -192,6 +192,7 @@ class ReservationRequest:
     accelerator: str
     gpus_per_node: int
     count: int
+    machine_type: str = ""  # the consuming pool's (PoolState.machine_type); "" = the catalog's machine
 
 
 @dataclass(frozen=True)

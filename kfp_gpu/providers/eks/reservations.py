@@ -1,7 +1,9 @@
 """EC2 capacity reservations and Capacity Block offerings for :class:`EksProvider`.
 
 Reservations are tagged with the owner labels plus ``Name`` and end at the owner's lease expiry, so a
-forgotten one expires on its own; re-reserving the same name for the same run re-attaches.
+forgotten one expires on its own; re-reserving the same name for the same run re-attaches. They are
+``open`` (InstanceMatchCriteria): instances of the matching type in that zone whose launch preference is
+``open`` (EC2's default) run in them, so the nodes a resize then adds are the reserved ones, not extra.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ class ReservationsMixin:
         resp = self._call(
             "ec2", "create_capacity_reservation", region=region, zone=req.zone,
             what=f"reserve {req.count} x {shape.name} in {req.zone}",
-            InstanceType=shape.name, InstancePlatform="Linux/UNIX", AvailabilityZone=req.zone,
-            InstanceCount=req.count, InstanceMatchCriteria="targeted", EndDateType="limited",
+            InstanceType=req.machine_type or shape.name, InstancePlatform="Linux/UNIX", AvailabilityZone=req.zone,
+            # open: the node group's matching instances (launch preference "open", EC2's default) run in it
+            InstanceCount=req.count, InstanceMatchCriteria="open", EndDateType="limited",
             EndDate=dt.datetime.fromtimestamp(owner.lease_expires, tz=dt.timezone.utc),
             ClientToken=token(owner.run_id, owner.step, req.name),
             TagSpecifications=[{"ResourceType": "capacity-reservation",

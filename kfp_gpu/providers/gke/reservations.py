@@ -107,7 +107,7 @@ def reserve(p: GkeProvider, req: ReservationRequest, owner: Owner) -> Operation:
         specific_reservation=compute_v1.AllocationSpecificSKUReservation(
             count=req.count,
             instance_properties=compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties(
-                machine_type=machine.name,
+                machine_type=req.machine_type or machine.name,  # VMs consume it only when the types match
                 guest_accelerators=[compute_v1.AcceleratorConfig(
                     accelerator_count=req.gpus_per_node, accelerator_type=acc.gke_label)],
             ),
