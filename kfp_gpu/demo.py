@@ -198,7 +198,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
     """
     from kfp_gpu.cluster import owned
 
-    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, owned.JOB, owned.LEASE)
+    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, owned.JOB, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE)
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[str]] = {}

@@ -1,7 +1,7 @@
 """The one retry loop for cloud calls: jittered exponential back-off that honours Retry-After, bounded.
 
 Used by the providers (reads and idempotent mutations, see ``GkeProvider``) and by the steps (through
-:func:`kfp_gpu.steps.retry.retry_transient`). The delay formula is :class:`kfp_gpu.plan.backoff.Backoff`
+:func:`retry_transient`). The delay formula is :class:`kfp_gpu.plan.backoff.Backoff`
 (full jitter); a ``retry_after_s`` field on the error (set by a provider from the ``Retry-After``
 header of a 429/403 rate-limit answer) is a floor: the loop never retries before the server said so.
 Clock, sleep and RNG are injectable, so the loop is tested in virtual time.
@@ -105,3 +105,20 @@ def _gave_up(exc: Exception, attempts: int, spent: float) -> None:
         exc.message = f"{exc.message} (gave up after {attempts} attempts in {spent:.1f}s)"
         exc.fields["attempts"] = attempts
         exc.args = (str(exc),)
+
+
+def retry_transient(fn: Callable[[], object], errors: list[str], what: str, attempts: int = 30) -> bool:
+    """Call ``fn`` until it succeeds, retrying errors the provider classified as transient (429, 5xx, GKE's
+    "operation in progress") with capped, jittered back-off that honours Retry-After. A permanent error, or
+    running out of attempts, is appended to ``errors`` as ``"<what>: <message>"`` and returns False: for the
+    code that must not give up early and reports instead of raising (rollback, recovery, teardown)."""
+    policy = RetryPolicy(attempts=attempts, budget_s=attempts * 2.0, base_s=0.05, cap_s=1.0)
+    try:
+        call(fn, policy=policy, what=what)
+        return True
+    except KfpGpuError as exc:
+        if is_transient(exc):
+            errors.append(f"{what}: still failing after retries: {exc.message}")
+        else:
+            errors.append(f"{what}: {exc.message}")
+        return False

@@ -25,6 +25,10 @@ _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-e
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
 AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
+PROVISIONERS = ("auto", "node-pool", "provisioning-request")  # Target.provisioner
+_TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
+                            r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
+MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
 
 
 class CapacityType(str, enum.Enum):
@@ -51,6 +55,15 @@ class Target:
     resizes it and annotates every node the run claims
     ``cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`` until release; ``"refuse"`` fails
     before any resize of such a pool.
+
+    ``provisioner`` picks how capacity is obtained (the provisioner contract, kfp_gpu.provisioners):
+    ``"node-pool"`` resizes the pools directly (dedicated pools); ``"provisioning-request"`` asks the cluster's
+    own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"auto"`` (the
+    default) detects what the cluster offers at preflight, and the report says which and why.
+
+    ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
+    training pool's ``key=value:NoSchedule``), as ``"key[=value][:Effect]"`` strings; ``nvidia.com/gpu`` is
+    always tolerated.
     """
 
     kind: TargetKind = TargetKind.LOCAL
@@ -62,9 +75,21 @@ class Target:
     kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
     namespace: str = "default"
     autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
+    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" (see the class docstring)
+    tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
 
     def __post_init__(self) -> None:
         _coerce_enum(self, "kind", TargetKind, "target.kind")
+        if self.provisioner not in PROVISIONERS:
+            raise InvalidSpec("target.provisioner", self.provisioner,
+                              f"allowed: {', '.join(repr(v) for v in PROVISIONERS)}",
+                              remediation="use 'auto' to detect, 'node-pool' for dedicated pools, or "
+                              "'provisioning-request' where the cluster autoscaler serves ProvisioningRequests")
+        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+        for t in self.tolerations:
+            if not _TOLERATION_RE.match(t):
+                raise InvalidSpec("target.tolerations", t, "must look like 'key=value:NoSchedule', 'key:NoSchedule' "
+                                  "or 'key' (effect NoSchedule, PreferNoSchedule or NoExecute)")
         if self.autoscaled_pools not in AUTOSCALED_POOLS:
             raise InvalidSpec("target.autoscaled_pools", self.autoscaled_pools,
                               f"allowed: {', '.join(repr(v) for v in AUTOSCALED_POOLS)}",
@@ -139,6 +164,7 @@ class ProvisioningSpec:
     zones: tuple[str, ...] = ()  # candidate zones, priority order; empty = every zone of the region
     reservation: str = ""  # name of a specific reservation to consume (capacity=reservation)
     scale_up_deadline_s: float = 900.0
+    max_run_duration_s: float = 0.0  # capacity=flex-start: DWS maxRunDurationSeconds (0 = GKE's default, 7 days)
     allow_zone_spread: bool = False
     warm_pool: WarmPool = field(default_factory=WarmPool)
     recovery: Recovery = field(default_factory=Recovery)
@@ -159,6 +185,11 @@ class ProvisioningSpec:
             acc.gce_machine_for(self.gpus_per_node)
         self._check_zones()
         _check_range("scale_up_deadline_s", self.scale_up_deadline_s, 0.001, 86400.0, (int, float))
+        _check_range("max_run_duration_s", self.max_run_duration_s, 0.0, MAX_RUN_DURATION_S, (int, float))
+        if self.max_run_duration_s and self.capacity is not CapacityType.FLEX_START:
+            raise InvalidSpec("max_run_duration_s", self.max_run_duration_s,
+                              "only applies to capacity='flex-start' (DWS maxRunDurationSeconds)",
+                              remediation="drop max_run_duration_s or use capacity='flex-start'")
         _check_range("lease_ttl_s", self.lease_ttl_s, LEASE_TTL_MIN_S, 30 * 86400.0, (int, float))
         if self.capacity is CapacityType.SPOT and self.reservation:
             raise InvalidSpec(

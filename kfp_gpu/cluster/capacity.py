@@ -13,6 +13,17 @@ from kfp_gpu.errors import InvalidSpec
 GPU_TAINT_KEY = "nvidia.com/gpu"
 
 
+def parse_toleration(text: str) -> dict[str, str]:
+    """``"key=value:Effect"`` / ``"key:Effect"`` / ``"key"`` (spec.target.tolerations) as a pod toleration;
+    the effect defaults to NoSchedule."""
+    rest, _, effect = text.partition(":")
+    key, eq, value = rest.partition("=")
+    out = {"key": key, "operator": "Equal" if eq else "Exists", "effect": effect or "NoSchedule"}
+    if eq:
+        out["value"] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Placement:
     pool: str
@@ -47,7 +58,9 @@ class Capacity:
     def tolerations(self) -> list[dict[str, str]]:
         """The GPU taint and this run's own claim taint (kfp_gpu.cluster.nodes.run_taint): the run's pods
         land on the nodes it claimed, and only there among claimed nodes."""
-        return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}, run_toleration(self.run_id)]
+        extra = [parse_toleration(t) for t in self.extra.get("tolerations", [])]
+        return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}, *extra,
+                run_toleration(self.run_id)]
 
     def to_json(self) -> str:
         return json.dumps({

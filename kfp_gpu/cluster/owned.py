@@ -47,6 +47,8 @@ BALLOON = Kind("pod", "/api/v1", "pods", True, f"{BALLOON_LABEL}=true")
 NODE = Kind("node-claim", "/api/v1", "nodes", False, LABEL_RUN_ID)
 JOB = Kind("pytorchjob", f"/apis/{pytorchjob.GROUP}/{pytorchjob.VERSION}", pytorchjob.PLURAL, True, LABEL_RUN_ID)
 LEASE = Kind("lease", "/apis/coordination.k8s.io/v1", "leases", True, f"{RUN_LEASE_LABEL}=true")
+PROVREQ = Kind("provisioningrequest", "/apis/autoscaling.x-k8s.io/v1", "provisioningrequests", True, LABEL_RUN_ID)
+PODTEMPLATE = Kind("podtemplate", "/api/v1", "podtemplates", True, LABEL_RUN_ID)
 LABELLED = (LEDGER, BALLOON, NODE, JOB)  # kinds whose kfp-gpu.io/lease-expires label is a lease
 
 

@@ -27,6 +27,9 @@ Flags beyond the kwok provider basics (``--cloud-provider=kwok --leader-elect=fa
 - ``--scale-down-unneeded-time=5s``, ``--scale-down-delay-after-add=5s``, ``--scale-down-delay-after-failure=5s``,
   ``--unremovable-node-recheck-timeout=5s`` (defaults 10 min, 10 min, 3 min, 5 min): nodes left after a test
   deletes its request are removed within seconds instead of 10 minutes.
+- ``--provisioning-request-initial-backoff-time=1s``, ``--provisioning-request-max-backoff-time=5s`` (defaults 1 min
+  and 10 min, compressed by the stand-in's TIME_SCALE=120 to 0.5 s and 5 s, floored at the 1 s scan interval): an
+  atomic request answered CapacityIsNotFound is retried after this back-off, as on a real cluster.
 - ``--ok-total-unready-count=100000 --max-total-unready-percentage=100`` (defaults 3 and 45 %): CA halts all
   scaling while the cluster has "too many" NotReady nodes; the other tests' KWOK nodes (booting, preempted)
   are not CA's and must not switch it off.
@@ -158,6 +161,8 @@ FLAGS: tuple[str, ...] = (
     "--scale-down-delay-after-add=5s",
     "--scale-down-delay-after-failure=5s",
     "--unremovable-node-recheck-timeout=5s",
+    "--provisioning-request-initial-backoff-time=1s",
+    "--provisioning-request-max-backoff-time=5s",
     "--ok-total-unready-count=100000",
     "--max-total-unready-percentage=100",
     "--kube-client-qps=100",

@@ -1,4 +1,4 @@
-"""burst_scale_up: all-or-nothing gang provisioning within the spec's deadline.
+"""The node-pool backend's gang provisioning: all-or-nothing resizes of node pools within the spec's deadline.
 
 1. Observe: matching pools from the provider, nodes (existing, booting, claimed) from the cluster.
 2. Plan absolute per-pool sizes for the whole gang (kfp_gpu.plan.scale), write them to the ledger
@@ -24,8 +24,8 @@ from kubernetes import client
 
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
-from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, list_nodes, name_of
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, PermissionDenied, ProvisioningTimeout
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
@@ -34,10 +34,8 @@ from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
 from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef
+from kfp_gpu.retry import retry_transient
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
-from kfp_gpu.steps.capacity import Capacity, Placement
-from kfp_gpu.steps.result import StepResult
-from kfp_gpu.steps.retry import retry_transient
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
@@ -53,31 +51,6 @@ def _key(ref: PoolRef) -> str:
 def _ref(key: str, region: str) -> PoolRef:
     pool, zone = key.split("|", 1)
     return PoolRef(pool, zone, region)
-
-
-def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.ApiClient | None = None,
-        provider: CapacityProvider | None = None) -> StepResult:
-    """Component entry. Raises: ProvisioningTimeout, CapacityUnavailable, QuotaExceeded, PermissionDenied,
-    InvalidSpec (an autoscaled pool under target.autoscaled_pools="refuse")."""
-    from kfp_gpu.cluster.kube import api_client
-    from kfp_gpu.providers import for_target
-
-    api = api or api_client(spec.target)
-    provider = provider or for_target(spec.target)
-    t0 = time.time()
-    with Heartbeat(api, spec.target.namespace, run_id, STEP, spec.lease_ttl_s):  # renewed while we hold nodes
-        cap = provision(spec, run_id, api, provider)
-    tl = Timeline.from_json(cap.timeline_json)
-    lat = sorted(tl.ready_latencies())
-    metrics = {
-        "nodes_ready": float(len(cap.nodes)), "gpus_ready": float(len(cap.nodes) * spec.gpus_per_node),
-        "scale_up_seconds": time.time() - t0,
-        "p50_node_ready_seconds": lat[len(lat) // 2] if lat else 0.0,
-        "max_node_ready_seconds": lat[-1] if lat else 0.0,
-    }
-    md = [f"## burst scale-up: {len(cap.nodes)}/{spec.nodes} nodes Ready in {metrics['scale_up_seconds']:.2f}s"]
-    md += [f"- {p.pool} ({p.zone}): {len(p.nodes)} nodes" for p in cap.placements]
-    return StepResult(cap.to_json(), metrics, "\n".join(md), _html(spec, tl, "\n".join(md)))
 
 
 def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider, *,
@@ -387,14 +360,4 @@ def _timeout(spec: ProvisioningSpec, timeline: Timeline, gang: int) -> Provision
     )
 
 
-def _html(spec: ProvisioningSpec, tl: Timeline, md: str) -> str:
-    try:
-        from kfp_gpu.report.html import render_html
-
-        return render_html(title=f"kfp-gpu burst scale-up ({spec.nodes}x{spec.gpus_per_node} {spec.accelerator})",
-                           timeline=tl, summary=md.replace("## ", ""))
-    except Exception:  # the report must never fail the step
-        return ""
-
-
-__all__ = ["run", "provision"]
+__all__ = ["provision", "node_selector"]

@@ -176,8 +176,8 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
         run.run_id = run.run_id or str(raw or "")
         return run
 
-    for kind in (owned.LEDGER, owned.BALLOON, owned.JOB):
-        sel = kind.selector if kind is not owned.JOB else LABEL_RUN_ID
+    for kind in (owned.LEDGER, owned.BALLOON, owned.JOB, owned.PROVREQ, owned.PODTEMPLATE):
+        sel = kind.selector
         for obj in owned.list_objects(api, kind, scope, sel):
             run = run_of(obj)
             if run is not None:
@@ -214,7 +214,8 @@ def _release(api: client.ApiClient, run: _Run, scope: str | None, provider: Capa
     else:
         rep.reasons[run.label] += "; no ledger with a spec: pool sizes left as they are"
     for ns in sorted(run.namespaces) if scope is None else [scope]:
-        for kind, obj in owned.run_objects(api, ns, run.run_id, (owned.JOB, owned.BALLOON, owned.LEDGER)):
+        for kind, obj in owned.run_objects(api, ns, run.run_id, (owned.JOB, owned.PROVREQ, owned.PODTEMPLATE,
+                                                                     owned.BALLOON, owned.LEDGER)):
             if owned.delete(api, kind, obj):
                 rep.orphans.append(owned.ident(kind, obj))
     for _, obj in owned.run_objects(api, None, run.run_id, (owned.NODE,)):

@@ -1,14 +1,14 @@
 """teardown (the ExitHandler): release everything a run owns, found by its run-id label.
 
-Order: PyTorchJobs -> balloons -> node claims -> pool sizes (back to what the run found, or minus
-what it added when another run grew the same pool) -> cloud reservations -> ledgers. Every action is
+Order: PyTorchJobs -> balloons -> what every provisioner backend holds (node-pool: pool sizes back to what
+the run found, or minus what it added when another run grew the same pool; provisioning-request: the run's
+ProvisioningRequests and PodTemplates) -> node claims -> cloud reservations -> ledgers -> leases. Every action is
 idempotent: a second or concurrent teardown finds nothing left and is a no-op. It writes the cost report
 (GPU-hours provisioned vs used, idle GPU-minutes, $ at catalog rates) from the run's own timeline.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -17,14 +17,13 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import provisioners
 from kfp_gpu.cluster import balloons, lease, ledger
-from kfp_gpu.cluster.nodes import NodeView, list_nodes, name_of, unclaim
+from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
-from kfp_gpu.plan.scale import rollback_sizes
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Operation, Owner, PoolRef, label_safe
+from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
-from kfp_gpu.steps.retry import retry_transient
 from kfp_gpu.timeline import NodeState, Timeline
 
 STEP = "teardown"
@@ -39,28 +38,28 @@ class TeardownReport:
     nodes_deleted: list[str] = field(default_factory=list)
     pools_restored: dict[str, int] = field(default_factory=dict)
     reservations: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)  # provisioner objects deleted (ProvisioningRequests...)
     ledgers: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
     def noop(self) -> bool:
         return not (self.jobs or self.balloons or self.nodes_released or self.pools_restored
-                    or self.reservations or self.ledgers)
+                    or self.reservations or self.requests or self.ledgers)
 
     def to_dict(self) -> dict[str, Any]:
         return {"jobs": self.jobs, "balloons": self.balloons, "nodes_released": self.nodes_released,
                 "nodes_deleted": self.nodes_deleted, "pools_restored": self.pools_restored, "reservations": self.reservations,
-                "ledgers": self.ledgers, "errors": self.errors, "noop": self.noop}
+                "requests": self.requests, "ledgers": self.ledgers, "errors": self.errors, "noop": self.noop}
 
 
 def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.ApiClient | None = None,
         provider: CapacityProvider | None = None) -> StepResult:
     """Raises: nothing for missing objects; KfpGpuError only when the provider cannot be reached at all."""
     from kfp_gpu.cluster.kube import api_client
-    from kfp_gpu.providers import for_target
 
     api = api or api_client(spec.target)
-    provider = provider or for_target(spec.target)
+    provider = provider or provisioners.provider_for(spec)
     report, timeline = release_run(spec, run_id, api, provider)
     cost_md, metrics = _cost(spec, timeline)
     metrics.update({"objects_deleted": float(len(report.jobs) + len(report.balloons) + len(report.reservations)),
@@ -74,7 +73,7 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     return StepResult(json.dumps(out, sort_keys=True), metrics, md, _html(spec, timeline, md))
 
 
-def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
+def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider | None,
                 ) -> tuple[TeardownReport, Timeline]:
     """Release everything ``run_id`` owns in ``spec.target.namespace``. Idempotent."""
     ns, rep = spec.target.namespace, TeardownReport()
@@ -97,12 +96,13 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         if exc.status != 404:  # CRD absent: nothing to delete
             rep.errors.append(f"list pytorchjobs: {exc.reason}")
     rep.balloons = balloons.delete_balloons(api, ns, run_id)
+    for backend in provisioners.backends(api, provider):
+        out = backend.release(spec, run_id)
+        rep.pools_restored.update(out.pools_restored)
+        rep.nodes_deleted += out.nodes_deleted
+        rep.requests += out.objects
+        rep.errors += out.errors
     nodes, _ = list_nodes(api, selector)
-    claimed: dict[PoolRef, list[str]] = {}
-    for node in nodes:
-        view = NodeView.of(node)
-        claimed.setdefault(PoolRef(view.pool, view.zone, spec.target.region), []).append(view.name)
-    rep.pools_restored = _restore_pools(spec, provider, run_id, ledgers, rep, claimed)
     now = time.time()
     for node in nodes:
         name = name_of(node)
@@ -112,7 +112,7 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
             if tl is not None and tl.state is not NodeState.RELEASED:
                 tl.advance(NodeState.RELEASED, now)
     try:
-        rep.reservations = provider.release(run_id)
+        rep.reservations = provider.release(run_id) if provider is not None else []
     except KfpGpuError as exc:
         rep.errors.append(f"release reservations: {exc.message}")
     for cm in ledgers:
@@ -126,69 +126,6 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         if tl.state is not NodeState.RELEASED:
             tl.advance(NodeState.RELEASED, now)
     return rep, timeline
-
-
-def _restore_pools(spec: ProvisioningSpec, provider: CapacityProvider, run_id: str,
-                   ledgers: list[client.V1ConfigMap], rep: TeardownReport,
-                   claimed: dict[PoolRef, list[str]]) -> dict[str, int]:
-    """Shrink every pool the run grew by what it added.
-
-    When the provider can delete specific nodes (GKE: instanceGroupManagers.deleteInstances), the run's
-    own claimed nodes go first, so a parallel run's nodes in the same pool are never the ones removed.
-    The rest is a plain resize to ``rollback_sizes`` (the size found, or current - added).
-    """
-    found: dict[PoolRef, int] = {}
-    targets: dict[PoolRef, int] = {}
-    region = spec.target.region
-    for cm in ledgers:  # oldest first: the earliest step's "found" is what the run found
-        data = ledger.data_of(cm)
-        for key, size in dict(data.get("found", {})).items():
-            pool, zone = key.split("|", 1)
-            found.setdefault(PoolRef(pool, zone, region), int(size))
-        for key, size in dict(data.get("targets", {})).items():
-            pool, zone = key.split("|", 1)
-            ref = PoolRef(pool, zone, region)
-            targets[ref] = max(targets.get(ref, 0), int(size))
-    if not targets:
-        return {}
-    owner = Owner.for_step(run_id, STEP, 600)
-    deleter = getattr(provider, "delete_nodes", None)
-    deleted: dict[PoolRef, int] = {}
-    if callable(deleter):
-        ops: list[Operation] = []
-        for ref, target in targets.items():
-            victims = claimed.get(ref, [])[: max(0, target - found.get(ref, 0))]
-            if victims and retry_transient(functools.partial(_submit, ops, deleter, ref, victims), rep.errors,
-                                           f"delete nodes of {ref.pool}"):
-                deleted[ref] = len(victims)
-                rep.nodes_deleted += victims
-        _wait_ops(provider, ops)
-    for ref, k in deleted.items():  # those deletions removed k of what the run added
-        targets[ref] -= k
-    current = {PoolRef(st.ref.pool, st.ref.zone, region): st.size for st in provider.pools(region)}
-    restore = rollback_sizes(found, targets, current)
-    done: dict[str, int] = {f"{r.pool}|{r.zone}": targets[r] for r in deleted}
-    for ref, size in restore.items():
-        if retry_transient(functools.partial(provider.resize, ref, size, owner), rep.errors,
-                           f"restore {ref.pool} to {size}"):
-            done[f"{ref.pool}|{ref.zone}"] = size
-    return done
-
-
-def _submit(ops: list[Operation], deleter: Any, ref: PoolRef, names: list[str]) -> None:
-    ops.append(deleter(ref, names))
-
-
-def _wait_ops(provider: CapacityProvider, ops: list[Operation], timeout_s: float = 30.0) -> None:
-    end = time.time() + timeout_s
-    pending = list(ops)
-    while pending and time.time() < end:
-        try:
-            pending = [op for op in (provider.operation(o) for o in pending) if not op.done]
-        except KfpGpuError:
-            pass
-        if pending:
-            time.sleep(0.05)
 
 
 def _ignore_404(fn: Any) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu import provisioners
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.watch import GangWatch
@@ -225,12 +226,15 @@ def _supervise(
     while True:
         if attach is None:
             _converge(st, reprovision, gate_s)
+            backend = provisioners.select(spec, st.api, None, st.capacity)
+            st.capacity = backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = pytorchjob.manifest(
                 st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
                 checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
-                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes, pod_annotations=annotations,
+                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
+                pod_annotations={**annotations, **backend.pod_annotations(st.capacity)},
                 local=spec.target.kind is TargetKind.LOCAL,
             )
             job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
@@ -257,7 +261,9 @@ def _supervise(
             )
         replacing = None
         if outcome.cause is Cause.PREEMPTION:
-            lost = st.watch.lost_nodes(outcome)
+            lost = st.watch.lost_nodes(outcome)  # + nodes the platform revoked that may still be listed
+            taken = provisioners.select(spec, st.api, None, st.capacity).revoked(spec, st.capacity)
+            lost = [*lost, *[n for n in taken if n not in lost]]
             st.counted |= {(i.node, i.at) for i in st.watch.incidents.values()}
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down

@@ -14,14 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, provisioners
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.plan.placement import candidate_zones
 from kfp_gpu.providers.base import CapacityProvider, ReservationRequest, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
-from kfp_gpu.steps.scale_up import provision
 
 STEP = "warm_pool"
 
@@ -69,7 +68,8 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
         with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
             pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, heartbeat.owner, wp.nodes,
                              spec.gpus_per_node, acc.gke_label, list(spec.target.pools))
-            provision(spec, run_id, api, provider, step=STEP, gang_size=wp.nodes, wait=False, lease_ttl_s=ttl)
+            backend = provisioners.select(spec, api, provider)
+            backend.acquire(spec, run_id, provisioners.GangRequest(nodes=wp.nodes, step=STEP, wait=False, lease_ttl_s=ttl))
             names = pods.result()
         led = ledger.read(api, spec.target.namespace, run_id, STEP)
         ledger.write(api, spec.target.namespace, heartbeat.owner, {**led, "balloons": names, "reservation": reservation})

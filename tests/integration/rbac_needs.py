@@ -11,6 +11,7 @@ from __future__ import annotations
 from kfp_gpu.steps.preflight import KUEUE_CRD
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+_PR = "autoscaling.x-k8s.io"
 NS, CLUSTER = "namespace", "cluster"
 
 # Keep in sync with the code: test_every_client_call_is_covered fails on a call missing from CODE_CALLS /
@@ -50,6 +51,14 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
     ("kueue.x-k8s.io", "clusterqueues", "get"): (CLUSTER, "preflight: its ClusterQueue's free GPUs"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "get"): (CLUSTER, f"preflight: is {KUEUE_CRD} there"),
     ("scheduling.k8s.io", "priorityclasses", "create"): (CLUSTER, "warm_pool: the balloon PriorityClass"),
+    ("", "podtemplates", "list"): (NS, "teardown: the run's PodTemplates"),
+    ("", "podtemplates", "create"): (NS, "provisioning-request: the gang's pod shape"),
+    ("", "podtemplates", "delete"): (NS, "provisioning-request: a given-up request's; teardown"),
+    (_PR, "provisioningrequests", "get"): (NS, "provisioning-request: re-attach; booking and revocation checks"),
+    (_PR, "provisioningrequests", "list"): (NS, "provisioning-request: watch one request; teardown: the run's"),
+    (_PR, "provisioningrequests", "watch"): (NS, "provisioning-request: the request's conditions"),
+    (_PR, "provisioningrequests", "create"): (NS, "provisioning-request: ask the autoscaler for the gang"),
+    (_PR, "provisioningrequests", "delete"): (NS, "provisioning-request: a given-up request; teardown"),
 }
 JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "configmaps", "list"): (CLUSTER, "ledgers of every run"),
@@ -64,6 +73,10 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("coordination.k8s.io", "leases", "list"): (CLUSTER, "the runs' ownership Leases"),
     ("coordination.k8s.io", "leases", "delete"): (CLUSTER, "the Leases of a released run"),
     ("argoproj.io", "workflows", "get"): (CLUSTER, "is a run's Argo Workflow (its lease owner) still running"),
+    (_PR, "provisioningrequests", "list"): (CLUSTER, "the ProvisioningRequests of a released run"),
+    (_PR, "provisioningrequests", "delete"): (CLUSTER, "the ProvisioningRequests of a released run"),
+    ("", "podtemplates", "list"): (CLUSTER, "the PodTemplates of a released run"),
+    ("", "podtemplates", "delete"): (CLUSTER, "the PodTemplates of a released run"),
     ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),
@@ -92,19 +105,25 @@ CODE_CALLS: dict[str, set[Need]] = {
     "replace_namespaced_config_map": {("", _CMS, "update")},
     "delete_namespaced_config_map": {("", _CMS, "delete")},
     "list_namespaced_resource_quota": {("", "resourcequotas", "list")},
-    "get_namespaced_custom_object": {(*_JOBS, "get")},
-    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), ("kueue.x-k8s.io", "localqueues", "list")},
-    "create_namespaced_custom_object": {(*_JOBS, "create")},
-    "delete_namespaced_custom_object": {(*_JOBS, "delete")},
+    "get_namespaced_custom_object": {(*_JOBS, "get"), (_PR, "provisioningrequests", "get")},
+    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), ("kueue.x-k8s.io", "localqueues", "list"),
+                                      (_PR, "provisioningrequests", "list"), (_PR, "provisioningrequests", "watch")},
+    "create_namespaced_custom_object": {(*_JOBS, "create"), (_PR, "provisioningrequests", "create")},
+    "delete_namespaced_custom_object": {(*_JOBS, "delete"), (_PR, "provisioningrequests", "delete")},
+    "create_namespaced_pod_template": {("", "podtemplates", "create")},
+    "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
+    "list_namespaced_pod_template": {("", "podtemplates", "list")},
     "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get")},
     "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
     "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
+    "create_self_subject_access_review": set(),  # every authenticated user may ask what it may do
     "get_code": set(),  # GET /version: readable by every authenticated user (system:public-info-viewer)
 }
 # Functions that hold client calls but never run as a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
-OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES}  # kfp_gpu.cluster.owned's Kind table
-_LABELLED = OWNED_KINDS - {_LEASES}
+_REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
+OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES, _REQS, _TEMPLATES}  # owned.py's Kind table
+_LABELLED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS}  # owned.LABELLED: the heartbeat raises their lease
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
 RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {

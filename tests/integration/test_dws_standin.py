@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client import ApiException
 
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
@@ -30,24 +29,8 @@ CLASS = "queued-provisioning.gke.io"
 
 
 def _ensure_crd(api: client.ApiClient) -> None:
-    """The ProvisioningRequest CRD (v1, cluster-autoscaler's apis module, version renamed as DESIGN.md says)."""
+    """`devcluster up` (the kube fixture) installs the v1 CRD; it must be established."""
     ext = client.ApiextensionsV1Api(api)
-    try:
-        ext.read_custom_resource_definition(CRD)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        found = sorted(Path.home().glob("go/pkg/mod/k8s.io/autoscaler/cluster-autoscaler/apis@*/config/crd/"
-                                        "autoscaling.x-k8s.io_provisioningrequests.yaml"))
-        assert found, "no ProvisioningRequest CRD in the Go module cache (python -m kfp_gpu.devcluster build)"
-        crd = yaml.safe_load(found[-1].read_text())
-        (version,) = crd["spec"]["versions"]
-        version["name"] = "v1"
-        try:
-            ext.create_custom_resource_definition(crd)
-        except ApiException as exc2:
-            if exc2.status != 409:
-                raise
     wait_until("ProvisioningRequest CRD established", lambda: any(
         c.type == "Established" and c.status == "True"
         for c in ext.read_custom_resource_definition(CRD).status.conditions or []), timeout=30)

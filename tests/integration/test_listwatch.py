@@ -82,7 +82,7 @@ def test_a_refused_watch_is_reported_not_retried(kube, namespace, rbac_identity)
 
 def test_scale_up_fails_at_once_on_a_refused_node_watch(kube, namespace, rbac_identity):
     """The wait for the gang does not sit until its deadline when the Node watch was refused."""
-    from kfp_gpu.steps.scale_up import _wait_gang
+    from kfp_gpu.provisioners.resize import _wait_gang
 
     crippled = rbac_identity(drop=(("", "nodes", "watch"),))
     nodes, rv = list_nodes(crippled.api, "")

@@ -1,0 +1,104 @@
+"""Provisioner backends behind one contract (:mod:`kfp_gpu.provisioners.base`).
+
+* ``node-pool`` (:mod:`.node_pool`): the run resizes dedicated node pools through the cloud provider.
+* ``provisioning-request`` (:mod:`.provreq`): the cluster's autoscaler provisions the gang for an
+  ``autoscaling.x-k8s.io/v1`` ProvisioningRequest (cluster-autoscaler's atomic scale-up, GKE's DWS).
+
+:func:`select` picks one for a run (the spec's ``target.provisioner``, or detection for ``"auto"``, see
+:func:`detect`); a capacity remembers its backend, so later steps use the same one. :func:`backends` lists
+every backend, for teardown and the janitor, which release whatever any of them holds.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from kfp_gpu.cluster import provreq as api_req
+from kfp_gpu.cluster.capacity import Capacity
+from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.plan.placement import matching_pools
+from kfp_gpu.plan.provreq import BackendChoice, choose_backend
+from kfp_gpu.providers.base import CapacityProvider
+from kfp_gpu.provisioners.base import GangRequest, Provisioner, Released
+from kfp_gpu.provisioners.node_pool import NodePoolProvisioner
+from kfp_gpu.provisioners.provreq import ProvisioningRequestProvisioner
+from kfp_gpu.spec import ProvisioningSpec, TargetKind
+
+__all__ = ["GangRequest", "Provisioner", "Released", "backends", "detect", "provider_for", "select"]
+
+
+def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None) -> BackendChoice:
+    """Which backend serves ``spec`` on this cluster, and why (the preflight report shows both).
+
+    Observed: the ProvisioningRequest CRD; a cluster-autoscaler in the cluster (its status ConfigMap is
+    fresh) or, on GKE, the control plane's autoscaler serving the pools that have autoscaling enabled; the
+    matching pools' autoscaling and queued-provisioning settings (from the provider; unknown pools count as
+    neither). Raises: nothing; an API that cannot be read counts as absent.
+    """
+    if spec.target.provisioner != "auto":
+        return BackendChoice(spec.target.provisioner, f"target.provisioner={spec.target.provisioner!r} in the spec")
+    try:
+        crd = api_req.api_served(api)
+        groups = api_req.autoscaler_node_groups(api) if crd else None
+    except client.ApiException:
+        crd, groups = False, None
+    autoscaled: list[str] = []
+    queued: list[str] = []
+    if provider is not None:
+        try:
+            for st in matching_pools(spec, provider.pools(spec.target.region, sizes=False)):
+                if st.autoscaling:
+                    autoscaled.append(st.ref.pool)
+                if getattr(st, "queued_provisioning", False):
+                    queued.append(st.ref.pool)
+        except KfpGpuError:
+            pass
+    # pools an autoscaler serves: a cluster-autoscaler's node groups (self-managed, e.g. EKS or the local
+    # profile) that the spec may use; on GKE the control plane's autoscaler serves every autoscaled pool
+    served = [g for g in groups or [] if not spec.target.pools or g in spec.target.pools]
+    if spec.target.kind is TargetKind.GKE:
+        served += autoscaled
+    return choose_backend("auto", capacity=spec.capacity.value, crd=crd, autoscaler=bool(served),
+                          autoscaled_pools=sorted(set(served)), queued_pools=sorted(set(queued)))
+
+
+def select(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None = None,
+           capacity: Capacity | None = None) -> Provisioner:
+    """The backend of ``capacity`` when it names one, else the spec's choice (detected for ``"auto"``).
+    ``provider`` None: the target's provider, made only when the backend (or detection) needs it.
+
+    Raises: InvalidSpec, PermissionDenied: the node-pool backend cannot reach the target's cloud.
+    """
+    if capacity is not None:  # a capacity from before backends were recorded is node-pool capacity
+        name = str(capacity.extra.get("provisioner", "node-pool"))
+    else:
+        provider = provider if provider is not None else provider_for(spec)
+        name = detect(spec, api, provider).name
+    if name == "node-pool" and provider is None and (spec.target.kind is not TargetKind.LOCAL or spec.target.endpoint):
+        from kfp_gpu.providers import for_target
+
+        provider = for_target(spec.target)  # raises the one-line error naming what is missing
+    return _make(name, api, provider)
+
+
+def provider_for(spec: ProvisioningSpec) -> CapacityProvider | None:
+    """The target's cloud provider; None for a local target with no stand-in endpoint (a local cluster whose
+    own autoscaler is the only source of capacity). Raises: InvalidSpec, PermissionDenied (cloud targets)."""
+    from kfp_gpu.providers import for_target
+
+    if spec.target.kind is TargetKind.LOCAL and not spec.target.endpoint:
+        return None
+    return for_target(spec.target)
+
+
+def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[Provisioner]:
+    """Every backend that can hold something (teardown releases what any of them holds for a run); without a
+    provider nothing can have been resized, so the node-pool backend is left out."""
+    out: list[Provisioner] = [] if provider is None else [_make("node-pool", api, provider)]
+    return [*out, _make("provisioning-request", api, provider)]
+
+
+def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -> Provisioner:
+    if name == "provisioning-request":
+        return ProvisioningRequestProvisioner(api)
+    return NodePoolProvisioner(api, provider)

@@ -1,0 +1,98 @@
+"""The provisioner contract: how a run gets, keeps and gives back a gang of GPU nodes.
+
+The steps (warm pool, scale-up, train's recovery, teardown) talk only to this contract; which backend serves
+a run is chosen once (:func:`kfp_gpu.provisioners.select`) and recorded in the capacity it returns.
+
+Contract (every backend honours it; tests/integration/test_provisioners.py runs the same cases on each):
+
+* **acquire(spec, run_id, request) -> Capacity.** Make ``request.nodes`` GPU nodes (or, for a recovery,
+  ``request.keep``'s survivors + ``request.extra``) Ready with ``nvidia.com/gpu`` allocatable and *claimed*
+  by the run (run-id label + the run's taint, :func:`kfp_gpu.cluster.nodes.claim`), all or nothing, before
+  ``spec.scale_up_deadline_s``. Returns the placement as node names per (pool, zone) so no caller hard-codes a
+  cloud's labels; ``Capacity.extra["provisioner"]`` names the backend. With ``request.wait=False`` it only
+  submits (the warm pool) and returns an empty capacity.
+* **Idempotent by (run_id, request.step).** A retried pod re-attaches: the ledger (node-pool) or a
+  deterministic object name (provisioning-request) makes a second call converge on the first one's
+  capacity instead of asking twice. Everything created carries the run's ownership labels.
+* **Errors are classified** (:mod:`kfp_gpu.errors`): zone-scoped ``CapacityUnavailable`` moves to the next
+  candidate zone inside acquire; when every candidate is blocked acquire raises ``CapacityUnavailable`` with
+  the failover history; ``ProvisioningTimeout`` past the deadline (after rolling back what it added);
+  ``QuotaExceeded``/``PermissionDenied``/``InvalidSpec``/``NotFound`` are permanent.
+* **replace(spec, run_id, capacity, lost, ...) -> Capacity** (spot recovery): capacity for the lost nodes;
+  returns the run's whole gang (survivors + replacements).
+* **before_job(spec, run_id, capacity) -> Capacity**: called right before the job's pods are created. A
+  backend whose platform holds the capacity only for a while (a ProvisioningRequest's 10-minute booking)
+  checks it here and acquires again when it lapsed; others return ``capacity`` unchanged.
+* **pod_annotations(capacity) -> dict**: what the job's pods must carry to consume the capacity.
+* **revoked(spec, capacity) -> list[str]**: nodes of ``capacity`` the platform has taken back (a
+  ProvisioningRequest's CapacityRevoked) while they may still be listed; the train step treats them as
+  preempted. Node-pool capacity is never revoked this way (its losses show on the Nodes).
+* **release(spec, run_id) -> Released**: give back everything the backend holds for the run (teardown and the
+  janitor). Idempotent; a second call finds nothing. Never raises for objects already gone; errors are
+  reported in ``Released.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kfp_gpu.cluster.capacity import Capacity
+from kfp_gpu.spec import ProvisioningSpec
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    """What one acquire asks for.
+
+    Attributes:
+        nodes: the gang size (0: ``spec.nodes``).
+        step: the idempotency key's step part (``scale_up``, ``warm_pool``, ``recovery-N``).
+        extra: recovery: this many nodes beyond ``keep``'s survivors.
+        keep: recovery: the run's surviving nodes, node name -> (pool, zone).
+        exclude: Node uids that must not count (lost nodes still listed while they drain).
+        allow_spread: spread over zones (None: ``spec.allow_zone_spread``).
+        wait: False submits and returns at once (warm pool).
+        lease_ttl_s: ownership lease of what is created (None: ``spec.lease_ttl_s``).
+        on_zone_blocked: called with a zone the acquire gives up.
+    """
+
+    nodes: int = 0
+    step: str = "scale_up"
+    extra: int | None = None
+    keep: Mapping[str, tuple[str, str]] | None = None
+    exclude: Sequence[str] = ()
+    allow_spread: bool | None = None
+    wait: bool = True
+    lease_ttl_s: float | None = None
+    on_zone_blocked: Callable[[str], None] | None = None
+
+
+@dataclass
+class Released:
+    """What a release gave back (teardown's report merges these)."""
+
+    objects: list[str] = field(default_factory=list)  # e.g. "provisioningrequest ns/name"
+    pools_restored: dict[str, int] = field(default_factory=dict)  # "pool|zone" -> size
+    nodes_deleted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Provisioner(Protocol):
+    """See the module docstring for the semantics of each method."""
+
+    name: str
+
+    def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
+
+    def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Sequence[str], *,
+                extra: int, zone_hint: str, on_demand: bool, attempt: int, lost_uids: Sequence[str]) -> Capacity: ...
+
+    def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity: ...
+
+    def pod_annotations(self, capacity: Capacity) -> dict[str, str]: ...
+
+    def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]: ...
+
+    def release(self, spec: ProvisioningSpec, run_id: str) -> Released: ...

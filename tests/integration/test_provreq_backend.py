@@ -1,0 +1,121 @@
+"""The provisioning-request backend against the real cluster-autoscaler (kwok provider) of the dev cluster's
+cluster-autoscaler profile (issue 13). Steps run as the kfp-gpu ServiceAccount (``step_api``).
+
+Capacity comes only from CA's node groups (:data:`kfp_gpu.devcluster.ca_profile.NODE_GROUPS`): kfp-gpu creates a
+PodTemplate and a ProvisioningRequest, CA scales a group up and reports Provisioned, the step claims the booked
+nodes. Stockouts are the groups' max sizes, as CA sees them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from kfp_gpu.cluster import provreq as api_req
+from kfp_gpu.devcluster import ca_profile
+from kfp_gpu.errors import CapacityUnavailable
+from kfp_gpu.plan import provreq as plan
+from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.provisioners import detect
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
+from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps.capacity import Capacity
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _spec(ns: str, nodes: int, *, zones: tuple[str, ...] = ("us-central1-a",), pools: tuple[str, ...] = (),
+          provisioner: str = "provisioning-request", deadline: float = 60.0) -> ProvisioningSpec:
+    return ProvisioningSpec(
+        "a100-80gb", nodes, capacity=CapacityType.ON_DEMAND, zones=zones, scale_up_deadline_s=deadline,
+        target=Target(kind="local", cluster=ca_profile.CLUSTER, region="us-central1", namespace=ns, pools=pools,
+                      provisioner=provisioner, tolerations=(ca_profile.TAINT,)),
+    )
+
+
+def _requests(api: client.ApiClient, ns: str) -> list[dict]:
+    return client.CustomObjectsApi(api).list_namespaced_custom_object(plan.GROUP, plan.VERSION, ns, plan.PLURAL)["items"]
+
+
+def _held(api: client.ApiClient, run: str) -> list[client.V1Node]:
+    return client.CoreV1Api(api).list_node(label_selector=f"{LABEL_RUN_ID}={label_safe(run)}").items
+
+
+def test_atomic_request_gets_the_gang_and_teardown_leaves_nothing(kube, autoscaler, namespace, step_api):
+    spec = _spec(namespace, 2)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    t0 = time.time()
+    res = scale_up.run(spec, run, "", api=step_api)
+    took = time.time() - t0
+    cap = Capacity.from_json(res.output_json)
+    assert cap.extra["provisioner"] == "provisioning-request"
+    assert len(cap.nodes) == 2, cap
+    nodes = {n.metadata.name: n for n in _held(kube.api, run)}
+    assert set(nodes) == set(cap.nodes)
+    for n in nodes.values():  # CA's nodes of an on-demand group in the pinned zone, Ready with 8 GPUs
+        labels = n.metadata.labels
+        assert labels["topology.kubernetes.io/zone"] == "us-central1-a"
+        assert labels.get("cloud.google.com/gke-spot") != "true"
+        assert labels[ca_profile.GROUP_LABEL] == "ca-a100-a"
+        assert n.status.allocatable["nvidia.com/gpu"] == "8"
+    (req,) = _requests(kube.api, namespace)
+    assert req["spec"]["provisioningClassName"] == plan.ATOMIC
+    assert plan.read_state(req["status"]["conditions"]).state is plan.ReqState.PROVISIONED
+    assert req["metadata"]["labels"][LABEL_RUN_ID] == label_safe(run)
+    print(f"[provreq] request -> gang of 2 Ready and claimed in {took:.2f}s")
+
+    out = teardown.run(spec, run, "", api=step_api)
+    assert out.metrics["teardown_errors"] == 0.0, out.output_json
+    assert _requests(kube.api, namespace) == []
+    assert client.CoreV1Api(kube.api).list_namespaced_pod_template(namespace).items == []
+    assert _held(kube.api, run) == []  # claims (labels, run taint) released; CA scales the nodes down itself
+    for name in cap.nodes:
+        node = client.CoreV1Api(kube.api).read_node(name)
+        assert not any(t.key == "kfp-gpu.io/run" for t in node.spec.taints or [])
+
+
+def test_a_zone_without_room_fails_over_to_the_next(kube, autoscaler, namespace, step_api):
+    # another run books 3 of ca-a100-a's 4 nodes: ours (2 nodes) cannot fit in us-central1-a any more
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    scale_up.run(_spec(namespace, 3), other, "", api=step_api)
+    spec = _spec(namespace, 2, zones=("us-central1-a", "us-central1-b"), deadline=60.0)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    try:
+        cap = Capacity.from_json(scale_up.run(spec, run, "", api=step_api).output_json)
+        assert {p.zone for p in cap.placements} == {"us-central1-b"}
+        assert len(cap.nodes) == 2
+        # the zone-a request was given up (deleted), the zone-b one provisioned
+        mine = [r for r in _requests(kube.api, namespace) if r["metadata"]["labels"][LABEL_RUN_ID] == label_safe(run)]
+        assert len(mine) == 1  # zone a's request was deleted when the run moved on
+        tmpl = client.CoreV1Api(kube.api).read_namespaced_pod_template(mine[0]["metadata"]["name"], namespace)
+        terms = tmpl.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+        zones = [e.values for t in terms.node_selector_terms for e in t.match_expressions
+                 if e.key == "topology.kubernetes.io/zone"]
+        assert zones == [["us-central1-b"]]
+    finally:
+        teardown.run(spec, run, "", api=step_api)
+        teardown.run(_spec(namespace, 3), other, "", api=step_api)
+
+
+def test_no_zone_with_room_is_a_clear_error(kube, autoscaler, namespace, step_api):
+    spec = _spec(namespace, 5, zones=("us-central1-a", "us-central1-b"), deadline=20.0)  # max 4 per group
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(CapacityUnavailable) as err:
+        scale_up.run(spec, run, "", api=step_api)
+    assert "us-central1-a" in err.value.message and "us-central1-b" in err.value.message
+    assert "CapacityIsNotFound" in err.value.message
+    assert _requests(kube.api, namespace) == []  # every request given back
+    assert _held(kube.api, run) == []
+
+
+def test_auto_detects_the_autoscaler_for_its_node_groups(kube, autoscaler, namespace):
+    wait_until("the autoscaler status ConfigMap", lambda: api_req.autoscaler_node_groups(kube.api), timeout=30)
+    choice = detect(_spec(namespace, 1, provisioner="auto", pools=("ca-a100-a",)), kube.api, None)
+    assert choice.name == "provisioning-request", choice
+    assert "ca-a100-a" in choice.reason
+    other = detect(_spec(namespace, 1, provisioner="auto", pools=("not-a-ca-group",)), kube.api, None)
+    assert other.name == "node-pool", other
