@@ -156,13 +156,21 @@ LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, sti
 
 @dataclass(frozen=True)
 class ProvisioningSpec:
+    """What a run provisions. Every field is validated here, at decoration time (one-line InvalidSpec).
+
+    ``reservation`` (``capacity="reservation"``): the reservation the gang consumes. On GKE the Compute
+    reservation's name, which the node pool's SPECIFIC reservation affinity names; on EKS the EC2 Capacity
+    Reservation id (``cr-...``) or Capacity Reservation group ARN that the node group's launch template targets
+    (its ``CapacityReservationSpecification``).
+    """
+
     accelerator: str
     nodes: int
     gpus_per_node: int = 8
     capacity: CapacityType = CapacityType.ON_DEMAND
     target: Target = field(default_factory=Target)
     zones: tuple[str, ...] = ()  # candidate zones, priority order; empty = every zone of the region
-    reservation: str = ""  # name of a specific reservation to consume (capacity=reservation)
+    reservation: str = ""  # capacity=reservation: GKE reservation name; EKS cr-... id or group ARN (class docstring)
     scale_up_deadline_s: float = 900.0
     max_run_duration_s: float = 0.0  # capacity=flex-start: DWS maxRunDurationSeconds (0 = GKE's default, 7 days)
     allow_zone_spread: bool = False
@@ -200,6 +208,17 @@ class ProvisioningSpec:
             raise InvalidSpec(
                 "reservation", self.reservation, "capacity='reservation' needs a reservation name",
                 remediation="set reservation='my-reservation' or pick another capacity type",
+            )
+        if self.warm_pool.cloud_reservation and self.capacity is CapacityType.SPOT:
+            raise InvalidSpec(
+                "warm_pool.cloud_reservation", True, "spot VMs never consume reservations: it would be paid for "
+                "beside the nodes", remediation="set warm_pool.cloud_reservation=False or use capacity='on-demand'",
+            )
+        if self.warm_pool.cloud_reservation and self.capacity is CapacityType.RESERVATION:
+            raise InvalidSpec(
+                "warm_pool.cloud_reservation", True, f"capacity='reservation' consumes the existing reservation "
+                f"{self.reservation!r}; a second one would be paid for twice",
+                remediation="set warm_pool.cloud_reservation=False",
             )
         if self.recovery.on_demand_after and self.capacity is not CapacityType.SPOT:
             raise InvalidSpec(

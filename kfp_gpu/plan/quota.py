@@ -7,6 +7,11 @@ GPU-family quota where Compute omits the metric (H100/H200), and the project-wid
 or spot), so the need is ``nodes * instance vCPUs``.
 
 A quota row that is missing or ``status="unknown"`` yields an UNKNOWN verdict: never "ok".
+
+``capacity="reservation"``: a reservation already counts against the quotas for everything it reserves (GCP
+counts max(reserved, used) per reservation; an EC2 Capacity Reservation holds its vCPUs of the On-Demand limit),
+so nodes that land in the named reservation's free slots need no new quota: :func:`reserved_nodes` counts them
+and :func:`needs` asks quota only for the rest.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kfp_gpu import accelerators
-from kfp_gpu.providers.base import QuotaAmount
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.providers.base import PoolState, QuotaAmount
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, TargetKind
 
 
 class Verdict(str, enum.Enum):
@@ -93,17 +98,39 @@ class QuotaCheck:
         return cls(**{**d, "verdict": Verdict(d["verdict"])})
 
 
-def needs(spec: ProvisioningSpec, region: str) -> list[Need]:
-    """Quota needs of ``spec`` if placed in ``region``.
+def reservation_free(spec: ProvisioningSpec, pools: Sequence[PoolState] | None) -> int | None:
+    """Free VMs of the reservation ``spec.reservation`` names (``capacity="reservation"``), read from the pools
+    whose SPECIFIC affinity names it (one count per zone: the pools of a zone share the reservation, summed over
+    zones); None when it is not a reservation run or no pool reports the count."""
+    if spec.capacity is not CapacityType.RESERVATION or not spec.reservation or not pools:
+        return None
+    per_zone: dict[str, int] = {}
+    for p in pools:
+        if p.reservation_affinity == "specific" and spec.reservation in p.reservations and p.reservation_free is not None:
+            per_zone[p.ref.zone] = max(per_zone.get(p.ref.zone, 0), p.reservation_free)
+    return sum(per_zone.values()) if per_zone else None
+
+
+def reserved_nodes(spec: ProvisioningSpec, pools: Sequence[PoolState] | None) -> int:
+    """Nodes of the gang the named reservation covers (0 unless ``capacity="reservation"`` and its free count is
+    known): they need no new quota."""
+    free = reservation_free(spec, pools)
+    return 0 if free is None else max(0, min(spec.nodes, free))
+
+
+def needs(spec: ProvisioningSpec, region: str, *, reserved: int = 0) -> list[Need]:
+    """Quota needs of ``spec`` if placed in ``region``; ``reserved`` nodes land in a reservation the project
+    already holds (:func:`reserved_nodes`) and need none.
 
     Raises: InvalidSpec when the accelerator has no machine shape with ``spec.gpus_per_node``.
     """
     acc = accelerators.get(spec.accelerator)
+    nodes = max(0, spec.nodes - reserved)
     if spec.target.kind is TargetKind.EKS:
         shape = acc.aws_instance_for(spec.gpus_per_node)
         code = acc.aws_quota_spot if spec.spot else acc.aws_quota_on_demand
-        return [Need((code,), region, float(spec.nodes * shape.vcpus), "vcpus")]
-    gpus = float(spec.total_gpus)
+        return [Need((code,), region, float(nodes * shape.vcpus), "vcpus")]
+    gpus = float(nodes * spec.gpus_per_node)
     regional: tuple[str, ...] = (acc.gcp_quota_metric,)
     if spec.spot:
         regional = (acc.gcp_preemptible_metric, acc.gcp_quota_metric)
@@ -148,9 +175,10 @@ def check(need: Need, rows: Sequence[QuotaAmount]) -> QuotaCheck:
     )
 
 
-def evaluate(spec: ProvisioningSpec, region: str, rows: Sequence[QuotaAmount]) -> list[QuotaCheck]:
-    """Every need of ``spec`` in ``region`` checked against ``rows``.
+def evaluate(spec: ProvisioningSpec, region: str, rows: Sequence[QuotaAmount], *, reserved: int = 0,
+             ) -> list[QuotaCheck]:
+    """Every need of ``spec`` in ``region`` (less ``reserved`` nodes, see :func:`needs`) checked against ``rows``.
 
     Raises: InvalidSpec (see :func:`needs`).
     """
-    return [check(n, rows) for n in needs(spec, region)]
+    return [check(n, rows) for n in needs(spec, region, reserved=reserved)]

@@ -5,6 +5,11 @@ All reads run at once on a thread pool - every candidate region's cloud quota an
 allocatable GPUs of Ready nodes, and the Kueue ClusterQueue when its CRD exists - so total latency is
 about one API round trip. A read that fails makes its check UNKNOWN (never ok) with the reason.
 
+With a cluster it also detects the provisioner backend (shown with its reason) and, where an autoscaler serves
+ProvisioningRequests, asks it check-capacity for the gang (:mod:`kfp_gpu.steps.check_capacity`; bounded wait,
+the request deleted afterwards). For ``capacity="reservation"`` the nodes the named reservation still has free
+need no new quota (:func:`kfp_gpu.plan.quota.reserved_nodes`).
+
 Public API (wired by the CLI as ``kfp-gpu preflight`` / ``kfp-gpu quota request``):
 
 * :func:`run_preflight` -> :class:`~kfp_gpu.plan.preflight.PreflightResult`
@@ -24,9 +29,9 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, QuotaExceeded
-from kfp_gpu.plan.placement import matching_pools, plan_placements
-from kfp_gpu.plan.preflight import ClusterCheck, PreflightResult
-from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs
+from kfp_gpu.plan.placement import candidate_zones, matching_pools, plan_placements
+from kfp_gpu.plan.preflight import NOT_ASKED, CapacityNow, ClusterCheck, PreflightResult
+from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs, reservation_free, reserved_nodes
 from kfp_gpu.providers.base import CapacityProvider, PoolState, QuotaAmount
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 
@@ -45,20 +50,27 @@ def run_preflight(
     *,
     regions: Sequence[str] | None = None,
     checkpoint_probe: CheckpointProbe | None = None,
+    run_id: str = "",
+    capacity_wait_s: float | None = None,
 ) -> PreflightResult:
     """Check every candidate region/zone x quota metric (and the cluster, given ``kube_api``) at once.
 
     ``regions`` adds candidate regions after ``spec.target.region``. ``kube_api`` is a
     ``kubernetes.client.ApiClient``. ``checkpoint_probe`` writes a probe object for s3:// / gs://
-    URIs (without it those are UNKNOWN).
+    URIs (without it those are UNKNOWN). ``run_id`` names the check-capacity request (a fresh id when empty);
+    ``capacity_wait_s`` bounds the wait for its answer (default :data:`kfp_gpu.steps.check_capacity.WAIT_S`).
 
     Never raises for a check it cannot make (that check is UNKNOWN); use :func:`check` to fail.
     """
+    from kfp_gpu.steps import check_capacity
+
     started = time.monotonic()
     cands = list(dict.fromkeys([spec.target.region, *(regions or ())]))
-    with ThreadPoolExecutor(max_workers=2 * len(cands) + 5, thread_name_prefix="preflight") as ex:
+    with ThreadPoolExecutor(max_workers=2 * len(cands) + 6, thread_name_prefix="preflight") as ex:
+        wait_s = check_capacity.WAIT_S if capacity_wait_s is None else capacity_wait_s
         quota_f = {r: ex.submit(provider.quota, spec.accelerator, r, spot=spec.spot) for r in cands}
         pools_f = {r: ex.submit(provider.pools, r, sizes=False) for r in cands}
+        now_f = ex.submit(_capacity_now, spec, kube_api, provider, pools_f[spec.target.region], run_id, wait_s)
         kube_f: dict[str, Future[ClusterCheck]] = {}
         if kube_api is not None:
             kube_f = {
@@ -72,7 +84,6 @@ def run_preflight(
         pools_by_region: dict[str, list[PoolState] | None] = {}
         unknown_by_region: dict[str, list[str]] = {}
         for r in cands:
-            checks_by_region[r] = _quota_checks(spec, r, quota_f[r])
             try:
                 pools_by_region[r] = pools_f[r].result()
             except NotFound as exc:
@@ -82,17 +93,42 @@ def run_preflight(
             except Exception as exc:
                 pools_by_region[r] = None
                 unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
+            checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
         cluster = [f.result() for f in kube_f.values()]
         if kube_api is not None:
             cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
         if ckpt_f is not None:
             cluster.append(ckpt_f.result())
+        provisioner, capacity_now = now_f.result()
     placements = plan_placements(spec, checks_by_region, pools_by_region,
                                  unknown_by_region={r: v for r, v in unknown_by_region.items() if v})
+    reservation: dict[str, Any] = {}
+    if spec.capacity.value == "reservation":
+        home = pools_by_region.get(spec.target.region)
+        reservation = {"name": spec.reservation, "free": reservation_free(spec, home),
+                       "nodes": reserved_nodes(spec, home)}
     return PreflightResult(
         spec.accelerator, spec.nodes, spec.gpus_per_node, spec.capacity.value, placements,
-        [c for c in cluster if c is not None], time.monotonic() - started,
+        [c for c in cluster if c is not None], time.monotonic() - started, provisioner, capacity_now, reservation,
     )
+
+
+def _capacity_now(spec: ProvisioningSpec, api: Any, provider: CapacityProvider, pools: Future[list[PoolState]],
+                  run_id: str, wait_s: float) -> tuple[dict[str, str], CapacityNow]:
+    """The backend choice and, where an autoscaler serves ProvisioningRequests, its check-capacity answer."""
+    from kfp_gpu.steps import check_capacity
+
+    try:
+        provisioner, skip = check_capacity.backend(spec, api, provider)
+    except Exception as exc:  # detection must never fail preflight
+        return {"name": "unknown", "reason": f"detection failed: {_msg(exc)}"}, CapacityNow(NOT_ASKED, _msg(exc))
+    if skip:
+        return provisioner, CapacityNow(NOT_ASKED, skip)
+    try:
+        zones = candidate_zones(spec, spec.target.region, pools.result())
+    except Exception:
+        zones = list(spec.zones)
+    return provisioner, check_capacity.ask(spec, api, run_id, zones=zones, wait_s=wait_s)
 
 
 def check(result: PreflightResult, *, strict: bool = False) -> PreflightResult:
@@ -177,17 +213,18 @@ def _msg(exc: BaseException) -> str:
     return exc.message if isinstance(exc, KfpGpuError) else f"{type(exc).__name__}: {exc}"
 
 
-def _quota_checks(spec: ProvisioningSpec, region: str, fut: Future[list[QuotaAmount]]) -> list[QuotaCheck]:
+def _quota_checks(spec: ProvisioningSpec, region: str, fut: Future[list[QuotaAmount]], reserved: int = 0,
+                  ) -> list[QuotaCheck]:
     try:
         rows = fut.result()
     except NotFound as exc:
         return [QuotaCheck(n.metric, n.location, n.unit, n.amount, Verdict.SHORT, reason=f"region: {exc.message}")
-                for n in needs(spec, region)]
+                for n in needs(spec, region, reserved=reserved)]
     except Exception as exc:
         fix = f" (fix: {exc.remediation})" if isinstance(exc, KfpGpuError) and exc.remediation else ""
         return [QuotaCheck(n.metric, n.location, n.unit, n.amount, Verdict.UNKNOWN,
-                           reason=f"quota read failed: {_msg(exc)}{fix}") for n in needs(spec, region)]
-    return evaluate(spec, region, rows)
+                           reason=f"quota read failed: {_msg(exc)}{fix}") for n in needs(spec, region, reserved=reserved)]
+    return evaluate(spec, region, rows, reserved=reserved)
 
 
 # ---- cluster side --------------------------------------------------------------------------

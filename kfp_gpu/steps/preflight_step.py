@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from kfp_gpu.plan.preflight import FOUND, NOT_FOUND
 from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.preflight import check, run_preflight
 from kfp_gpu.steps.result import StepResult
+
+BACKEND_METRIC = {"provisioning-request": 1.0, "node-pool": 0.0}
+CAPACITY_METRIC = {FOUND: 1.0, NOT_FOUND: 0.0}
 
 
 def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: Any = None,
@@ -26,12 +30,18 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: Any = N
         except NoKubeCredentials:  # no cluster at all: its checks become "unknown", never "ok"
             api = None
         # a broken kubeconfig, an unreachable or wrong cluster fail the step with their one-line error
-    result = check(run_preflight(spec, provider, api))
+    result = check(run_preflight(spec, provider, api, run_id=run_id))
     metrics = {
         "placements_fitting": float(len(result.fitting)),
         "unknown_checks": float(len(result.unknowns)),
         "preflight_seconds": float(result.elapsed_s),
+        # the backend (1 = provisioning-request, 0 = node-pool, -1 = unknown) and the autoscaler's check-capacity
+        # answer (1 = capacity available now, 0 = no capacity now, -1 = no answer / not asked)
+        "provisioner_provisioning_request": BACKEND_METRIC.get(result.provisioner.get("name", ""), -1.0),
+        "capacity_now": CAPACITY_METRIC.get(result.capacity_now.answer if result.capacity_now else "", -1.0),
     }
+    if result.capacity_now is not None and result.capacity_now.answer in (FOUND, NOT_FOUND):
+        metrics["check_capacity_seconds"] = float(result.capacity_now.elapsed_s)
     md = result.to_markdown()
     return StepResult(result.to_json(), metrics, md, _html(spec, result, md))
 

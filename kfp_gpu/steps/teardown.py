@@ -115,6 +115,8 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         rep.reservations = provider.release(run_id) if provider is not None else []
     except KfpGpuError as exc:
         rep.errors.append(f"release reservations: {exc.message}")
+    for name in rep.reservations:  # the cost report bills a reservation from held to released
+        timeline.event("reservation-released", time.time(), name=name)
     for cm in ledgers:
         if _ignore_404(lambda n=cm.metadata.name: client.CoreV1Api(api).delete_namespaced_config_map(n, ns)):
             rep.ledgers.append(cm.metadata.name)

@@ -4,6 +4,14 @@ It requests ``warm_pool.nodes`` GPU nodes from the provider (not waiting for boo
 places balloon pods on them in a negative-priority PriorityClass so training pods preempt them, and
 optionally creates a cloud reservation. Every object carries the run id and a lease-expiry label, renewed by a
 :class:`~kfp_gpu.cluster.lease.Heartbeat` while the step runs.
+
+``warm_pool.cloud_reservation``: the reservation is made *where the resize grows*, after the backend submitted
+it: one reservation per (zone, machine type) the warm pool's resize added nodes to (the ledger's targets minus
+what the pools had), counting those nodes, with the growing pool's machine type, so the very VMs being created
+are the ones that consume it (never a second, idle copy of the capacity). Without a resize to follow (the
+provisioning-request backend, or ``warm_pool.nodes=0``) it reserves ``max(1, warm_pool.nodes)`` VMs in the first
+candidate zone. Each reservation is recorded as a ``reservation-held`` run event in the warm pool's ledger
+timeline (teardown records ``reservation-released``), so the cost report bills it once.
 """
 
 from __future__ import annotations
@@ -17,10 +25,13 @@ from kubernetes import client
 from kfp_gpu import accelerators, provisioners
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import Heartbeat
-from kfp_gpu.plan.placement import candidate_zones
-from kfp_gpu.providers.base import CapacityProvider, ReservationRequest, label_safe
+from kfp_gpu.plan.placement import candidate_zones, matching_pools
+from kfp_gpu.providers.base import CapacityProvider, PoolState, ReservationRequest, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu.timeline import Timeline
+
+RESERVATION_HELD = "reservation-held"  # kfp_gpu.report.cost reads these run events
 
 STEP = "warm_pool"
 
@@ -40,11 +51,13 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     provider = provider or for_target(spec.target)
     ttl = min(wp.ttl_s, spec.lease_ttl_s)
     with Heartbeat(api, spec.target.namespace, run_id, STEP, ttl) as heartbeat:  # renews while this step runs
-        names, reservation = _reserve(spec, run_id, api, provider, heartbeat, ttl)
+        names, held = _reserve(spec, run_id, api, provider, heartbeat, ttl)
         owner = heartbeat.owner
     took = time.time() - t0
+    reservation = ", ".join(r.name for r in held)
     out = {"balloons": names, "requested_nodes": wp.nodes, "reservation": reservation,
-           "lease_expires": owner.lease_expires}
+           "reservations": [{"name": r.name, "zone": r.zone, "count": r.count, "machine_type": r.machine_type}
+                            for r in held], "lease_expires": owner.lease_expires}
     md = (f"## warm pool: {wp.nodes} node(s) requested, {len(names)} balloon pod(s) "
           f"in PriorityClass {balloons.PRIORITY_CLASS} ({balloons.PRIORITY_VALUE}), lease {ttl:.0f}s"
           + (f", reservation {reservation}" if reservation else "") + f" in {took:.2f}s")
@@ -52,16 +65,10 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
 
 
 def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
-             heartbeat: Heartbeat, ttl: float) -> tuple[list[str], str]:
-    """The reservation, the resize and the balloons. Raises: as :func:`run`."""
+             heartbeat: Heartbeat, ttl: float) -> tuple[list[str], list[ReservationRequest]]:
+    """The resize, the balloons, then the reservations where the resize grows. Raises: as :func:`run`."""
     wp = spec.warm_pool
     acc = accelerators.get(spec.accelerator)
-    reservation = ""
-    if wp.cloud_reservation:
-        zones = candidate_zones(spec, spec.target.region, provider.pools(spec.target.region))
-        reservation = f"kfp-gpu-{label_safe(run_id)[:40]}"
-        provider.reserve(ReservationRequest(reservation, zones[0], spec.accelerator, spec.gpus_per_node,
-                                            max(1, wp.nodes)), heartbeat.owner)
     names: list[str] = []
     if wp.nodes:
         balloons.ensure_priority_class(api)
@@ -71,6 +78,50 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
             backend = provisioners.select(spec, api, provider)
             backend.acquire(spec, run_id, provisioners.GangRequest(nodes=wp.nodes, step=STEP, wait=False, lease_ttl_s=ttl))
             names = pods.result()
-        led = ledger.read(api, spec.target.namespace, run_id, STEP)
-        ledger.write(api, spec.target.namespace, heartbeat.owner, {**led, "balloons": names, "reservation": reservation})
-    return names, reservation
+    led = ledger.read(api, spec.target.namespace, run_id, STEP)
+    held: list[ReservationRequest] = []
+    timeline = Timeline.from_json(led["timeline"]) if led.get("timeline") else Timeline(run_id)
+    if wp.cloud_reservation:
+        pools = provider.pools(spec.target.region, sizes=False)
+        plan = reservations_for(spec, run_id, pools, led.get("targets", {}), led.get("found", {}))
+        recorded = {str(e.get("name")) for e in timeline.events if e.get("kind") == RESERVATION_HELD}
+        for req, grown in plan:
+            provider.reserve(req, heartbeat.owner)  # re-attaches to the same name on a retried step
+            held.append(req)
+            if req.name not in recorded:
+                timeline.event(RESERVATION_HELD, time.time(), name=req.name, gpus=req.count * req.gpus_per_node,
+                               pools=grown)
+    if names or held:
+        ledger.write(api, spec.target.namespace, heartbeat.owner,
+                     {**led, "balloons": names, "reservation": ", ".join(r.name for r in held),
+                      "timeline": timeline.to_json(), "started": led.get("started", time.time())})
+    return names, held
+
+
+def reservations_for(spec: ProvisioningSpec, run_id: str, pools: list[PoolState], targets: dict[str, int],
+                     found: dict[str, int]) -> list[tuple[ReservationRequest, list[str]]]:
+    """(reservation, pools whose new nodes consume it): one per (zone, machine type) the resize grows, counting
+    the nodes it adds there (``targets`` - ``found``, keyed "pool|zone"), with that pool's machine type. Without
+    growth to follow, ``max(1, warm_pool.nodes)`` VMs in the first candidate zone. Pure."""
+    by_ref = {(p.ref.pool, p.ref.zone): p for p in pools}
+    grow: dict[tuple[str, str], tuple[int, list[str]]] = {}
+    for key, size in sorted(targets.items()):
+        pool, zone = key.split("|", 1)
+        added = int(size) - int(found.get(key, 0))
+        st = by_ref.get((pool, zone))
+        if added <= 0 or st is None:
+            continue
+        count, grown = grow.get((zone, st.machine_type), (0, []))
+        grow[(zone, st.machine_type)] = (count + added, [*grown, pool])
+    base = "kfp-gpu-" + "".join(c if c.isalnum() else "-" for c in label_safe(run_id)[:40]).strip("-")
+    if not grow:
+        zone = candidate_zones(spec, spec.target.region, pools)[0]
+        match = [p for p in matching_pools(spec, pools) if p.ref.zone == zone]
+        grow[(zone, match[0].machine_type if match else "")] = (max(1, spec.warm_pool.nodes),
+                                                                [p.ref.pool for p in match[:1]])
+    out = []
+    for i, ((zone, machine), (count, grown)) in enumerate(sorted(grow.items())):
+        name = base if len(grow) == 1 else f"{base}-{i}"
+        out.append((ReservationRequest(name, zone, spec.accelerator, spec.gpus_per_node, count, machine_type=machine),
+                    sorted(set(grown))))
+    return out
