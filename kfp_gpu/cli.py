@@ -168,7 +168,8 @@ def _quota_provider(provider: CapacityProvider, a: argparse.Namespace) -> Capaci
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
     from kfp_gpu.devcluster.cli import main as dc_main
 
-    return int(dc_main([a.action]) or 0)
+    more = ["--autoscaler", a.autoscaler] if a.action == "up" else []
+    return int(dc_main([a.action, *more]) or 0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -242,6 +243,8 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_quota)
     c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
     c.add_argument("action", choices=["up", "down", "status", "build"])
+    c.add_argument("--autoscaler", choices=["none", "cluster-autoscaler"], default="none",
+                   help="up: also run the real cluster-autoscaler (kwok provider, ProvisioningRequests, GPU node groups)")
     c.set_defaults(fn=cmd_dev_cluster)
     return p
 

@@ -37,12 +37,13 @@ def consumes(spec: ProvisioningSpec, pool: PoolState) -> bool:
 def matching_pools(spec: ProvisioningSpec, pools: Sequence[PoolState]) -> list[PoolState]:
     """Pools that can host the spec's nodes: same accelerator, GPUs per node and spot-ness, a reservation
     affinity that fits (:func:`consumes`), and - when ``spec.target.pools`` is set - one of the named pools
-    (kept in that priority order)."""
+    (kept in that priority order). A queued-provisioning pool (GKE DWS) serves only ``capacity="flex-start"``."""
     want_spot = spec.capacity is CapacityType.SPOT
     out = [
         p for p in pools
         if p.accelerator == spec.accelerator and p.gpus_per_node == spec.gpus_per_node and p.spot == want_spot
         and consumes(spec, p) and (not spec.target.pools or p.ref.pool in spec.target.pools)
+        and (not p.queued_provisioning or spec.capacity is CapacityType.FLEX_START)
     ]
     if spec.target.pools:
         out.sort(key=lambda p: spec.target.pools.index(p.ref.pool))

@@ -126,6 +126,7 @@ class PoolState:
     reservation_affinity: str = ""  # "any" | "specific" | "none"; "" = not set (the cloud's default: any)
     reservations: tuple[str, ...] = ()  # the reservations a "specific" affinity names
     reservation_free: int | None = None  # VMs those reservations still hold free; None = unknown
+    queued_provisioning: bool = False  # GKE queuedProvisioning.enabled: nodes come only through ProvisioningRequests
 
 
 class OpStatus(str, enum.Enum):

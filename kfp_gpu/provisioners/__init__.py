@@ -49,7 +49,7 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
             for st in matching_pools(spec, provider.pools(spec.target.region, sizes=False)):
                 if st.autoscaling:
                     autoscaled.append(st.ref.pool)
-                if getattr(st, "queued_provisioning", False):
+                if st.queued_provisioning:
                     queued.append(st.ref.pool)
         except KfpGpuError:
             pass
@@ -74,10 +74,13 @@ def select(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
     else:
         provider = provider if provider is not None else provider_for(spec)
         name = detect(spec, api, provider).name
-    if name == "node-pool" and provider is None and (spec.target.kind is not TargetKind.LOCAL or spec.target.endpoint):
-        from kfp_gpu.providers import for_target
-
-        provider = for_target(spec.target)  # raises the one-line error naming what is missing
+    if provider is None and name == "node-pool":
+        provider = provider_for(spec)  # raises the one-line error naming what is missing
+    elif provider is None:  # the provisioning-request backend reads pools only for DWS, and copes without
+        try:
+            provider = provider_for(spec)
+        except KfpGpuError:
+            provider = None
     return _make(name, api, provider)
 
 
@@ -100,5 +103,5 @@ def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[P
 
 def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -> Provisioner:
     if name == "provisioning-request":
-        return ProvisioningRequestProvisioner(api)
+        return ProvisioningRequestProvisioner(api, provider)
     return NodePoolProvisioner(api, provider)

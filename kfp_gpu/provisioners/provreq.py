@@ -49,7 +49,8 @@ from kfp_gpu.cluster.nodes import (
 )
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, ProvisioningTimeout
 from kfp_gpu.plan import provreq as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.plan.placement import matching_pools
+from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Owner, label_safe
 from kfp_gpu.provisioners.base import GangRequest, Released
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.timeline import NodeState, Timeline
@@ -68,8 +69,16 @@ class ProvisioningRequestProvisioner:
 
     name = NAME
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
+    def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
+        self.api, self.provider = api, provider
+
+    def _pools(self, spec: ProvisioningSpec, klass: str, zone: str) -> tuple[str, ...]:
+        """The pools the request names: ``target.pools``, or for GKE's DWS class the matching pools with queued
+        provisioning in ``zone`` (GKE serves a queued request only for the pool its PodTemplate selects)."""
+        if spec.target.pools or klass != plan.QUEUED or self.provider is None:
+            return spec.target.pools
+        return tuple(st.ref.pool for st in matching_pools(spec, self.provider.pools(spec.target.region, sizes=False))
+                     if st.queued_provisioning and (not zone or st.ref.zone == zone))
 
     # ---- acquire -----------------------------------------------------------------------------------------
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity:
@@ -92,12 +101,13 @@ class ProvisioningRequestProvisioner:
         while attempt < len(zones):
             zone = zones[attempt]
             name = plan.request_name(run_id, request.step, attempt)
+            pools = self._pools(spec, klass, zone)
             ledger.write(self.api, ns, owner, {"started": started, "attempt": attempt, "history": history,
                                                "request": name, "class": klass, "zone": zone,
                                                "spec": spec.to_json(), "timeline": timeline.to_json()})
             made_at = time.time()
             try:
-                api_req.create(self.api, ns, name, pod_spec=pod_spec(spec, run_id, zone), count=count, klass=klass,
+                api_req.create(self.api, ns, name, pod_spec=pod_spec(spec, run_id, zone, pools), count=count, klass=klass,
                                parameters=plan.parameters(klass, max_run_duration_s=spec.max_run_duration_s),
                                labels=owner.labels())
             except ApiException as exc:
@@ -105,7 +115,7 @@ class ProvisioningRequestProvisioner:
             last = attempt == len(zones) - 1
             obs = self._wait(ns, name, deadline, None if last else NOT_FOUND_GRACE_S)
             if obs.state is plan.ReqState.PROVISIONED:
-                nodes = self._claim_nodes(spec, run_id, owner, zone, count, deadline, request, timeline, made_at)
+                nodes = self._claim_nodes(spec, run_id, owner, zone, pools, count, deadline, request, timeline, made_at)
                 if len(nodes) >= count:
                     cap = self._capacity(spec, run_id, {**keep, **nodes}, timeline, [name])
                     ledger.write(self.api, ns, owner, {"started": started, "attempt": attempt, "history": history,
@@ -162,10 +172,11 @@ class ProvisioningRequestProvisioner:
             w.stop()
         return plan.read_state((obj or {}).get("status", {}).get("conditions"))
 
-    def _claim_nodes(self, spec: ProvisioningSpec, run_id: str, owner: Owner, zone: str, count: int, deadline: float,
-                     request: GangRequest, timeline: Timeline, made_at: float) -> dict[str, tuple[str, str]]:
+    def _claim_nodes(self, spec: ProvisioningSpec, run_id: str, owner: Owner, zone: str, pools: Sequence[str],
+                     count: int, deadline: float, request: GangRequest, timeline: Timeline, made_at: float
+                     ) -> dict[str, tuple[str, str]]:
         """Wait (Node watch) for ``count`` Ready, unclaimed nodes that fit the request and claim them."""
-        selector = ",".join(f"{k}={v}" for k, v in node_labels(spec).items())
+        selector = ",".join(f"{k}={v}" for k, v in node_labels(spec, pools).items())
         nodes, rv = list_nodes(self.api, selector)
         seen: dict[str, Node] = {}
         cond = threading.Condition()
@@ -193,7 +204,7 @@ class ProvisioningRequestProvisioner:
                 fits = [v for v in views if v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
                         and v.uid not in excluded and v.name not in mine and v.name not in (request.keep or {})
                         and v.run_id in ("", label_safe(run_id)) and (not zone or v.zone == zone)
-                        and _fits_pools(spec, v.pool)]
+                        and _fits_pools(pools, v.pool)]
                 for v in fits[: count - len(mine)]:
                     if claim(self.api, seen[v.name], run_id, owner.lease_expires):
                         mine[v.name] = (v.pool, v.zone)
@@ -250,6 +261,7 @@ class ProvisioningRequestProvisioner:
                     names[-1], "deleted" if obj is None else f"booking expired ({obs.reason})")
         n = int(capacity.extra.get("rebooked", 0)) + 1
         old = list(capacity.nodes)
+        api_req.delete(self.api, spec.target.namespace, names[-1])  # its booking is over; the autoscaler frees it
         new = self.acquire(spec, run_id, GangRequest(step=f"rebook-{n}", nodes=spec.nodes))
         from kfp_gpu.cluster.nodes import unclaim
 
@@ -287,33 +299,35 @@ class ProvisioningRequestProvisioner:
 
 # ---- the gang's pod shape --------------------------------------------------------------------------------
 
-def node_labels(spec: ProvisioningSpec) -> dict[str, str]:
+def node_labels(spec: ProvisioningSpec, pools: Sequence[str] = ()) -> dict[str, str]:
     """Labels every node of the gang must carry (the PodTemplate's nodeSelector, the Node watch's selector)."""
     out = {ACCELERATOR_LABEL: accelerators.get(spec.accelerator).gke_label}
     if spec.spot:
         out[SPOT_LABEL] = "true"
     if spec.target.kind is TargetKind.LOCAL:
         out[SIM_CLUSTER_LABEL] = spec.target.cluster
-    if len(spec.target.pools) == 1:
-        out[GKE_POOL_LABEL] = spec.target.pools[0]
+    if len(pools) == 1:
+        out[GKE_POOL_LABEL] = pools[0]
     return out
 
 
-def pod_spec(spec: ProvisioningSpec, run_id: str, zone: str = "") -> dict[str, Any]:
-    """One gang member: whole-node GPUs on the right accelerator and capacity type, tolerating the GPU taint,
-    the target's taints and the run's own claim taint (so booked nodes stay usable once claimed)."""
+def pod_spec(spec: ProvisioningSpec, run_id: str, zone: str = "", pools: Sequence[str] | None = None) -> dict[str, Any]:
+    """One gang member: whole-node GPUs on the right accelerator and capacity type, in ``pools`` (default
+    ``target.pools``), tolerating the GPU taint, the target's taints and the run's own claim taint (so booked
+    nodes stay usable once claimed)."""
+    pools = tuple(spec.target.pools if pools is None else pools)
     terms: list[dict[str, Any]] = []
     if zone:
         terms.append({"key": ZONE_LABEL, "operator": "In", "values": [zone]})
-    if len(spec.target.pools) > 1:
-        terms.append({"key": GKE_POOL_LABEL, "operator": "In", "values": list(spec.target.pools)})
+    if len(pools) > 1:
+        terms.append({"key": GKE_POOL_LABEL, "operator": "In", "values": list(pools)})
     if not spec.spot:
         terms.append({"key": SPOT_LABEL, "operator": "NotIn", "values": ["true"]})
     gpus = str(spec.gpus_per_node)
     body: dict[str, Any] = {
         "containers": [{"name": "gpu", "image": PAUSE_IMAGE,
                         "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}],
-        "nodeSelector": node_labels(spec),
+        "nodeSelector": node_labels(spec, pools),
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
                         *[parse_toleration(t) for t in tolerations(spec)], run_toleration(run_id)],
         "restartPolicy": "Never",
@@ -330,8 +344,8 @@ def tolerations(spec: ProvisioningSpec) -> list[str]:
     return [*spec.target.tolerations, *[t for t in extra if t not in spec.target.tolerations]]
 
 
-def _fits_pools(spec: ProvisioningSpec, pool: str) -> bool:
-    return not spec.target.pools or pool in spec.target.pools
+def _fits_pools(pools: Sequence[str], pool: str) -> bool:
+    return not pools or pool in pools
 
 
 def _api_error(exc: ApiException, namespace: str) -> KfpGpuError:

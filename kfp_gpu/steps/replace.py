@@ -95,7 +95,7 @@ def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:
     merged: dict[tuple[str, str], list[str]] = {}
     for p in placements:
         merged.setdefault((p.pool, p.zone), []).extend(p.nodes)
-    extra = dict(old.extra)
+    extra = {**old.extra, **{k: v for k, v in new.extra.items() if k != "protected_pools"}}  # the provisioner's
     protected = sorted(set(old.extra.get("protected_pools", [])) | set(new.extra.get("protected_pools", [])))
     if protected:
         extra["protected_pools"] = protected

@@ -225,9 +225,9 @@ def _supervise(
         attach = None
     while True:
         if attach is None:
-            _converge(st, reprovision, gate_s)
             backend = provisioners.select(spec, st.api, None, st.capacity)
             st.capacity = backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
+            _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = pytorchjob.manifest(

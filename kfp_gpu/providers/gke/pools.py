@@ -164,6 +164,7 @@ def pool_state(np: Any, zone: str, region: str, size: int, free: int | None) -> 
         autoscaling_min=int(auto.min_node_count or auto.total_min_node_count or 0) if auto.enabled else 0,
         autoscaling_max=int(auto.max_node_count or auto.total_max_node_count or 0) if auto.enabled else 0,
         reservation_affinity=kind, reservations=names, reservation_free=free,
+        queued_provisioning=bool(np.queued_provisioning.enabled),
     )
 
 
