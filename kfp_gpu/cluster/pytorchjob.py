@@ -137,15 +137,19 @@ def manifest(
 
 
 def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str]) -> dict[str, Any]:
-    """The user's node affinity ANDed with the gang pin (``kubernetes.io/hostname In gang``).
+    """The user's node affinity ANDed with the gang pin: the Node's ``metadata.name`` is one of the gang's (a field
+    match, since the ``kubernetes.io/hostname`` label need not equal the Node name and autoscaler-made nodes may
+    lack it). A field match takes one value, so the pin is one term per gang node.
 
-    Node selector terms are ORed, so the gang's expression joins every user term; preferred terms are kept.
+    Node selector terms are ORed, so every user term is repeated with each node's field match; preferred terms
+    are kept.
     """
     out = {k: v for k, v in user.items() if k != REQUIRED}
     terms = [dict(t) for t in (user.get(REQUIRED) or {}).get("nodeSelectorTerms") or [{}]]
     if gang_nodes:
-        pin = {"key": "kubernetes.io/hostname", "operator": "In", "values": sorted(gang_nodes)}
-        terms = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), pin]} for t in terms]
+        terms = [{**t, "matchFields": [*(t.get("matchFields") or []),
+                                       {"key": "metadata.name", "operator": "In", "values": [n]}]}
+                 for t in terms for n in sorted(gang_nodes)]
     if any(terms):
         out[REQUIRED] = {"nodeSelectorTerms": terms}
     return out

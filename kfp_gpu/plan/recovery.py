@@ -27,8 +27,8 @@ DISRUPTION_CONDITION = "DisruptionTarget"
 SHUTDOWN_TAINTS: frozenset[str] = frozenset({
     "cloud.google.com/impending-node-termination",  # GKE spot/preemptible termination notice
     "node.kubernetes.io/out-of-service",  # non-graceful node shutdown
-    "ToBeDeletedByClusterAutoscaler",
-    "DeletionCandidateOfClusterAutoscaler",
+    "ToBeDeletedByClusterAutoscaler",  # (not DeletionCandidateOfClusterAutoscaler: a soft PreferNoSchedule mark
+                                       # the autoscaler lifts once pods need the node)
     "node.cloudprovider.kubernetes.io/shutdown",
     "aws-node-termination-handler/spot-itn",
     "aws-node-termination-handler/rebalance-recommendation",

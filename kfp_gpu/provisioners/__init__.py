@@ -54,8 +54,8 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
         except KfpGpuError:
             pass
     # pools an autoscaler serves: a cluster-autoscaler's node groups (self-managed, e.g. EKS or the local
-    # profile) that the spec may use; on GKE the control plane's autoscaler serves every autoscaled pool
-    served = [g for g in groups or [] if not spec.target.pools or g in spec.target.pools]
+    # profile) that target.pools names; on GKE the control plane's autoscaler serves every autoscaled pool
+    served = [g for g in groups or [] if g in spec.target.pools]  # named: the status says nothing of accelerators
     if spec.target.kind is TargetKind.GKE:
         served += autoscaled
     return choose_backend("auto", capacity=spec.capacity.value, crd=crd, autoscaler=bool(served),
@@ -85,13 +85,18 @@ def select(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
 
 
 def provider_for(spec: ProvisioningSpec) -> CapacityProvider | None:
-    """The target's cloud provider; None for a local target with no stand-in endpoint (a local cluster whose
-    own autoscaler is the only source of capacity). Raises: InvalidSpec, PermissionDenied (cloud targets)."""
+    """The target's cloud provider; None for a local target with no stand-in anywhere (no endpoint, no
+    KFP_GPU_SIM_ENDPOINT, no stand-in daemon): a local cluster whose own autoscaler is the only source of
+    capacity. Raises: InvalidSpec, PermissionDenied (cloud targets)."""
+    from kfp_gpu.errors import InvalidSpec
     from kfp_gpu.providers import for_target
 
-    if spec.target.kind is TargetKind.LOCAL and not spec.target.endpoint:
-        return None
-    return for_target(spec.target)
+    try:
+        return for_target(spec.target)
+    except InvalidSpec:
+        if spec.target.kind is TargetKind.LOCAL:
+            return None
+        raise
 
 
 def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[Provisioner]:

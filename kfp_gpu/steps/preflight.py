@@ -83,6 +83,7 @@ def run_preflight(
         checks_by_region: dict[str, list[QuotaCheck]] = {}
         pools_by_region: dict[str, list[PoolState] | None] = {}
         unknown_by_region: dict[str, list[str]] = {}
+        provisioner, capacity_now = now_f.result()
         for r in cands:
             try:
                 pools_by_region[r] = pools_f[r].result()
@@ -93,13 +94,18 @@ def run_preflight(
             except Exception as exc:
                 pools_by_region[r] = None
                 unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
+            if provisioner.get("name") == "provisioning-request" and not matching_pools(spec, pools_by_region[r] or []):
+                # the autoscaler's node groups are not the cloud's pools here (a self-managed autoscaler):
+                # their headroom is the autoscaler's to judge (check-capacity above, the request itself)
+                pools_by_region[r] = None
+                unknown_by_region.setdefault(r, []).append(
+                    "pools: the autoscaler's node groups are not visible to the cloud provider")
             checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
         cluster = [f.result() for f in kube_f.values()]
         if kube_api is not None:
             cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
         if ckpt_f is not None:
             cluster.append(ckpt_f.result())
-        provisioner, capacity_now = now_f.result()
     placements = plan_placements(spec, checks_by_region, pools_by_region,
                                  unknown_by_region={r: v for r, v in unknown_by_region.items() if v})
     reservation: dict[str, Any] = {}

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from kfp_gpu.cluster import provreq as api_req
@@ -26,6 +28,7 @@ from kfp_gpu.steps.capacity import Capacity
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(ns: str, nodes: int, *, zones: tuple[str, ...] = ("us-central1-a",), pools: tuple[str, ...] = (),
@@ -119,3 +122,24 @@ def test_auto_detects_the_autoscaler_for_its_node_groups(kube, autoscaler, names
     assert "ca-a100-a" in choice.reason
     other = detect(_spec(namespace, 1, provisioner="auto", pools=("not-a-ca-group",)), kube.api, None)
     assert other.name == "node-pool", other
+
+
+def test_the_step_account_detects_the_autoscaler_with_the_optional_status_rule(kube, autoscaler, namespace,
+                                                                             step_identity, step_api):
+    spec = _spec(namespace, 1, provisioner="auto", pools=("ca-a100-a",))
+    before = detect(spec, step_api, None)  # the base RBAC: asked first, not read, so not detected
+    assert before.name == "node-pool", before
+    text = (ROOT / "deploy/rbac-autoscaler-status.yaml").read_text().replace("kubeflow-user", namespace)
+    objs = [d for d in yaml.safe_load_all(text) if d]
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    role, binding = objs
+    rbac.create_namespaced_role("kube-system", role)
+    rbac.create_namespaced_role_binding("kube-system", binding)
+    try:
+        wait_until("the status rule to take effect", lambda: step_identity.can(
+            "get", "configmaps", "", namespace="kube-system", name="cluster-autoscaler-status"), timeout=10)
+        after = detect(spec, step_api, None)
+        assert after.name == "provisioning-request" and "ca-a100-a" in after.reason, after
+    finally:
+        rbac.delete_namespaced_role_binding(binding["metadata"]["name"], "kube-system")
+        rbac.delete_namespaced_role(role["metadata"]["name"], "kube-system")

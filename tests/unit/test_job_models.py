@@ -135,11 +135,12 @@ def test_the_rendered_job_keeps_the_users_pod_and_adds_kfp_gpus_placement() -> N
         assert spec["tolerations"][:len(CAP.tolerations())] == CAP.tolerations()
         assert spec["tolerations"][-1]["key"] == "dedicated"
         assert spec["nodeSelector"] == CAP.node_selector()
-        (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"]
-        assert term["matchExpressions"] == [
-            {"key": "example.com/fabric", "operator": "In", "values": ["ib"]},
-            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n0", "n1", "n2"]}]
+        assert [t["matchExpressions"] for t in terms] == [[{"key": "example.com/fabric", "operator": "In",
+                                                             "values": ["ib"]}]] * 3
+        assert [t["matchFields"] for t in terms] == [[{"key": "metadata.name", "operator": "In", "values": [n]}]
+                                                     for n in ("n0", "n1", "n2")]
 
 
 def test_the_local_target_default_duration_gives_way_to_the_templates_and_the_steps() -> None:
@@ -189,5 +190,5 @@ def test_node_affinity_of_the_model_is_anded_with_the_gang() -> None:
     t = JobTemplate.build(job=job(master=p, worker=p))
     a = pytorchjob.node_affinity(t.node_affinity, ("n1",))
     got = a["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert [[e["key"] for e in term["matchExpressions"]] for term in got] == [
-        ["a", "kubernetes.io/hostname"], ["b", "kubernetes.io/hostname"]]
+    assert [([e["key"] for e in t["matchExpressions"]], t["matchFields"][0]["values"]) for t in got] == [
+        (["a"], ["n1"]), (["b"], ["n1"])]
