@@ -6,8 +6,8 @@ import pytest
 
 from kfp_gpu.errors import NotFound
 from kfp_gpu.providers.base import PoolRef, PoolState
-from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.provisioners.node_pool import on_demand_spec
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 
 
 def pool(name: str, spot: bool, acc: str = "a100-80gb") -> PoolState:
