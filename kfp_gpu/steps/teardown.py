@@ -96,13 +96,13 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         if exc.status != 404:  # CRD absent: nothing to delete
             rep.errors.append(f"list pytorchjobs: {exc.reason}")
     rep.balloons = balloons.delete_balloons(api, ns, run_id)
+    nodes, _ = list_nodes(api, selector)  # before the release: a backend may delete the run's own nodes
     for backend in provisioners.backends(api, provider):
         out = backend.release(spec, run_id)
         rep.pools_restored.update(out.pools_restored)
         rep.nodes_deleted += out.nodes_deleted
         rep.requests += out.objects
         rep.errors += out.errors
-    nodes, _ = list_nodes(api, selector)
     now = time.time()
     for node in nodes:
         name = name_of(node)

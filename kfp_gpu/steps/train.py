@@ -298,7 +298,8 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
         gang = st.capacity.nodes
         lost = gang_losses(gang, w.nodes, label)
         # preempted while recovering, even if its instance group already brought it back under the same name
-        fresh = {i.node: i.reason for i in w.incidents.values() if (i.node, i.at) not in st.counted}
+        # (a node no longer in the gang - already replaced, e.g. a revoked one whose deletion came late - is not)
+        fresh = {i.node: i.reason for i in w.incidents.values() if (i.node, i.at) not in st.counted and i.node in gang}
         st.counted |= {(i.node, i.at) for i in w.incidents.values()}
         if lost or fresh:
             now = time.time()

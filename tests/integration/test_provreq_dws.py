@@ -43,6 +43,7 @@ def sim(kube: Kube, request: pytest.FixtureRequest) -> Iterator[SimServer]:
     """The flex-start scenario; booking 600 s (5 s here) unless the test says ``@pytest.mark.booking_s(N)``: our
     own control loop is not time-compressed, so a test that re-creates a job on new capacity needs a longer one."""
     mark = request.node.get_closest_marker("booking_s")
+    stockout = request.node.get_closest_marker("stockout")
     cluster = f"c{uuid.uuid4().hex[:6]}"
     data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/flex-start.yaml").read_text())
     data["cluster"] = cluster
@@ -50,6 +51,9 @@ def sim(kube: Kube, request: pytest.FixtureRequest) -> Iterator[SimServer]:
         p["boot"] = {"dist": "lognormal", "median_s": 60, "sigma": 0.3, "seed": i}
     data["dws"] = {"accept_s": 10, "queue": {"dist": "fixed", "median_s": 60},
                    "booking_s": mark.args[0] if mark else 600}
+    if stockout:  # a zone with no capacity: DWS keeps the request queued, then fails it after queue_timeout_s
+        data["stockouts"] = [{"zone": stockout.args[0], "window": "always"}]
+        data["dws"]["queue_timeout_s"] = 600
     server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
     server.start()
     yield server
@@ -59,9 +63,10 @@ def sim(kube: Kube, request: pytest.FixtureRequest) -> Iterator[SimServer]:
         core.delete_node(n.metadata.name)
 
 
-def _spec(sim: SimServer, ns: str, nodes: int = 2, **more: Any) -> ProvisioningSpec:
+def _spec(sim: SimServer, ns: str, nodes: int = 2, zones: tuple[str, ...] = ("us-central1-a",),
+          **more: Any) -> ProvisioningSpec:
     return ProvisioningSpec(
-        "a100-80gb", nodes, capacity=CapacityType.FLEX_START, max_run_duration_s=3600.0, zones=("us-central1-a",),
+        "a100-80gb", nodes, capacity=CapacityType.FLEX_START, max_run_duration_s=3600.0, zones=zones,
         target=Target(kind="local", cluster=sim.state.scenario.cluster, region="us-central1", endpoint=sim.url,
                       namespace=ns),
         scale_up_deadline_s=60, **more)
@@ -140,3 +145,16 @@ def test_capacity_revoked_mid_training_recovers_from_the_checkpoint(kube, namesp
     reqs = out["capacity"]["extra"]["requests"]
     assert len(reqs) == 2 and reqs[0] == cap.extra["requests"][-1], reqs  # the replacement came from a new request
     assert _requests(kube.api, namespace) == []
+
+
+@pytest.mark.stockout("us-central1-a")
+def test_a_failed_request_fails_over_to_the_next_zone(kube, namespace, step_api, sim):
+    spec = _spec(sim, namespace, zones=("us-central1-a", "us-central1-b"))
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    try:
+        cap = Capacity.from_json(scale_up.run(spec, run, "", api=step_api).output_json)
+        assert cap.pools == ("a100-80gb-dws-b",) and len(cap.nodes) == 2, cap
+        (req,) = _requests(kube.api, namespace)  # zone a's request (Failed: WaitTimeExceeded) was deleted
+        assert plan.read_state(req["status"]["conditions"]).state is plan.ReqState.PROVISIONED
+    finally:
+        teardown.run(spec, run, "", api=step_api)

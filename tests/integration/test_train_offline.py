@@ -46,7 +46,8 @@ def test_manifest_is_a_gang_on_the_capacity() -> None:
     assert env == {"A": "1", "KFP_GPU_CHECKPOINT_URI": "gs://b/c", "KFP_GPU_RESUME_STEP": "40",
                    "KFP_GPU_RUN_ID": "run-1", "KFP_GPU_DATASET_URI": "gs://d"}
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["n0", "n1", "n2", "n3"]
+    assert [t["matchFields"] for t in terms["nodeSelectorTerms"]] == [
+        [{"key": "metadata.name", "operator": "In", "values": [n]}] for n in ("n0", "n1", "n2", "n3")]
     single = pytorchjob.manifest("j", capacity=CAP, template=tpl, labels={}, nodes=1, checkpoint_uri="",
                                  resume_step=0, run_id="r")
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
