@@ -20,6 +20,7 @@ from kfp_gpu.errors import InvalidSpec
 
 SPEC_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+_QUEUE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # object name that is also a label value
 _GCP_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")  # us-central1-a -> us-central1
 _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-east-1
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
@@ -64,6 +65,9 @@ class Target:
     ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
     training pool's ``key=value:NoSchedule``), as ``"key[=value][:Effect]"`` strings; ``nvidia.com/gpu`` is
     always tolerated.
+
+    ``queue`` is the Kueue LocalQueue the job is submitted to (its ``kueue.x-k8s.io/queue-name`` label); ``""``
+    (the default) auto-detects: the namespace's only LocalQueue, or the one named ``default``; none = not gated.
     """
 
     kind: TargetKind = TargetKind.LOCAL
@@ -77,6 +81,7 @@ class Target:
     autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
     provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" (see the class docstring)
     tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
+    queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
 
     def __post_init__(self) -> None:
         _coerce_enum(self, "kind", TargetKind, "target.kind")
@@ -107,6 +112,10 @@ class Target:
                 raise InvalidSpec("target.pools", p, "pool names are lowercase RFC 1035 labels")
         if not _NAME_RE.match(self.namespace):
             raise InvalidSpec("target.namespace", self.namespace, "must be a Kubernetes namespace name")
+        if self.queue and not (len(self.queue) <= 63 and _QUEUE_RE.match(self.queue)):
+            raise InvalidSpec("target.queue", self.queue, "must be a Kueue LocalQueue name (lowercase letters, digits, "
+                              "'-' and '.', at most 63 characters, starting and ending alphanumeric)",
+                              remediation="set target.queue to the LocalQueue's metadata.name, or '' to auto-detect")
 
 
 @dataclass(frozen=True)
