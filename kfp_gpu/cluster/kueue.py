@@ -8,6 +8,7 @@ installed" from "installed without v1beta2".
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +30,7 @@ from kfp_gpu.plan.kueue import (
 )
 
 __all__ = ["CRD", "GROUP", "QUEUE_LABEL", "VERSION", "LocalQueueRef", "QueueSetup", "list_local_queues",
-           "read_queue_setup", "resolve_local_queue"]
+           "pick_local_queue", "read_queue_setup", "resolve_local_queue"]
 
 CRD = "clusterqueues.kueue.x-k8s.io"
 
@@ -49,12 +50,13 @@ def list_local_queues(api: client.ApiClient, namespace: str) -> list[LocalQueueR
         if exc.status != 404:
             raise
         try:
-            crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD)
+            raw = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD, _preload_content=False)
         except ApiException as exc2:
             if exc2.status == 404:
                 return None
             raise
-        served = [v.name for v in crd.spec.versions or [] if v.served]
+        versions = (json.loads(raw.data or b"{}").get("spec") or {}).get("versions") or []
+        served = [str(v.get("name")) for v in versions if v.get("served")]
         raise CrdMissing(f"Kueue in this cluster serves {GROUP} {', '.join(served) or 'no version'}, not {VERSION}",
                          remediation=f"upgrade Kueue to a release that serves {GROUP}/{VERSION} (v0.17 does)",
                          crd=CRD) from None
@@ -74,7 +76,15 @@ def resolve_local_queue(api: client.ApiClient, namespace: str, wanted: str) -> L
         CrdMissing: Kueue is installed but does not serve ``kueue.x-k8s.io/v1beta2``.
         ApiException: the list failed (e.g. 403).
     """
-    queues = list_local_queues(api, namespace)
+    return pick_local_queue(namespace, wanted, list_local_queues(api, namespace))
+
+
+def pick_local_queue(namespace: str, wanted: str, queues: list[LocalQueueRef] | None) -> LocalQueueRef | None:
+    """:func:`resolve_local_queue` on already listed queues (None = Kueue not installed).
+
+    Raises:
+        InvalidSpec: as :func:`resolve_local_queue`.
+    """
     if queues is None:
         if wanted:
             raise InvalidSpec("target.queue", wanted, f"Kueue is not installed in this cluster (no CRD {CRD})",

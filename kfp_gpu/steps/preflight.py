@@ -318,37 +318,25 @@ def _capacity_check(spec: ProvisioningSpec, nodes_f: Future[tuple[int, dict[str,
 
 
 def _kueue(spec: ProvisioningSpec, api: Any) -> ClusterCheck:
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    """The ClusterQueue behind the LocalQueue the job will use (target.queue or auto-detected), judged for the
+    run's accelerator by :func:`kfp_gpu.plan.kueue.evaluate`; a queue choice that is wrong is SHORT."""
+    from kfp_gpu.cluster import kueue
+    from kfp_gpu.plan.kueue import CHECK_NAME, evaluate, not_gated
 
-    name, ns = "kueue", spec.target.namespace
+    ns = spec.target.namespace
     try:
-        client.ApiextensionsV1Api(api).read_custom_resource_definition(KUEUE_CRD, _preload_content=False)
-    except ApiException as exc:
-        if exc.status == 404:
-            return ClusterCheck(name, Verdict.FITS, "Kueue is not installed (no ClusterQueue CRD)")
-        return _api_error(name, exc, f"CRD {KUEUE_CRD}")
+        queues = kueue.list_local_queues(api, ns)
+        if queues is None and not spec.target.queue:
+            return not_gated(ns, f"Kueue is not installed (no CRD {kueue.CRD})")
+        lq = kueue.pick_local_queue(ns, spec.target.queue, queues)
+    except KfpGpuError as exc:  # InvalidSpec (target.queue), CrdMissing (no v1beta2)
+        return ClusterCheck(CHECK_NAME, Verdict.SHORT, exc.message, float(spec.total_gpus), None, exc.remediation)
     except Exception as exc:
-        return _api_error(name, exc, f"CRD {KUEUE_CRD}")
-    co = client.CustomObjectsApi(api)
+        return _api_error(CHECK_NAME, exc, f"Kueue LocalQueues of namespace {ns}")
+    if lq is None:
+        return not_gated(ns)
     try:
-        lqs = co.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", ns, "localqueues").get("items", [])
-        if not lqs:
-            return ClusterCheck(name, Verdict.FITS, f"no Kueue LocalQueue in namespace {ns}; Kueue does not gate it")
-        cq_name = lqs[0]["spec"]["clusterQueue"]
-        cq = co.get_cluster_custom_object("kueue.x-k8s.io", "v1beta1", "clusterqueues", cq_name)
+        setup = kueue.read_queue_setup(api, lq)
     except Exception as exc:
-        return _api_error(name, exc, "Kueue queues")
-    nominal = sum(
-        _qty(r.get("nominalQuota", 0)) + _qty(r.get("borrowingLimit", 0))
-        for g in cq.get("spec", {}).get("resourceGroups", []) for f in g.get("flavors", [])
-        for r in f.get("resources", []) if r.get("name") == GPU
-    )
-    used = sum(
-        _qty(r.get("total", 0)) for f in cq.get("status", {}).get("flavorsUsage", [])
-        for r in f.get("resources", []) if r.get("name") == GPU
-    )
-    free, need = nominal - used, float(spec.total_gpus)
-    verdict = Verdict.FITS if free >= need else Verdict.SHORT
-    return ClusterCheck(name, verdict, f"ClusterQueue {cq_name}: {free:g} of {nominal:g} {GPU} free", need, free,
-                        "" if verdict is Verdict.FITS else f"raise nominalQuota of {GPU} in ClusterQueue {cq_name}")
+        return _api_error(CHECK_NAME, exc, f"Kueue ClusterQueue {lq.cluster_queue} and its ResourceFlavors")
+    return evaluate(setup, spec.accelerator, float(spec.total_gpus))

@@ -49,6 +49,8 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
     ("coordination.k8s.io", "leases", "delete"): (NS, "teardown: the run's Leases"),
     ("kueue.x-k8s.io", "localqueues", "list"): (NS, "preflight: the namespace's LocalQueue"),
     ("kueue.x-k8s.io", "clusterqueues", "get"): (CLUSTER, "preflight: its ClusterQueue's free GPUs"),
+    ("kueue.x-k8s.io", "resourceflavors", "list"): (CLUSTER, "preflight: which accelerator each flavor is"),
+    ("kueue.x-k8s.io", "admissionchecks", "get"): (CLUSTER, "preflight: the ProvisioningRequest AdmissionCheck"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "get"): (CLUSTER, f"preflight: is {KUEUE_CRD} there"),
     ("scheduling.k8s.io", "priorityclasses", "create"): (CLUSTER, "warm_pool: the balloon PriorityClass"),
     ("", "podtemplates", "list"): (NS, "teardown: the run's PodTemplates"),
@@ -113,7 +115,8 @@ CODE_CALLS: dict[str, set[Need]] = {
     "create_namespaced_pod_template": {("", "podtemplates", "create")},
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
     "list_namespaced_pod_template": {("", "podtemplates", "list")},
-    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get")},
+    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get")},
+    "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list")},
     "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
     "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
     "create_self_subject_access_review": set(),  # every authenticated user may ask what it may do

@@ -203,18 +203,23 @@ def test_namespace_resource_quota_short(kube: tuple[Any, KubeState]) -> None:
 
 def test_kueue_cluster_queue(kube: tuple[Any, KubeState]) -> None:
     api, state = kube
-    state.set("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/clusterqueues.kueue.x-k8s.io",
-              {"metadata": {"name": "clusterqueues.kueue.x-k8s.io"}, "spec": {}})
-    state.set("/apis/kueue.x-k8s.io/v1beta1/namespaces/team-a/localqueues",
+    state.set("/apis/kueue.x-k8s.io/v1beta2/namespaces/team-a/localqueues",
               {"items": [{"metadata": {"name": "lq"}, "spec": {"clusterQueue": "gpu-cq"}}]})
-    state.set("/apis/kueue.x-k8s.io/v1beta1/clusterqueues/gpu-cq", {
-        "spec": {"resourceGroups": [{"flavors": [{"name": "a100", "resources": [
-            {"name": "nvidia.com/gpu", "nominalQuota": "24"}]}]}]},
-        "status": {"flavorsUsage": [{"name": "a100", "resources": [{"name": "nvidia.com/gpu", "total": "16"}]}]},
+    state.set("/apis/kueue.x-k8s.io/v1beta2/resourceflavors", {"items": [
+        {"metadata": {"name": "a100"}, "spec": {"nodeLabels": {"cloud.google.com/gke-accelerator": "nvidia-a100-80gb"}}},
+        {"metadata": {"name": "l4"}, "spec": {"nodeLabels": {"cloud.google.com/gke-accelerator": "nvidia-l4"}}}]})
+    state.set("/apis/kueue.x-k8s.io/v1beta2/clusterqueues/gpu-cq", {
+        "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "l4", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "64"}]},
+            {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": "24"}]}]}]},
+        "status": {"flavorsReservation": [{"name": "a100", "resources": [{"name": "nvidia.com/gpu", "total": "16"}]}]},
     })
     res = run_preflight(spec(), fake(), api)
     kq = cluster_check(res, "kueue")
-    assert (kq.verdict, kq.free) == (Verdict.SHORT, 8.0) and "gpu-cq" in kq.detail
+    assert (kq.verdict, kq.free) == (Verdict.SHORT, 8.0) and "gpu-cq" in kq.detail and "l4 is nvidia-l4" in kq.detail
+    wrong = cluster_check(run_preflight(spec(target=Target(kind=TargetKind.GKE, namespace="team-a", queue="x")),
+                                        fake(), api), "kueue")
+    assert wrong.verdict is Verdict.SHORT and "no LocalQueue x in namespace team-a; have: lq" in wrong.detail
 
 
 def test_forbidden_cluster_reads_are_unknown(kube: tuple[Any, KubeState]) -> None:
