@@ -10,6 +10,9 @@ PYTEST_ARGS ?=
 # Autoscaler profile of the local cluster: none (default) | cluster-autoscaler (the real cluster-autoscaler, kwok
 # provider, GPU node groups, ProvisioningRequests; see docs/local-cluster.md). `make test` uses cluster-autoscaler.
 AUTOSCALER ?= none
+# Kueue profile: KUEUE=1 builds and runs the real Kueue controller (CRDs, webhooks; docs/local-cluster.md).
+# `make test` uses KUEUE=1.
+KUEUE ?=
 # torch for the example trainer, CPU use only. PyPI's wheel links the CUDA runtime libraries directly, so
 # they must be present even on CPU; triton, cusolver, cccl, nvtx and cuda-bindings are not needed
 # (measured: ~2.35 GB download, ~100 s on a fresh machine). The CPU-only index is not reachable here.
@@ -40,12 +43,13 @@ lint: venv
 
 # With AUTOSCALER=cluster-autoscaler also builds cluster-autoscaler (in parallel with the other Go builds).
 cluster-build: venv
-	$(BIN)/python -m kfp_gpu.devcluster build $(if $(filter cluster-autoscaler,$(AUTOSCALER)),--with-autoscaler)
+	$(BIN)/python -m kfp_gpu.devcluster build $(if $(filter cluster-autoscaler,$(AUTOSCALER)),--with-autoscaler) \
+	  $(if $(KUEUE),--with-kueue)
 
 # Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
-# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile.
+# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile, KUEUE=1 Kueue.
 cluster-up: cluster-build
-	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER)
+	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(if $(KUEUE),--kueue)
 	$(BIN)/python -m kfp_gpu.sim.daemon start
 
 cluster-down: venv
@@ -56,8 +60,9 @@ cluster-status: venv
 	$(BIN)/python -m kfp_gpu.devcluster status
 
 # The whole suite, integration tier included: it boots (or reuses) the local control plane first, with the
-# cluster-autoscaler profile (the ProvisioningRequest tests run against the real cluster-autoscaler).
+# cluster-autoscaler and Kueue profiles (the ProvisioningRequest and Kueue tests run against the real controllers).
 test: AUTOSCALER = cluster-autoscaler
+test: KUEUE = 1
 test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -168,7 +168,9 @@ def _quota_provider(provider: CapacityProvider, a: argparse.Namespace) -> Capaci
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
     from kfp_gpu.devcluster.cli import main as dc_main
 
-    more = ["--autoscaler", a.autoscaler] if a.action == "up" else []
+    more = ["--autoscaler", a.autoscaler, *(["--kueue"] if a.kueue else [])] if a.action == "up" else []
+    if a.action == "build":
+        more = [*(["--with-autoscaler"] if a.autoscaler != "none" else []), *(["--with-kueue"] if a.kueue else [])]
     return int(dc_main([a.action, *more]) or 0)
 
 
@@ -245,6 +247,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["up", "down", "status", "build"])
     c.add_argument("--autoscaler", choices=["none", "cluster-autoscaler"], default="none",
                    help="up: also run the real cluster-autoscaler (kwok provider, ProvisioningRequests, GPU node groups)")
+    c.add_argument("--kueue", action="store_true",
+                   help="up: also run the real Kueue controller (CRDs, webhooks; build: also build it)")
     c.set_defaults(fn=cmd_dev_cluster)
     return p
 

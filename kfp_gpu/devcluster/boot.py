@@ -300,10 +300,11 @@ def _record_identity(c: Ctx) -> None:
 AUTOSCALERS = ("none", "cluster-autoscaler")
 
 
-def up(autoscaler: str = "none") -> Ctx:
+def up(autoscaler: str = "none", kueue: bool = False) -> Ctx:
     """Boot the control plane (idempotent). ``autoscaler="cluster-autoscaler"`` also runs the real
     cluster-autoscaler profile (:mod:`.ca_profile`); ``"none"`` starts none and leaves one that an earlier
     ``up`` started running (other sessions share this cluster; ``down --only-autoscaler`` stops it).
+    ``kueue`` runs the real Kueue controller (:mod:`.kueue_profile`); without it a running Kueue is left alone.
 
     Raises: BootError (also for an unknown ``autoscaler``), CertError.
     """
@@ -312,10 +313,10 @@ def up(autoscaler: str = "none") -> Ctx:
     c = _ctx()
     _check_binaries(c)
     with _locked(c.state):
-        return _up(c, autoscaler)
+        return _up(c, autoscaler, kueue)
 
 
-def _up(c: Ctx, autoscaler: str = "none") -> Ctx:
+def _up(c: Ctx, autoscaler: str = "none", kueue: bool = False) -> Ctx:
     t0 = time.monotonic()
     _check_ports_consistent(c)
     ensure_pki(c.pki)
@@ -340,6 +341,9 @@ def _up(c: Ctx, autoscaler: str = "none") -> Ctx:
     elif ca_profile.running_pid(c) is not None:
         print(f"[up] {ca_profile.NAME}: left running (started by an earlier up --autoscaler "
               f"{ca_profile.NAME}; `down --only-autoscaler` stops it)", flush=True)
+    from . import kueue_profile
+
+    kueue_profile.up(c, kueue, status, t0)
     (c.state / "state.json").write_text(json.dumps(
         {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
          "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))
@@ -347,18 +351,21 @@ def _up(c: Ctx, autoscaler: str = "none") -> Ctx:
     return c
 
 
-def down(purge: bool = False, only_autoscaler: bool = False) -> None:
+def down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False) -> None:
     c = _ctx()
     with _locked(c.state):
-        _down(c, purge, only_autoscaler)
+        _down(c, purge, only_autoscaler, only_kueue)
 
 
-def _down(c: Ctx, purge: bool, only_autoscaler: bool = False) -> None:
+def _down(c: Ctx, purge: bool, only_autoscaler: bool = False, only_kueue: bool = False) -> None:
     from . import ca_profile
+    from . import kueue_profile as kp
 
-    if ca_profile.stop(c):  # first: on exit CA deletes its nodes through the API server
+    if not only_autoscaler and kp.stop(c):  # first: its webhooks go while the API server still runs
+        print(f"[down] stopped {kp.NAME}", flush=True)
+    if not only_kueue and ca_profile.stop(c):  # on exit CA deletes its nodes through the API server
         print(f"[down] stopped {ca_profile.NAME}", flush=True)
-    if only_autoscaler:
+    if only_autoscaler or only_kueue:
         return
     for comp in reversed(COMPONENTS):
         if procs.stop(c.state, comp.name, c.bins[comp.name]):
@@ -381,20 +388,23 @@ def status() -> dict[str, str]:
     from . import ca_profile
 
     out[ca_profile.NAME] = ca_profile.status_line(c)
+    from . import kueue_profile
+
+    out[kueue_profile.NAME] = kueue_profile.status_line(c)
     return out
 
 
-def main_up(autoscaler: str = "none") -> int:
+def main_up(autoscaler: str = "none", kueue: bool = False) -> int:
     try:
-        up(autoscaler)
+        up(autoscaler, kueue)
     except (BootError, CertError) as e:
         print(f"[up] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def main_down(purge: bool = False, only_autoscaler: bool = False) -> int:
-    down(purge, only_autoscaler)
+def main_down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False) -> int:
+    down(purge, only_autoscaler, only_kueue)
     return 0
 
 

@@ -197,9 +197,10 @@ def check_toolchain() -> None:
         raise BuildError("the Go toolchain ('go') is not on PATH; install Go >= 1.24 to build the dev cluster")
 
 
-def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
-    """Build what is missing; with ``with_autoscaler`` cluster-autoscaler too, in parallel with the others
-    (its module download, source copy and compile overlap theirs; Go's build cache is safe to share).
+def build_all(with_autoscaler: bool = False, with_kueue: bool = False) -> dict[str, Path]:
+    """Build what is missing; with ``with_autoscaler`` cluster-autoscaler too, with ``with_kueue`` the Kueue
+    controller (:mod:`.kueue`), each in parallel with the others (module downloads and compiles overlap; Go's
+    build cache is safe to share).
 
     Also generates the ProvisioningRequest CRD (:mod:`.provreq_crd`) so that ``up`` needs no Go toolchain.
 
@@ -213,7 +214,12 @@ def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
     t0 = time.monotonic()
     built: dict[str, Path] = {}
     ca_job: Future[Path] | None = None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="build-ca")
+    kueue_job: Future[Path] | None = None
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="build-extra")
+    if with_kueue:
+        from .kueue import build as build_kueue
+
+        kueue_job = pool.submit(build_kueue, wait_for_others=False)
     if with_autoscaler:
         # cluster-autoscaler (kwok provider, -tags kwok, one QPS patch) is built by autoscaler.py.
         from .autoscaler import build as build_autoscaler
@@ -231,6 +237,13 @@ def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
             built["cluster-autoscaler"] = ca_job.result()
         except AutoscalerError as e:
             raise BuildError(f"cluster-autoscaler: {e}") from e
+    if kueue_job is not None:
+        from .kueue import KueueError
+
+        try:
+            built["kueue"] = kueue_job.result()
+        except KueueError as e:
+            raise BuildError(f"kueue: {e}") from e
     from .provreq_crd import CrdError, ensure_crd_file
 
     try:
@@ -241,9 +254,9 @@ def build_all(with_autoscaler: bool = False) -> dict[str, Path]:
     return built
 
 
-def main(with_autoscaler: bool = False) -> int:
+def main(with_autoscaler: bool = False, with_kueue: bool = False) -> int:
     try:
-        build_all(with_autoscaler)
+        build_all(with_autoscaler, with_kueue)
     except BuildError as e:
         print(f"[build] FAILED: {e}", file=sys.stderr, flush=True)
         return 1

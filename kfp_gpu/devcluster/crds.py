@@ -33,6 +33,8 @@ _RESOURCES: dict[tuple[str, str], tuple[str, str, bool]] = {
         "/apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
     ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): (
         "/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", False),
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): (
+        "/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", False),
 }
 
 

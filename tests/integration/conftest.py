@@ -17,6 +17,9 @@
 ``autoscaler`` session fixture: the cluster-autoscaler profile running (``devcluster up --autoscaler
                cluster-autoscaler``, idempotent); a :class:`kfp_gpu.devcluster.ca_profile.Profile` (kubeconfig,
                node_groups, log, pid). FAILS (never skips) when cluster-autoscaler cannot run.
+``kueue``      session fixture: the Kueue profile running (``devcluster up --kueue``, idempotent; leaves the
+               cluster-autoscaler profile as it is); a :class:`kfp_gpu.devcluster.kueue_profile.Profile`
+               (kubeconfig, log, pid, api_version). FAILS (never skips) when Kueue cannot run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import ca_profile
+from kfp_gpu.devcluster import ca_profile, kueue_profile
 from kfp_gpu.devcluster.client import Kube, ensure_up
 from kfp_gpu.devcluster.nodes import make_gpu_node
 from tests.integration.rbac_support import (
@@ -63,6 +66,14 @@ def autoscaler(kube: Kube) -> ca_profile.Profile:
     except Exception as e:  # noqa: BLE001 - CA that cannot run must fail loudly, never skip
         pytest.fail(f"cluster-autoscaler profile failed (make cluster-up AUTOSCALER=cluster-autoscaler): {e}",
                     pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def kueue(kube: Kube) -> kueue_profile.Profile:
+    try:
+        return kueue_profile.ensure_up()
+    except Exception as e:  # noqa: BLE001 - Kueue that cannot run must fail loudly, never skip
+        pytest.fail(f"Kueue profile failed (make cluster-up KUEUE=1): {e}", pytrace=False)
 
 
 def _slug(nodeid: str, n: int = 30) -> str:

@@ -1,0 +1,204 @@
+"""Build the real Kueue controller (``sigs.k8s.io/kueue``) and derive what it needs from its module.
+
+Build: ``sigs.k8s.io/kueue`` at ``KUEUE_VERSION`` (versions.env) is built from its Go module in a wrapper module under
+``<cache>/build/sigs.k8s.io_kueue-<version>`` that requires it; the upstream go.mod's requires (and module
+replaces, none in v0.17) are copied into the wrapper, as is its go.sum. The manager binary (``cmd/kueue``) lands in
+``<cache>/bin/kueue-<version>`` (CGO_ENABLED=0, ``-trimpath -ldflags "-s -w"``, the version stamped into
+``pkg/version``). One source change: with internal cert management off, upstream reads the metrics serving cert from
+the hard-coded ``/etc/kueue/metrics/certs``. The manager's main package is a single file importing no internal
+package, so the wrapper module holds a patched copy of it (``cmd/kueue/main.go``, where ``$KUEUE_METRICS_CERT_DIR``
+overrides that path) and builds that against the upstream packages: the out-of-cluster controller keeps every file
+in the dev cluster's state dir, and nothing else is copied (``go build -overlay`` refuses module-cache files).
+
+Shared files: Kueue's CRDs (``config/components/crd/bases``), the conversion-webhook CRD patches and the webhook
+configurations (``config/components/webhook/manifests.yaml``) are copied out of the module cache into
+``<cache>/share/kueue-<version>`` at build time, so ``up`` needs no Go toolchain (nothing is committed).
+
+    python -m kfp_gpu.devcluster.kueue build      # build into the cache (skips when present)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .versions import binary_path, cache_dir, load_versions, share_dir
+
+MODULE = "sigs.k8s.io/kueue"
+PACKAGE = MODULE + "/cmd/kueue"
+NAME = "kueue"
+METRICS_CERT_ENV = "KUEUE_METRICS_CERT_DIR"
+CRD_DIR = "config/components/crd/bases"
+CRD_PATCH_DIR = "config/components/crd/patches"
+CRD_KUSTOMIZATION = "config/components/crd/kustomization.yaml"  # which conversion patches upstream applies
+WEBHOOK_MANIFEST = "config/components/webhook/manifests.yaml"
+
+PATCHED_FILE = "cmd/kueue/main.go"
+METRICS_ANCHOR = '\t\tmetricsCertPath := "/etc/kueue/metrics/certs"\n'
+METRICS_PATCH = (
+    f'\t\tif d := os.Getenv("{METRICS_CERT_ENV}"); d != "" {{ // kfp-gpu dev cluster: runs out of cluster\n'
+    "\t\t\tmetricsCertPath = d\n"
+    "\t\t}\n"
+)
+
+
+class KueueError(RuntimeError):
+    """Building or running Kueue failed (never skipped silently)."""
+
+
+def version() -> str:
+    """The pinned version. Raises: KueueError when versions.env has no KUEUE_VERSION."""
+    v = load_versions().get("KUEUE_VERSION", "").strip()
+    if not v:
+        raise KueueError("KUEUE_VERSION is empty in kfp_gpu/devcluster/versions.env; set it (e.g. v0.17.0)")
+    return v
+
+
+def binary() -> Path:
+    return binary_path(NAME, version())
+
+
+def share() -> Path:
+    """Where the CRDs and webhook manifests of the pinned version are kept."""
+    return share_dir(NAME, version())
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
+    env["CGO_ENABLED"] = "0"
+    return env
+
+
+def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
+    with log.open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
+        fh.flush()
+        proc = subprocess.run(list(cmd), cwd=cwd, env=go_env(), capture_output=True, text=True)
+        fh.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise KueueError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}\n(full log: {log})")
+    return proc.stdout
+
+
+def wrapper_gomod(upstream: Mapping[str, Any], ver: str) -> str:
+    """The wrapper module's go.mod from ``go mod edit -json`` of the upstream go.mod (requires + module replaces)."""
+    lines = [f"module kfpgpu.local/build/{NAME}", "", f"go {upstream.get('Go') or '1.25.0'}", "", "require ("]
+    lines.append(f"\t{MODULE} {ver}")
+    for r in upstream.get("Require") or []:
+        if r["Path"] != MODULE:
+            lines.append(f"\t{r['Path']} {r['Version']}")
+    lines.append(")")
+    reps = []
+    for r in upstream.get("Replace") or []:
+        old, new = r["Old"], r["New"]
+        if new.get("Version"):  # module replace: copy; local-path replaces are dropped
+            old_s = old["Path"] + (" " + old["Version"] if old.get("Version") else "")
+            reps.append(f"\t{old_s} => {new['Path']} {new['Version']}")
+    if reps:
+        lines += ["", "replace (", *reps, ")"]
+    return "\n".join(lines) + "\n"
+
+
+def patched_main(src: str) -> str:
+    """``cmd/kueue/main.go`` with :data:`METRICS_PATCH` after the anchor.
+
+    Raises: KueueError when the anchor is not found exactly once (the pinned version changed).
+    """
+    if src.count(METRICS_ANCHOR) != 1:
+        raise KueueError(f"{PATCHED_FILE}: patch anchor not found; review METRICS_PATCH for this version")
+    return src.replace(METRICS_ANCHOR, METRICS_ANCHOR + METRICS_PATCH)
+
+
+def other_go_builds() -> list[int]:
+    from .autoscaler import other_go_builds as others
+
+    return others()
+
+
+def _module_src(work: Path, log: Path, ver: str) -> Path:
+    _run(["go", "mod", "download", f"{MODULE}@{ver}"], work, log)
+    modcache = Path(_run(["go", "env", "GOMODCACHE"], work, log).strip())
+    return modcache / f"{MODULE}@{ver}"
+
+
+def copy_shared(src: Path, dst: Path) -> None:
+    """Copy the CRDs, their conversion patches and the webhook manifests out of the module source."""
+    for rel in (CRD_DIR, CRD_PATCH_DIR):
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for f in sorted((src / rel).glob("*.yaml")):
+            shutil.copyfile(f, dst / rel / f.name)
+    for rel in (CRD_KUSTOMIZATION, WEBHOOK_MANIFEST):
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dst / rel)
+
+
+def shared_present() -> bool:
+    d = share()
+    return (d / WEBHOOK_MANIFEST).exists() and (d / CRD_KUSTOMIZATION).exists() and any((d / CRD_DIR).glob("*.yaml"))
+
+
+def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
+    """Build Kueue's manager into the cache and copy its manifests; a present binary is reused.
+
+    Raises: KueueError (missing toolchain, download or compile failure, patch anchor gone).
+    """
+    ver = version()
+    out = binary_path(NAME, ver)
+    if out.exists() and shared_present():
+        return out
+    if shutil.which("go") is None:
+        raise KueueError("the Go toolchain ('go') is not on PATH; install Go >= 1.25 to build Kueue")
+    work = cache_dir() / "build" / f"{MODULE.replace('/', '_')}-{ver}"
+    work.mkdir(parents=True, exist_ok=True)
+    log = cache_dir() / "build" / f"{NAME}-{ver}.log"
+    t0 = time.monotonic()
+    src = _module_src(work, log, ver)
+    copy_shared(src, share())
+    if out.exists():
+        return out
+    upstream = json.loads(_run(["go", "mod", "edit", "-json", str(src / "go.mod")], work, log))
+    (work / "go.mod").write_text(wrapper_gomod(upstream, ver))
+    if not (work / "go.sum").exists():
+        shutil.copyfile(src / "go.sum", work / "go.sum")
+        (work / "go.sum").chmod(0o644)
+    (work / "cmd" / "kueue").mkdir(parents=True, exist_ok=True)
+    (work / PATCHED_FILE).write_text(patched_main((src / PATCHED_FILE).read_text()))
+    while wait_for_others and other_go_builds():
+        print(f"[kueue] waiting for other go builds {other_go_builds()}", flush=True)
+        time.sleep(poll_s)
+    t1 = time.monotonic()
+    print(f"[kueue] building {PACKAGE}@{ver} (log {log})", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    ldflags = f"-s -w -X {MODULE}/pkg/version.GitVersion={ver}"
+    _run(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), "./cmd/kueue"], work, log)
+    tmp.rename(out)
+    print(f"[kueue] built in {time.monotonic() - t1:.0f}s (setup {t1 - t0:.0f}s) -> {out}", flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["build"]:
+        print("usage: python -m kfp_gpu.devcluster.kueue build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except KueueError as exc:
+        print(f"[kueue] build FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

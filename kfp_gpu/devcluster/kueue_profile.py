@@ -1,0 +1,303 @@
+"""The Kueue profile of the dev cluster: the real Kueue controller (built by :mod:`kfp_gpu.devcluster.kueue`), its
+CRDs and its webhooks, served by a process outside the cluster.
+
+``python -m kfp_gpu.devcluster up --kueue`` (``make cluster-up KUEUE=1``, ``kfp-gpu dev-cluster up --kueue``) runs it
+as a managed process of the dev cluster: pid, args and log in the state dir (``kueue.{pid,args,log}``), its
+Configuration in ``kueue/config.yaml``, shown by ``status``, stopped by ``down`` (``down --only-kueue`` stops only
+Kueue), re-used by a later ``up`` while healthy with the same flags and configuration (else restarted). A plain
+``up`` leaves a running Kueue alone, and removes Kueue's webhook configurations when no Kueue runs (so a dead Kueue
+never blocks Job / PyTorchJob creation in the shared cluster). Combine with ``--autoscaler cluster-autoscaler``:
+the real cluster-autoscaler then serves the ProvisioningRequests Kueue's provisioning admission check creates.
+
+What it installs (server-side apply, field manager ``kfp-gpu-devcluster``):
+
+- Kueue's CRDs (``kueue.x-k8s.io``: v1beta2 served and stored, v1beta1 served), from the module, Established;
+  the CRDs upstream converts through a webhook (its kustomization's patches) get ``conversion.strategy: Webhook``
+  with ``url: https://127.0.0.1:<webhook port>/convert``.
+- ``kueue-mutating-webhook-configuration`` / ``kueue-validating-webhook-configuration``: upstream's webhooks for
+  Kueue's own CRDs and for the enabled integrations only (:data:`FRAMEWORKS`; a webhook for a framework Kueue does
+  not serve would refuse every such object), ``clientConfig.url`` on 127.0.0.1, applied once Kueue is ready.
+- Serving certs: the dev cluster's webhook cert (``pki/webhook.crt``, SAN 127.0.0.1, CA ``webhook-ca``), copied to
+  ``kueue/certs`` for the webhook server and the metrics server (internal cert management is off).
+
+Configuration (``config.kueue.x-k8s.io/v1beta2``): integrations ``batch/job`` and ``kubeflow.org/pytorchjob``;
+``manageJobsWithoutQueueName: false`` (jobs without the ``kueue.x-k8s.io/queue-name`` label are left alone: other
+tests share this cluster); no leader election; webhook, metrics and health on 127.0.0.1 ports
+(``KFP_GPU_KUEUE_{WEBHOOK,METRICS,HEALTH}_PORT``); the ``VisibilityOnDemand`` gate off (its aggregated API server
+is not needed here). The ProvisioningRequest admission check controller has no gate in v0.17: it starts when the
+API server serves ``autoscaling.x-k8s.io/v1`` ProvisioningRequests, which the dev cluster always does.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import kueue, procs
+from .boot import Component, Ctx
+
+NAME = kueue.NAME  # component name: kueue.{pid,args,log} in the state dir
+API_GROUP = "kueue.x-k8s.io"
+API_VERSION = "v1beta2"
+NAMESPACE = "kueue-system"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
+_HOOK_PATHS = {"batch/job": "-batch-v1-job", "kubeflow.org/pytorchjob": "-kubeflow-org-v1-pytorchjob"}
+MUTATING = "kueue-mutating-webhook-configuration"
+VALIDATING = "kueue-validating-webhook-configuration"
+PORTS: dict[str, tuple[str, int]] = {
+    "kueue-webhook": ("KFP_GPU_KUEUE_WEBHOOK_PORT", 19445),
+    "kueue-metrics": ("KFP_GPU_KUEUE_METRICS_PORT", 18444),
+    "kueue-health": ("KFP_GPU_KUEUE_HEALTH_PORT", 18082),
+}
+
+
+def ports() -> dict[str, int]:
+    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORTS.items()}
+
+
+def state_dir(c: Ctx) -> Path:
+    return c.state / "kueue"
+
+
+def cert_dir(c: Ctx) -> Path:
+    return state_dir(c) / "certs"
+
+
+def config_file(c: Ctx) -> Path:
+    return state_dir(c) / "config.yaml"
+
+
+def configuration(p: dict[str, int], certs: Path) -> dict[str, Any]:
+    """Kueue's ``Configuration`` for an out-of-cluster controller on the 127.0.0.1 ports ``p``."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "namespace": NAMESPACE,
+        "manageJobsWithoutQueueName": False,
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": p["kueue-webhook"], "certDir": str(certs)},
+        "metrics": {"bindAddress": f"127.0.0.1:{p['kueue-metrics']}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{p['kueue-health']}"},
+        "clientConnection": {"qps": 100, "burst": 200},
+        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "featureGates": {"VisibilityOnDemand": False},
+    }
+
+
+def _b64(p: Path) -> str:
+    return base64.b64encode(p.read_bytes()).decode()
+
+
+def crd_objects(share: Path, port: int, ca_bundle: str) -> list[dict[str, Any]]:
+    """Kueue's CRDs; those upstream converts through its webhook get a conversion webhook on 127.0.0.1.
+
+    Raises: procs.BootError when the shared files are missing (names the build command).
+    """
+    crd_dir = share / kueue.CRD_DIR
+    files = sorted(crd_dir.glob("*.yaml"))
+    kust = share / kueue.CRD_KUSTOMIZATION
+    if not files or not kust.exists():
+        raise procs.BootError(f"Kueue CRDs missing under {share}: run `python -m kfp_gpu.devcluster build --with-kueue`")
+    converted = set()
+    for p in yaml.safe_load(kust.read_text()).get("patches") or []:
+        patch = yaml.safe_load((kust.parent / p["path"]).read_text())
+        if (patch.get("spec") or {}).get("conversion", {}).get("strategy") == "Webhook":
+            converted.add(patch["metadata"]["name"])
+    out = []
+    for f in files:
+        crd = yaml.load(f.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe
+        if crd["metadata"]["name"] in converted:
+            crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                "clientConfig": {"url": f"https://127.0.0.1:{port}/convert", "caBundle": ca_bundle},
+                "conversionReviewVersions": ["v1"]}}
+        out.append(crd)
+    return out
+
+
+def webhook_objects(manifest: Path, port: int, ca_bundle: str,
+                    frameworks: tuple[str, ...] = FRAMEWORKS) -> list[dict[str, Any]]:
+    """Upstream's webhook configurations, reduced to Kueue's own CRDs and ``frameworks``, pointing at 127.0.0.1.
+
+    Raises: procs.BootError when the manifest is missing or a framework has no webhook in it.
+    """
+    if not manifest.exists():
+        raise procs.BootError(f"{manifest} is missing: run `python -m kfp_gpu.devcluster build --with-kueue`")
+    wanted = ["-kueue-x-k8s-io-", *(_HOOK_PATHS[f] for f in frameworks)]
+    out = []
+    for doc in (d for d in yaml.safe_load_all(manifest.read_text()) if d):
+        hooks = []
+        for h in doc.get("webhooks", []):
+            path = h["clientConfig"]["service"]["path"]
+            if any(w in path for w in wanted):
+                h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+                h["timeoutSeconds"] = 10
+                hooks.append(h)
+        name = MUTATING if doc["kind"] == "MutatingWebhookConfiguration" else VALIDATING
+        out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": name}, "webhooks": hooks})
+    paths = " ".join(h["clientConfig"]["url"] for d in out for h in d["webhooks"])
+    missing = [f for f in frameworks if _HOOK_PATHS[f] not in paths]
+    if missing:
+        raise procs.BootError(f"{manifest}: no webhook for {missing}")
+    return out
+
+
+def _argv(c: Ctx) -> list[str]:
+    return [str(c.bins[NAME]), f"--config={config_file(c)}"]
+
+
+def _env(c: Ctx) -> dict[str, str]:
+    return {"KUBECONFIG": str(c.kubeconfig), kueue.METRICS_CERT_ENV: str(cert_dir(c))}
+
+
+def _healthy(c: Ctx) -> bool:
+    """``/readyz`` answers 200: Kueue's webhook server is listening (upstream's readiness check)."""
+    return procs.http_ok(f"http://127.0.0.1:{c.ports['kueue-health']}/readyz")
+
+
+COMPONENT = Component(NAME, tuple(PORTS), _argv, _healthy, timeout=120.0, env=_env)
+
+
+def context(c: Ctx) -> Ctx:
+    """``c`` with Kueue's binary and ports (kept out of the core components' state.json ports)."""
+    return replace(c, bins={**c.bins, NAME: kueue.binary()}, ports={**c.ports, **ports()})
+
+
+def prepare(c: Ctx) -> Ctx:
+    """Check the binary, apply the CRDs (wait Established), write the certs and the Configuration.
+
+    Raises: procs.BootError (missing binary or manifests, CRD not Established), kueue.KueueError.
+    """
+    from . import crds
+
+    cx = context(c)
+    if not cx.bins[NAME].exists():
+        raise procs.BootError(f"{cx.bins[NAME]} is missing: run `make cluster-build KUEUE=1` "
+                              "(python -m kfp_gpu.devcluster build --with-kueue)")
+    ca = _b64(c.pki / "webhook-ca.crt")
+    api = crds.api_client(c.kubeconfig)
+    try:
+        crds.apply(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        objs = crd_objects(kueue.share(), cx.ports["kueue-webhook"], ca)
+        for crd in objs:
+            crds.apply(api, crd)
+        for crd in objs:
+            crds.wait_established(api, crd["metadata"]["name"])
+    finally:
+        api.close()
+    cert_dir(cx).mkdir(parents=True, exist_ok=True)
+    for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
+        shutil.copyfile(c.pki / src, cert_dir(cx) / dst)
+    config_file(cx).write_text(yaml.safe_dump(configuration(cx.ports, cert_dir(cx)), sort_keys=False))
+    return cx
+
+
+def install_webhooks(c: Ctx) -> None:
+    """Apply the webhook configurations (after Kueue is ready: until then they would refuse every labelled job)."""
+    from . import crds
+
+    cx = context(c)
+    api = crds.api_client(c.kubeconfig)
+    try:
+        for obj in webhook_objects(kueue.share() / kueue.WEBHOOK_MANIFEST, cx.ports["kueue-webhook"],
+                                   _b64(c.pki / "webhook-ca.crt")):
+            crds.apply(api, obj)
+    finally:
+        api.close()
+
+
+def remove_webhooks(c: Ctx) -> list[str]:
+    """Delete Kueue's webhook configurations (none are left pointing at a stopped Kueue); the names deleted."""
+    from kubernetes import client
+    from kubernetes.client import ApiException
+
+    from . import crds
+
+    api = crds.api_client(c.kubeconfig)
+    adm = client.AdmissionregistrationV1Api(api)
+    gone = []
+    try:
+        for name, delete in ((MUTATING, adm.delete_mutating_webhook_configuration),
+                             (VALIDATING, adm.delete_validating_webhook_configuration)):
+            try:
+                delete(name)
+                gone.append(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+    finally:
+        api.close()
+    return gone
+
+
+def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
+    """``boot.up``'s Kueue step: start/re-use it when ``wanted``; else leave a running one alone, or remove the
+    webhook configurations a stopped one left (they would refuse every Job / PyTorchJob).
+
+    Raises: procs.BootError, kueue.KueueError.
+    """
+    from .boot import _ensure
+
+    if wanted:
+        status[NAME] = _ensure(prepare(c), COMPONENT)
+        install_webhooks(c)
+        print(f"[up] {NAME}: {status[NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
+    elif running_pid(c) is not None:
+        print(f"[up] {NAME}: left running (started by an earlier up --kueue; `down --only-kueue` stops it)",
+              flush=True)
+    elif remove_webhooks(c):
+        print(f"[up] {NAME}: not running; removed its stale webhook configurations", flush=True)
+
+
+def running_pid(c: Ctx) -> int | None:
+    cx = context(c)
+    return procs.running_pid(cx.state, NAME, cx.bins[NAME])
+
+
+def stop(c: Ctx) -> bool:
+    """Stop the profile's Kueue and remove its webhook configurations. True if it was running."""
+    cx = context(c)
+    was = procs.stop(cx.state, NAME, cx.bins[NAME], timeout=20.0)
+    try:
+        remove_webhooks(cx)
+    except Exception as e:  # noqa: BLE001 - the API server may already be gone (down after a crash)
+        print(f"[down] could not remove Kueue's webhook configurations: {str(e)[:200]}", flush=True)
+    return was
+
+
+def status_line(c: Ctx) -> str:
+    pid = running_pid(c)
+    if pid is None:
+        return "stopped (profile off; up --kueue starts it)"
+    return f"running pid={pid} " + ("healthy" if _healthy(context(c)) else "UNHEALTHY")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the ``kueue`` test fixture hands out."""
+
+    kubeconfig: Path
+    log: Path
+    pid: int
+    api_version: str = f"{API_GROUP}/{API_VERSION}"
+
+
+def ensure_up() -> Profile:
+    """Boot (or re-use) the dev cluster with Kueue running: ``up --kueue``.
+
+    Raises: procs.BootError, certs.CertError, kueue.KueueError (the caller decides how to fail).
+    """
+    from . import boot
+
+    c = boot.up(kueue=True)
+    pid = running_pid(c)
+    if pid is None:
+        raise procs.BootError(f"{NAME} is not running after up; see {c.state / (NAME + '.log')}")
+    return Profile(kubeconfig=c.kubeconfig, log=c.state / f"{NAME}.log", pid=pid)
