@@ -67,14 +67,9 @@ def evaluate(train_result: str, metrics: Output[Metrics]) -> None:
     metrics.log_metric("preemptions", float(result.get("preemptions") or 0))
 
 
-# The size fields are pipeline parameters (defaults from SPEC): choose them in the Kubeflow UI run form or
-# Vertex parameter_values; every kfp-gpu step runs with the values chosen, and preflight validates them.
-RUNTIME = ("nodes", "accelerator", "gpus_per_node", "capacity", "zones", "scale_up_deadline_s")
-
-
-@kfp_gpu.provisioned(SPEC, runtime=RUNTIME)
-@dsl.pipeline(name="llm-finetune", description="Data prep -> 4x8 GPU PyTorchJob fine-tune -> evaluation")
-def llm_finetune(num_docs: int = 256, train_steps: int = 60) -> None:
+def finetune_dag(num_docs: int, train_steps: int) -> None:
+    """The user's steps: data prep -> training job on the provisioned gang -> evaluation (shared by the examples
+    that get their capacity elsewhere: llm_finetune_ca.py, llm_finetune_flex.py)."""
     data = prepare_data(num_docs=num_docs)
     data.set_display_name("prepare data")
     job = kfp_gpu.train(
@@ -86,3 +81,14 @@ def llm_finetune(num_docs: int = 256, train_steps: int = 60) -> None:
     )
     ev = evaluate(train_result=job.outputs["Output"])
     ev.set_display_name("evaluate")
+
+
+# The size fields are pipeline parameters (defaults from SPEC): choose them in the Kubeflow UI run form or
+# Vertex parameter_values; every kfp-gpu step runs with the values chosen, and preflight validates them.
+RUNTIME = ("nodes", "accelerator", "gpus_per_node", "capacity", "zones", "scale_up_deadline_s")
+
+
+@kfp_gpu.provisioned(SPEC, runtime=RUNTIME)
+@dsl.pipeline(name="llm-finetune", description="Data prep -> 4x8 GPU PyTorchJob fine-tune -> evaluation")
+def llm_finetune(num_docs: int = 256, train_steps: int = 60) -> None:
+    finetune_dag(num_docs, train_steps)

@@ -11,7 +11,7 @@ from kfp import dsl
 
 import kfp_gpu
 from kfp_gpu.spec import CapacityType, CostInputs, ProvisioningSpec, Recovery, Target
-from pipelines.llm_finetune import evaluate, prepare_data
+from pipelines.llm_finetune import finetune_dag
 
 SPEC = ProvisioningSpec(
     accelerator="a100-80gb",
@@ -31,12 +31,4 @@ SPEC = ProvisioningSpec(
 @kfp_gpu.provisioned(SPEC, runtime=("nodes", "scale_up_deadline_s"))
 @dsl.pipeline(name="llm-finetune-flex", description="Data prep -> 2x8 GPU PyTorchJob on DWS flex-start -> eval")
 def llm_finetune_flex(num_docs: int = 256, train_steps: int = 30) -> None:
-    data = prepare_data(num_docs=num_docs)
-    job = kfp_gpu.train(
-        name="finetune",
-        command=["python", "-m", "pipelines.trainer.train_lm"],
-        args=["--steps", train_steps, "--checkpoint-every", "10"],
-        dataset=data.outputs["dataset"],
-        checkpoint_every=10,
-    )
-    evaluate(train_result=job.outputs["Output"])
+    finetune_dag(num_docs, train_steps)

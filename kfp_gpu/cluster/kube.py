@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 from kubernetes import client, config
@@ -211,3 +213,17 @@ def api_refusal(exc: BaseException) -> KfpGpuError | None:
         f"the Kubernetes API server refused: {message}",
         remediation="add that verb on that resource to the role of deploy/rbac.yaml (docs/rbac-iam.md) and "
         "re-apply it")
+
+
+def ignore_404(fn: Callable[[], Any]) -> bool:
+    """Call ``fn`` (a delete, usually); False when the object was already gone (404), True when it ran.
+
+    Raises: ApiException other than 404.
+    """
+    try:
+        fn()
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.plan.provreq import CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
@@ -70,9 +71,9 @@ def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | No
 
 def delete(api: client.ApiClient, namespace: str, name: str) -> bool:
     """Delete the request and its PodTemplate. True when the request existed. Raises: ApiException (non-404)."""
-    existed = _ignore_404(lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
+    existed = ignore_404(lambda: client.CustomObjectsApi(api).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name))
-    _ignore_404(lambda: client.CoreV1Api(api).delete_namespaced_pod_template(name, namespace))
+    ignore_404(lambda: client.CoreV1Api(api).delete_namespaced_pod_template(name, namespace))
     return existed
 
 
@@ -92,11 +93,11 @@ def delete_labelled(api: client.ApiClient, namespace: str, selector: str) -> lis
         reqs = {"items": []}
     for r in reqs.get("items", []):
         name = str(r["metadata"]["name"])
-        if _ignore_404(functools.partial(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+        if ignore_404(functools.partial(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
                                          name)):
             gone.append(f"{namespace}/{name}")
     for t in core.list_namespaced_pod_template(namespace, label_selector=selector).items:
-        _ignore_404(functools.partial(core.delete_namespaced_pod_template, t.metadata.name, namespace))
+        ignore_404(functools.partial(core.delete_namespaced_pod_template, t.metadata.name, namespace))
     return gone
 
 
@@ -199,13 +200,3 @@ class RequestWatch:
                         on_tick()
                     finally:
                         self._cond.acquire()
-
-
-def _ignore_404(fn: Callable[[], Any]) -> bool:
-    try:
-        fn()
-        return True
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise

@@ -9,6 +9,7 @@ idempotent: a second or concurrent teardown finds nothing left and is a no-op. I
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import provisioners
 from kfp_gpu.cluster import balloons, lease, ledger
+from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, label_safe
@@ -89,8 +91,8 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         jobs = custom.list_namespaced_custom_object(*PYTORCHJOB[:2], ns, PYTORCHJOB[2], label_selector=selector)
         for job in jobs.get("items", []):
             name = job["metadata"]["name"]
-            _ignore_404(lambda n=name: custom.delete_namespaced_custom_object(
-                *PYTORCHJOB[:2], ns, PYTORCHJOB[2], n, propagation_policy="Foreground"))
+            ignore_404(functools.partial(custom.delete_namespaced_custom_object, *PYTORCHJOB[:2], ns, PYTORCHJOB[2],
+                                         name, propagation_policy="Foreground"))
             rep.jobs.append(name)
     except ApiException as exc:
         if exc.status != 404:  # CRD absent: nothing to delete
@@ -118,7 +120,7 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     for name in rep.reservations:  # the cost report bills a reservation from held to released
         timeline.event("reservation-released", time.time(), name=name)
     for cm in ledgers:
-        if _ignore_404(lambda n=cm.metadata.name: client.CoreV1Api(api).delete_namespaced_config_map(n, ns)):
+        if ignore_404(functools.partial(client.CoreV1Api(api).delete_namespaced_config_map, cm.metadata.name, ns)):
             rep.ledgers.append(cm.metadata.name)
     try:  # the run's heartbeat Leases go last: until here they told the janitor the run was alive
         lease.delete_run_leases(api, ns, run_id)
@@ -128,16 +130,6 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         if tl.state is not NodeState.RELEASED:
             tl.advance(NodeState.RELEASED, now)
     return rep, timeline
-
-
-def _ignore_404(fn: Any) -> bool:
-    try:
-        fn()
-        return True
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
 
 
 def _cost(spec: ProvisioningSpec, tl: Timeline) -> tuple[str, dict[str, float]]:
