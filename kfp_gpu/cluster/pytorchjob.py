@@ -6,7 +6,8 @@ a JobTemplate first, see :mod:`kfp_gpu.training_models`). Gang safety:
 with one), one Master + (nodes - 1) Workers each asking for the node's GPUs, pinned to the provisioned
 pool by node selector *and* to the exact gang nodes by node affinity. ``restartPolicy: Never`` and
 ``backoffLimit: 0`` leave every restart decision to kfp-gpu's own budget (the operator does not count
-preemptions, see docs/architecture.md).
+preemptions, see docs/architecture.md). On a Kueue-gated namespace the job carries the LocalQueue's
+``kueue.x-k8s.io/queue-name`` label and is created suspended: Kueue unsuspends it once its Workload is admitted.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
+from kfp_gpu.plan.kueue import QUEUE_LABEL
 from kfp_gpu.providers.base import label_safe
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -55,13 +57,15 @@ def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
     checkpoint_uri: str, resume_step: int, run_id: str, dataset_uri: str = "",
     gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None, local: bool = False,
+    queue: str = "",
 ) -> dict[str, Any]:
     """The PyTorchJob body for one attempt: the user's template plus kfp-gpu's placement and bookkeeping.
 
     kfp-gpu's parts win where they meet the user's: ownership labels, the node's GPUs, the gang's node
     selector and affinity (ANDed with the user's node affinity), the run's toleration (the user's are added),
     the checkpoint/resume env. ``pod_annotations`` are added to every pod template, over the template's;
-    ``local`` (the local rehearsal) adds the default ``kfp-gpu.io/sim-duration`` under both.
+    ``local`` (the local rehearsal) adds the default ``kfp-gpu.io/sim-duration`` under both. ``queue`` (a Kueue
+    LocalQueue) labels the job with ``kueue.x-k8s.io/queue-name`` (over the template's) and creates it suspended.
     """
     env = [{"name": k, **v} if isinstance(v, dict) else {"name": k, "value": v}
            for k, v in template.env if k not in _OWN_ENV]
@@ -121,15 +125,18 @@ def manifest(
     specs: dict[str, Any] = {"Master": replica(1)}
     if nodes > 1:
         specs["Worker"] = replica(nodes - 1)
-    spec: dict[str, Any] = {
-        "runPolicy": {"cleanPodPolicy": "None", "backoffLimit": 0, "schedulingPolicy": {"minAvailable": nodes}},
-        "pytorchReplicaSpecs": specs,
-    }
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "None", "backoffLimit": 0,
+                                  "schedulingPolicy": {"minAvailable": nodes}}
+    meta_labels = dict(job_labels)
+    if queue:
+        run_policy["suspend"] = True  # Kueue admits it; no pods before (its webhook would set this too)
+        meta_labels[QUEUE_LABEL] = queue
+    spec: dict[str, Any] = {"runPolicy": run_policy, "pytorchReplicaSpecs": specs}
     if template.nproc_per_node:
         spec["nprocPerNode"] = str(template.nproc_per_node)
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-        "metadata": {"name": name, "labels": job_labels,
+        "metadata": {"name": name, "labels": meta_labels,
                      "annotations": {**dict(template.annotations), "kfp-gpu.io/run-id-raw": run_id,
                                      "kfp-gpu.io/resume-step": str(resume_step)}},
         "spec": spec,

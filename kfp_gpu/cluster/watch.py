@@ -19,8 +19,10 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu.cluster import kueue_workload
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
+from kfp_gpu.plan.admission import Admission, QueueState, WorkloadFact, admission
 from kfp_gpu.plan.recovery import (
     DISRUPTION_CONDITION,
     Cause,
@@ -137,11 +139,13 @@ class GangWatch:
     """Node, pod and job watches of one PyTorchJob feeding a single queue, plus the facts they built.
 
     ``nodes`` covers every node of the cluster; ``incidents`` the gang nodes that went away (or were
-    missing) during the current attempt; ``pods`` the current attempt's pods (by job UID).
+    missing) during the current attempt; ``pods`` the current attempt's pods (by job UID). With a Kueue
+    ``local_queue`` (the job's LocalQueue), a fourth watch follows the namespace's Workloads; ``workload`` is the current attempt's, ``suspended`` the job's ``runPolicy.suspend`` and
+    ``admitted_at`` when this attempt was first seen admitted (:meth:`admission`).
     """
 
     def __init__(self, api: client.ApiClient, namespace: str, job: str, group: str, version: str,
-                 plural: str, pod_selector: str, clock: Callable[[], float] = time.time) -> None:
+                 plural: str, pod_selector: str, clock: Callable[[], float] = time.time, *, local_queue: str = "") -> None:
         self.api, self.namespace, self.job = api, namespace, job
         self.q: queue.Queue[Event] = queue.Queue()
         self.clock = clock
@@ -150,6 +154,14 @@ class GangWatch:
             pod_watcher(api, self.q, namespace, pod_selector),
             custom_watcher(api, self.q, group, version, namespace, plural, job),
         ]
+        self.local_queue = local_queue
+        if local_queue:
+            self._watchers.append(kueue_workload.watcher(api, self.q, namespace))
+        self._workloads: dict[str, WorkloadFact] = {}
+        self.workload: WorkloadFact | None = None
+        self.suspended = False
+        self.suspended_at: float | None = None
+        self.admitted_at: float | None = None
         self.nodes: dict[str, NodeFact] = {}
         self.gang: frozenset[str] = frozenset()
         self.incidents: dict[str, NodeIncident] = {}
@@ -210,8 +222,29 @@ class GangWatch:
                 return
             self.job_deleted = deleted
             self.conditions = _conditions(ev.obj)
+            self._suspend(ev.obj, ev.at)
             if self.running_at is None and "Running" in self.conditions and self.pods:
                 self.running_at = ev.at
+        elif ev.source == "workload":
+            w = kueue_workload.workload_fact(ev.obj, ev.at, deleted=deleted)
+            self._workloads[w.name] = w
+            if self.uid and w.owner_uid == self.uid:
+                self.workload = w
+
+    def _suspend(self, job: Mapping[str, Any], at: float) -> None:
+        suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        if suspended and not self.suspended:
+            self.suspended_at = at
+        self.suspended = suspended
+
+    def admission(self, now: float, *, waiting_since: float, timeout_s: float = float("inf")) -> Admission:
+        """The attempt's queue state (:func:`kfp_gpu.plan.admission.admission`); notes the first admission."""
+        adm = admission(queue=self.local_queue, suspended=self.suspended, workload=self.workload,
+                        admitted_at=self.admitted_at, running=self.running_at is not None,
+                        waiting_since=waiting_since, now=now, timeout_s=timeout_s, suspended_at=self.suspended_at)
+        if adm.state is QueueState.ADMITTED and self.admitted_at is None:
+            self.admitted_at = now
+        return adm
 
     def _track(self, p: PodFact, at: float) -> None:
         self.pods[p.name] = p
@@ -267,8 +300,11 @@ class GangWatch:
         self.pods, self.incidents, self.conditions = {}, {}, _conditions(job)
         self.job_deleted = False
         self.created_at = self.clock()
-        self.first_pod_at = self.first_bound_at = self.running_at = None
+        self.first_pod_at = self.first_bound_at = self.running_at = self.admitted_at = self.suspended_at = None
+        self.suspended = False
+        self._suspend(job, self.created_at)
         self.drain()
+        self.workload = next((w for w in self._workloads.values() if w.owner_uid == self.uid), None)
         for p in sorted(self._all_pods.values(), key=lambda p: p.at):  # re-attach: pods seen before
             if p.owner_uid == self.uid:
                 self._track(p, p.at)
@@ -286,9 +322,12 @@ class GangWatch:
         size = self.replicas
         while True:
             now = self.clock()
+            adm = self.admission(now, waiting_since=self.created_at)
+            evicted = adm.state is QueueState.EVICTED
             verdict = classify(self.gang, self.incidents, self.pods.values(), now=now,
-                               job_failed=self.conditions.get("Failed", ""))
-            if verdict.cause is Cause.PREEMPTION or verdict.final(now):
+                               job_failed=self.conditions.get("Failed", ""), queue_evicted=adm.reason if evicted
+                               else "", queue_evicted_at=adm.at if evicted else None)
+            if verdict.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION) or verdict.final(now):
                 self.decided_at = now
                 return verdict
             if "Succeeded" in self.conditions and verdict.cause is Cause.NONE:
@@ -297,7 +336,7 @@ class GangWatch:
                 raise TrainingFailed(f"job {self.job} was deleted by someone else while running",
                                      remediation="do not delete kfp-gpu jobs by hand; cancel the run instead")
             live = [p for p in self.pods.values() if not p.deleted]
-            wd = watchdog(Placement(self.created_at, size, self.first_pod_at, self.first_bound_at,
+            wd = watchdog(Placement(self.admitted_at or self.created_at, size, self.first_pod_at, self.first_bound_at,
                                     bound=sum(1 for p in live if p.node),
                                     running=sum(1 for p in live if p.phase in ("Running", "Succeeded"))),
                           now=now, admission_s=admission_s, placement_s=placement_s)

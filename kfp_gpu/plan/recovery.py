@@ -8,6 +8,8 @@ Classification (first match wins, preemption evidence always beats application f
 of a lost node die with NCCL errors that look like application failures):
 
 1. a gang node deleted, or tainted for shutdown (:data:`SHUTDOWN_TAINTS`) -> PREEMPTION of that node;
+   then an eviction by Kueue (``queue_evicted``, see :mod:`kfp_gpu.plan.admission`) -> QUEUE_EVICTION: the
+   gang's nodes are kept, the job waits in its queue again (its pods die with 143 or vanish; not the app's fault);
 2. a pod with a ``DisruptionTarget`` condition or an eviction reason (:data:`EVICTION_REASONS`)
    -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption);
 3. a pod that exited 137/143 within :data:`NODE_EVENT_WINDOW_S` after a node incident -> PREEMPTION;
@@ -48,6 +50,7 @@ class Cause(str, enum.Enum):
     NONE = "none"
     PREEMPTION = "preemption"
     APP_FAILURE = "app-failure"
+    QUEUE_EVICTION = "queue-eviction"  # Kueue took the quota back (Preempted, PodsReadyTimeout, ...)
 
 
 @dataclass(frozen=True)
@@ -161,16 +164,22 @@ def classify(
     *,
     now: float,
     job_failed: str = "",
+    queue_evicted: str = "",
+    queue_evicted_at: float | None = None,
 ) -> Verdict:
     """What happened to the gang, from node incidents (keyed by node) and the current attempt's pods.
 
-    ``job_failed`` is the reason of a Failed job condition ("" when the job has not failed).
+    ``job_failed`` is the reason of a Failed job condition ("" when the job has not failed);
+    ``queue_evicted`` the reason Kueue evicted the job's Workload ("" when it did not), seen at
+    ``queue_evicted_at`` (default ``now``).
     """
     gang_set = frozenset(gang)
     lost = sorted((i for i in incidents.values() if i.node in gang_set), key=lambda i: i.at)
     if lost:
         return Verdict(Cause.PREEMPTION, lost[0].at, tuple(i.node for i in lost),
                        f"node {lost[0].node}: {lost[0].reason}")
+    if queue_evicted:
+        return Verdict(Cause.QUEUE_EVICTION, now if queue_evicted_at is None else queue_evicted_at, (), queue_evicted)
     pod_list = sorted(pods, key=lambda p: p.at)
     for p in pod_list:
         why = p.disruption or (p.reason if p.reason in EVICTION_REASONS else "")
@@ -197,7 +206,7 @@ def classify(
 # ---- budget -------------------------------------------------------------------------------------
 
 class Action(str, enum.Enum):
-    RESUME = "resume"  # preemption within budget: re-provision what was lost and resume
+    RESUME = "resume"  # preemption (or queue eviction) within budget: re-provision what was lost and resume
     RETRY = "retry"  # application failure within its retry budget: restart from the checkpoint
     FAIL = "fail"  # application failure, retries used up -> TrainingFailed
     EXHAUSTED = "exhausted"  # preemption budget used up -> RecoveryBudgetExhausted
@@ -233,6 +242,15 @@ def decide(policy: Recovery, *, spot: bool, budget: Budget, verdict: Verdict) ->
         note = " (on-demand fallback)" if on_demand and not budget.on_demand else ""
         return Decision(Action.RESUME, nb, on_demand, policy.max_preemptions - used,
                         f"preemption {used}/{policy.max_preemptions}: resuming{note}")
+    if verdict.cause is Cause.QUEUE_EVICTION:  # same budget; nodes kept, so no on-demand switch
+        used = budget.preemptions + 1
+        nb = replace(budget, preemptions=used)
+        if used > policy.max_preemptions:
+            return Decision(Action.EXHAUSTED, nb, budget.on_demand, 0,
+                            f"queue eviction {used} exceeds recovery.max_preemptions={policy.max_preemptions}")
+        return Decision(Action.RESUME, nb, budget.on_demand, policy.max_preemptions - used,
+                        f"queue eviction {used}/{policy.max_preemptions}: resuming from the newest checkpoint "
+                        "once Kueue admits the job again")
     if verdict.cause is Cause.APP_FAILURE:
         used = budget.app_failures + 1
         nb = replace(budget, app_failures=used)

@@ -7,12 +7,16 @@ gone (force-deleting pods stuck on vanished nodes), re-provision only the lost n
 from the newest complete checkpoint. Application failures are retried ``recovery.app_failure_retries``
 times, then fail with the pods' log tails. Every incident is written to the step ledger (so a retried step
 keeps counting) and to the timeline. Cancel (SIGTERM -> ``Cancelled``) deletes the job, then re-raises.
+
+On a Kueue-gated namespace (:mod:`kfp_gpu.steps.admission`) the job goes to the run's LocalQueue, created
+suspended; the step waits for its admission (own deadline ``queue_timeout_s``, progress lines), and an eviction
+by Kueue (``Preempted``, ``PodsReadyTimeout``...) is a recovery of its own cause: counted as a preemption, the
+nodes kept, the job recreated from the newest checkpoint to wait in its queue again.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -21,9 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu import provisioners
-from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.cluster.lease import Heartbeat
-from kfp_gpu.cluster.watch import GangWatch
+from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.errors import (
     Cancelled,
     GangPlacementFailed,
@@ -34,10 +36,8 @@ from kfp_gpu.errors import (
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan.recovery import (
     Action,
-    Budget,
     Cause,
     Decision,
-    Usage,
     Verdict,
     decide,
     gang_losses,
@@ -46,121 +46,17 @@ from kfp_gpu.plan.recovery import (
     steps_lost,
     unclaimed,
 )
-from kfp_gpu.providers.base import Owner, label_safe
+from kfp_gpu.providers.base import label_safe
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.steps import admission
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.train_report import result as _result
-from kfp_gpu.timeline import NodeState, Timeline
+from kfp_gpu.steps.train_state import STEP, TrainState
 
 log = logging.getLogger(__name__)
-STEP = "train"
-__all__ = ["run", "merge_capacity", "Reprovision", "TrainState"]
-
-
-class TrainState:
-    """Everything one train step knows: capacity, budget, ledger, timeline, and the gang watch."""
-
-    def __init__(self, spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity: Capacity,
-                 job: str) -> None:
-        self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
-        self.namespace = spec.target.namespace
-        # renews this run's leases while the step lives (a multi-day run outlives any fixed lease_ttl_s)
-        self.heartbeat = Heartbeat(api, self.namespace, run_id, STEP, spec.lease_ttl_s)
-        self.timeline = Timeline(run_id=run_id)
-        if capacity.timeline_json:
-            self.timeline.merge(Timeline.from_json(capacity.timeline_json))
-        self.budget = Budget()
-        self.usage = Usage(gpus=spec.nodes * capacity.gpus_per_node)
-        self.ledger: dict[str, Any] = {}
-        self.attempt = 0
-        self.resume_step = 0
-        self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions
-        self._usage_closed = True
-        self.watch = GangWatch(api, self.namespace, job, pytorchjob.GROUP, pytorchjob.VERSION,
-                               pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={job}")
-
-    @property
-    def owner(self) -> Owner:
-        """The step's ownership, with the lease expiry the heartbeat last renewed."""
-        return self.heartbeat.owner
-
-    @property
-    def running_at(self) -> float | None:
-        return self.watch.running_at
-
-    def load_ledger(self) -> None:
-        """Continue the budget of an earlier try of this step. Raises: ApiException."""
-        self.ledger = ledger.read(self.api, self.namespace, self.run_id, STEP) or {}
-        b = self.ledger.get("budget") or {}
-        self.budget = Budget(int(b.get("preemptions", 0)), int(b.get("app_failures", 0)), bool(b.get("on_demand")))
-        self.attempt = int(self.ledger.get("attempts", 0))
-        self.ledger.update(job=self.job, namespace=self.namespace)
-
-    def save_ledger(self) -> None:
-        self.ledger["attempts"] = self.attempt
-        self.ledger["capacity"] = json.loads(self.capacity.to_json())
-        self.ledger["gpu_hours"] = round(self.usage.gpu_hours, 6)
-        self.ledger["timeline"] = self.timeline.to_json()  # teardown's cost report reads job intervals here
-        self.ledger["spec"] = self.spec.to_json()  # the janitor tears down with the run's own spec
-        self.ledger.setdefault("started", time.time())
-        try:
-            ledger.write(self.api, self.namespace, self.owner, self.ledger)
-        except Exception as exc:  # the ledger is a record; losing one write must not kill training
-            log.warning("could not write the train ledger: %s", exc)
-
-    def checkpoint(self) -> Any:
-        """The newest complete checkpoint (``.step``, ``.created``, ``.uri``, ``.meta``) or None."""
-        if not self.spec.checkpoint_uri:
-            return None
-        try:
-            from kfp_gpu.checkpoint.store import CheckpointStore
-        except ImportError:  # pragma: no cover - the checkpoint package ships with kfp_gpu
-            return None
-        try:
-            return CheckpointStore(self.spec.checkpoint_uri).latest()
-        except KfpGpuError as exc:
-            log.warning("cannot read checkpoints at %s: %s", self.spec.checkpoint_uri, exc)
-            return None
-
-    def close_usage(self, end: float) -> None:
-        """Count the current attempt's running interval into GPU-hours (once)."""
-        if not self._usage_closed:
-            self.usage.add(self.running_at, end)
-            self._usage_closed = True
-
-    def begin_attempt(self, job: dict[str, Any], *, resume_step: int, created: bool) -> None:
-        self._usage_closed = False
-        self.attempt += 1
-        self.resume_step = resume_step
-        self.watch.begin(job, self.capacity.nodes, self.spec.nodes)
-        now = time.time()
-        kind = "job-created" if created else "job-attached"
-        self.timeline.event(kind, now, job=self.job, attempt=self.attempt, resume_step=resume_step)
-        if self.attempt > 1 and created:
-            self.timeline.event("resumed", now, job=self.job, attempt=self.attempt, step=resume_step)
-        self.ledger["status"] = "running"
-        self.save_ledger()
-
-    def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
-        """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
-        try:
-            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
-        finally:
-            if self.running_at is not None:
-                self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
-                last = (self.ledger.get("preemptions") or [{}])[-1]
-                if last and "time_to_resume_s" not in last and last.get("decided_at"):
-                    last["time_to_resume_s"] = round(self.running_at - float(last["decided_at"]), 3)
-
-    def mark_node_preempted(self, node: str, at: float) -> None:
-        tl = self.timeline.nodes.get(node)
-        if tl is not None:
-            try:
-                tl.advance(NodeState.PREEMPTED, at)
-            except ValueError:
-                pass
+__all__ = ["STEP", "run", "merge_capacity", "Reprovision", "TrainState"]
 
 
 def run(
@@ -168,16 +64,20 @@ def run(
     reprovision: Reprovision | None = None, api: client.ApiClient | None = None,
     admission_timeout_s: float = 120.0, placement_timeout_s: float = 300.0, gate_timeout_s: float = 600.0,
     cleanup_timeout_s: float = 120.0, pod_annotations: Mapping[str, str] | None = None,
+    queue_timeout_s: float = 3600.0,
 ) -> StepResult:
     """Run the training job on ``capacity_json`` (a scale-up output) and recover from preemptions.
 
-    The ``*_timeout_s`` bounds drive the gate and the watchdog; ``pod_annotations`` are added to every
-    pod (e.g. ``kfp-gpu.io/sim-exit-code`` in the local rehearsal).
+    The ``*_timeout_s`` bounds drive the gate and the watchdog (``admission_timeout_s``: no pods after the job
+    was created or admitted; ``queue_timeout_s``: not admitted by its Kueue queue); ``pod_annotations`` are added
+    to every pod (e.g. ``kfp-gpu.io/sim-exit-code`` in the local rehearsal).
 
     Raises:
-        InvalidSpec: ``capacity_json`` or ``job_json`` is malformed.
-        GangPlacementFailed: the gang's nodes never became Ready, the job got no pods, or only part of the
-            gang was placed within the watchdog bounds (the job is deleted).
+        InvalidSpec: ``capacity_json`` or ``job_json`` is malformed, ``queue_timeout_s`` is not positive, or
+            ``target.queue`` names no LocalQueue of the namespace (or several are there and none is chosen).
+        GangPlacementFailed: the gang's nodes never became Ready, the job got no pods, only part of the
+            gang was placed within the watchdog bounds, or Kueue did not admit the job within
+            ``queue_timeout_s`` (the job is deleted).
         TrainingFailed: the application failed more than ``recovery.app_failure_retries`` times.
         RecoveryBudgetExhausted: more than ``recovery.max_preemptions`` preemptions.
         Cancelled: SIGTERM/SIGINT; the job was deleted first.
@@ -185,6 +85,7 @@ def run(
     """
     from kfp_gpu.cluster.kube import api_client
 
+    admission.check_timeout(queue_timeout_s)
     capacity = Capacity.from_json(capacity_json)
     template = JobTemplate.from_json(job_json)
     own_api = api is None
@@ -195,7 +96,7 @@ def run(
     st.load_ledger()
     try:
         status = _supervise(st, template, dataset_uri, reprovision, admission_timeout_s, placement_timeout_s,
-                            gate_timeout_s, cleanup_timeout_s, dict(pod_annotations or {}))
+                            gate_timeout_s, cleanup_timeout_s, dict(pod_annotations or {}), queue_timeout_s)
     except Cancelled:
         st.ledger["status"] = "cancelled"
         _cleanup(st, cleanup_timeout_s)
@@ -216,8 +117,10 @@ def run(
 def _supervise(
     st: TrainState, template: JobTemplate, dataset_uri: str, reprovision: Reprovision | None,
     admission_s: float, placement_s: float, gate_s: float, cleanup_s: float, annotations: dict[str, str],
+    queue_s: float,
 ) -> str:
     spec = st.spec
+    st.use_queue(admission.resolve_queue(st))
     st.watch.start()
     attach = pytorchjob.get(st.api, st.namespace, st.job)
     if attach is not None and attach["metadata"].get("deletionTimestamp"):
@@ -235,7 +138,7 @@ def _supervise(
                 checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
                 dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
                 pod_annotations={**annotations, **backend.pod_annotations(st.capacity)},
-                local=spec.target.kind is TargetKind.LOCAL,
+                local=spec.target.kind is TargetKind.LOCAL, queue=st.queue,
             )
             job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
         else:
@@ -243,7 +146,8 @@ def _supervise(
                 (attach["metadata"].get("annotations") or {}).get("kfp-gpu.io/resume-step", "0"))
         attach = None
         st.begin_attempt(job, resume_step=ckpt_step, created=created)
-        outcome = st.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+        outcome = admission.wait_admitted(st, queue_s) or st.watch_attempt(admission_s=admission_s,
+                                                                           placement_s=placement_s)
         if isinstance(outcome, str):  # "Succeeded"
             return outcome
         decision = decide(spec.recovery, spot=spec.spot, budget=st.budget, verdict=outcome)
@@ -378,7 +282,13 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
             steps_per_s=rate, checkpoint_every=template.checkpoint_every),
         "message": decision.message,
     }
-    if verdict.cause is Cause.PREEMPTION:
+    entry["cause"] = verdict.cause.value
+    if verdict.cause is Cause.QUEUE_EVICTION:  # Kueue took the quota back: nodes kept, job waits in its queue
+        entry.update(lost_nodes=[], queue=st.queue, workload=st.watch.workload.name if st.watch.workload else "",
+                     detect_latency_s=round(max(0.0, st.watch.decided_at - verdict.at), 4))
+        st.ledger.setdefault("preemptions", []).append(entry)
+        st.timeline.event("queue-eviction", verdict.at, reason=verdict.reason, job=st.job, queue=st.queue)
+    elif verdict.cause is Cause.PREEMPTION:
         entry.update(lost_nodes=list(verdict.lost_nodes), on_demand=decision.on_demand,
                      detect_latency_s=round(st.watch.decided_at - verdict.at, 4))
         st.ledger.setdefault("preemptions", []).append(entry)

@@ -1,0 +1,135 @@
+"""The train step's state: capacity, budget, ledger, timeline, the Kueue queue, and the gang watch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+
+from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.cluster.lease import Heartbeat
+from kfp_gpu.cluster.watch import GangWatch
+from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.plan.recovery import Budget, Usage, Verdict
+from kfp_gpu.providers.base import Owner
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.timeline import NodeState, Timeline
+
+log = logging.getLogger("kfp_gpu.steps.train")
+STEP = "train"
+
+
+class TrainState:
+    """Everything one train step knows: capacity, budget, ledger, timeline, and the gang watch."""
+
+    def __init__(self, spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity: Capacity,
+                 job: str, queue: str = "") -> None:
+        self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
+        self.namespace = spec.target.namespace
+        # renews this run's leases while the step lives (a multi-day run outlives any fixed lease_ttl_s)
+        self.heartbeat = Heartbeat(api, self.namespace, run_id, STEP, spec.lease_ttl_s)
+        self.timeline = Timeline(run_id=run_id)
+        if capacity.timeline_json:
+            self.timeline.merge(Timeline.from_json(capacity.timeline_json))
+        self.budget = Budget()
+        self.usage = Usage(gpus=spec.nodes * capacity.gpus_per_node)
+        self.ledger: dict[str, Any] = {}
+        self.attempt = 0
+        self.resume_step = 0
+        self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions
+        self._usage_closed = True
+        self.queue = ""  # the Kueue LocalQueue the job is submitted to ("" when the namespace is not gated)
+        self.watch = self.use_queue(queue)
+
+    def use_queue(self, queue: str) -> GangWatch:
+        """Submit the job to Kueue LocalQueue ``queue`` ("" = none): a gang watch that follows its Workload too.
+        Call before ``watch.start()``."""
+        self.queue = queue
+        self.watch = GangWatch(self.api, self.namespace, self.job, pytorchjob.GROUP, pytorchjob.VERSION,
+                               pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={self.job}", local_queue=queue)
+        return self.watch
+
+    @property
+    def owner(self) -> Owner:
+        """The step's ownership, with the lease expiry the heartbeat last renewed."""
+        return self.heartbeat.owner
+
+    @property
+    def running_at(self) -> float | None:
+        return self.watch.running_at
+
+    def load_ledger(self) -> None:
+        """Continue the budget of an earlier try of this step. Raises: ApiException."""
+        self.ledger = ledger.read(self.api, self.namespace, self.run_id, STEP) or {}
+        b = self.ledger.get("budget") or {}
+        self.budget = Budget(int(b.get("preemptions", 0)), int(b.get("app_failures", 0)), bool(b.get("on_demand")))
+        self.attempt = int(self.ledger.get("attempts", 0))
+        self.ledger.update(job=self.job, namespace=self.namespace)
+
+    def save_ledger(self) -> None:
+        self.ledger["attempts"] = self.attempt
+        self.ledger["capacity"] = json.loads(self.capacity.to_json())
+        self.ledger["gpu_hours"] = round(self.usage.gpu_hours, 6)
+        self.ledger["timeline"] = self.timeline.to_json()  # teardown's cost report reads job intervals here
+        self.ledger["spec"] = self.spec.to_json()  # the janitor tears down with the run's own spec
+        self.ledger.setdefault("started", time.time())
+        try:
+            ledger.write(self.api, self.namespace, self.owner, self.ledger)
+        except Exception as exc:  # the ledger is a record; losing one write must not kill training
+            log.warning("could not write the train ledger: %s", exc)
+
+    def checkpoint(self) -> Any:
+        """The newest complete checkpoint (``.step``, ``.created``, ``.uri``, ``.meta``) or None."""
+        if not self.spec.checkpoint_uri:
+            return None
+        try:
+            from kfp_gpu.checkpoint.store import CheckpointStore
+        except ImportError:  # pragma: no cover - the checkpoint package ships with kfp_gpu
+            return None
+        try:
+            return CheckpointStore(self.spec.checkpoint_uri).latest()
+        except KfpGpuError as exc:
+            log.warning("cannot read checkpoints at %s: %s", self.spec.checkpoint_uri, exc)
+            return None
+
+    def close_usage(self, end: float) -> None:
+        """Count the current attempt's running interval into GPU-hours (once)."""
+        if not self._usage_closed:
+            self.usage.add(self.running_at, end)
+            self._usage_closed = True
+
+    def begin_attempt(self, job: dict[str, Any], *, resume_step: int, created: bool) -> None:
+        self._usage_closed = False
+        self.attempt += 1
+        self.resume_step = resume_step
+        self.watch.begin(job, self.capacity.nodes, self.spec.nodes)
+        now = time.time()
+        kind = "job-created" if created else "job-attached"
+        self.timeline.event(kind, now, job=self.job, attempt=self.attempt, resume_step=resume_step)
+        if self.attempt > 1 and created:
+            self.timeline.event("resumed", now, job=self.job, attempt=self.attempt, step=resume_step)
+        self.ledger["status"] = "running"
+        self.save_ledger()
+
+    def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
+        """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
+        try:
+            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+        finally:
+            if self.running_at is not None:
+                self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
+                last = (self.ledger.get("preemptions") or [{}])[-1]
+                if last and "time_to_resume_s" not in last and last.get("decided_at"):
+                    last["time_to_resume_s"] = round(self.running_at - float(last["decided_at"]), 3)
+
+    def mark_node_preempted(self, node: str, at: float) -> None:
+        tl = self.timeline.nodes.get(node)
+        if tl is not None:
+            try:
+                tl.advance(NodeState.PREEMPTED, at)
+            except ValueError:
+                pass
