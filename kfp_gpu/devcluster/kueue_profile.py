@@ -49,7 +49,6 @@ API_VERSION = "v1beta2"
 NAMESPACE = "kueue-system"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
-_HOOK_PATHS = {"batch/job": "-batch-v1-job", "kubeflow.org/pytorchjob": "-kubeflow-org-v1-pytorchjob"}
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 PORTS: dict[str, tuple[str, int]] = {
@@ -130,23 +129,34 @@ def webhook_objects(manifest: Path, port: int, ca_bundle: str,
     """
     if not manifest.exists():
         raise procs.BootError(f"{manifest} is missing: run `python -m kfp_gpu.devcluster build --with-kueue`")
-    wanted = ["-kueue-x-k8s-io-", *(_HOOK_PATHS[f] for f in frameworks)]
     out = []
     for doc in (d for d in yaml.safe_load_all(manifest.read_text()) if d):
         hooks = []
         for h in doc.get("webhooks", []):
             path = h["clientConfig"]["service"]["path"]
-            if any(w in path for w in wanted):
+            if _for_kueue(path) or any(_for_framework(path, f) for f in frameworks):
                 h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
                 h["timeoutSeconds"] = 10
                 hooks.append(h)
         name = MUTATING if doc["kind"] == "MutatingWebhookConfiguration" else VALIDATING
         out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": name}, "webhooks": hooks})
-    paths = " ".join(h["clientConfig"]["url"] for d in out for h in d["webhooks"])
-    missing = [f for f in frameworks if _HOOK_PATHS[f] not in paths]
+    paths = [h["clientConfig"]["url"].split("/", 3)[-1] for d in out for h in d["webhooks"]]
+    missing = [f for f in frameworks if not any(_for_framework("/" + p, f) for p in paths)]
     if missing:
         raise procs.BootError(f"{manifest}: no webhook for {missing}")
     return out
+
+
+def _for_kueue(path: str) -> bool:
+    return path.split("/")[-1].split("-", 1)[-1].startswith("kueue-x-k8s-io-")
+
+
+def _for_framework(path: str, framework: str) -> bool:
+    """``/mutate-kubeflow-org-v1-pytorchjob`` serves ``kubeflow.org/pytorchjob`` (kubebuilder's path scheme)."""
+    group, _, kind = framework.rpartition("/")
+    rest = path.split("/")[-1].split("-", 1)[-1]  # after mutate- / validate-
+    return rest.startswith(group.replace(".", "-") + "-") and rest.endswith("-" + kind) and rest.count("-") == \
+        group.count(".") + 2
 
 
 def _argv(c: Ctx) -> list[str]:
