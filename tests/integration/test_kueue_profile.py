@@ -173,6 +173,7 @@ def test_labelled_pytorchjob_is_suspended_admitted_and_resumed(queues: Queues) -
     admitted = wait_until("Workload admitted", lambda: [w for w in queues.workloads_of("queued")
                                                         if _cond(w, "Admitted") == "True"], timeout=30)[0]
     assert admitted["status"]["admission"]["clusterQueue"] == f"kfpgpu-cq-{queues.id}"
+    assert _cond(admitted, "QuotaReserved") == "True"
     wait_until("job unsuspended", lambda: not _suspended(queues.read_job("queued")), timeout=30)
     pods = wait_until("the operator creates the pods", lambda: len(queues.pods_of("queued")) == 2 and
                       queues.pods_of("queued"), timeout=30)
