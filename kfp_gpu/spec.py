@@ -26,7 +26,7 @@ _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-e
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
 AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
-PROVISIONERS = ("auto", "node-pool", "provisioning-request")  # Target.provisioner
+PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission")  # Target.provisioner
 _TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
                             r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
 MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
@@ -59,7 +59,8 @@ class Target:
 
     ``provisioner`` picks how capacity is obtained (the provisioner contract, kfp_gpu.provisioners):
     ``"node-pool"`` resizes the pools directly (dedicated pools); ``"provisioning-request"`` asks the cluster's
-    own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"auto"`` (the
+    own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"kueue-admission"``
+    lets Kueue's ProvisioningRequest AdmissionCheck provision the gang when it admits the job; ``"auto"`` (the
     default) detects what the cluster offers at preflight, and the report says which and why.
 
     ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
@@ -79,7 +80,7 @@ class Target:
     kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
     namespace: str = "default"
     autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
-    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" (see the class docstring)
+    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" | "kueue-admission" (docstring)
     tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
     queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
 

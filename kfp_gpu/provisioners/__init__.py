@@ -20,6 +20,7 @@ from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.provreq import BackendChoice, choose_backend
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Provisioner, Released
+from kfp_gpu.provisioners.kueue_admission import KueueAdmissionProvisioner
 from kfp_gpu.provisioners.node_pool import NodePoolProvisioner
 from kfp_gpu.provisioners.provreq import ProvisioningRequestProvisioner
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
@@ -37,6 +38,9 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
     """
     if spec.target.provisioner != "auto":
         return BackendChoice(spec.target.provisioner, f"target.provisioner={spec.target.provisioner!r} in the spec")
+    check = _kueue_provisioning(spec, api)
+    if check is not None:
+        return check
     try:
         crd = api_req.api_served(api)
         groups = api_req.autoscaler_node_groups(api) if crd else None
@@ -60,6 +64,23 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
         served += autoscaled
     return choose_backend("auto", capacity=spec.capacity.value, crd=crd, autoscaler=bool(served),
                           autoscaled_pools=sorted(set(served)), queued_pools=sorted(set(queued)))
+
+
+def _kueue_provisioning(spec: ProvisioningSpec, api: client.ApiClient) -> BackendChoice | None:
+    """kueue-admission when the run's LocalQueue leads to a ClusterQueue with a ProvisioningRequest AdmissionCheck:
+    Kueue will create the request itself, and a second one from kfp-gpu would provision the gang twice."""
+    from kfp_gpu.cluster.kueue import read_queue_setup, resolve_local_queue
+    from kfp_gpu.plan.kueue import provisioning_check
+
+    try:
+        lq = resolve_local_queue(api, spec.target.namespace, spec.target.queue)
+        check = provisioning_check(read_queue_setup(api, lq)) if lq is not None else ""
+    except (KfpGpuError, client.ApiException):
+        return None  # the train step and preflight report a queue that cannot be resolved
+    if not check or lq is None:
+        return None
+    return BackendChoice("kueue-admission", f"LocalQueue {lq.name} -> ClusterQueue {lq.cluster_queue} has the "
+                         f"ProvisioningRequest AdmissionCheck {check}: Kueue provisions the gang when it admits the job")
 
 
 def select(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None = None,
@@ -103,10 +124,12 @@ def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[P
     """Every backend that can hold something (teardown releases what any of them holds for a run); without a
     provider nothing can have been resized, so the node-pool backend is left out."""
     out: list[Provisioner] = [] if provider is None else [_make("node-pool", api, provider)]
-    return [*out, _make("provisioning-request", api, provider)]
+    return [*out, _make("provisioning-request", api, provider), _make("kueue-admission", api, provider)]
 
 
 def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -> Provisioner:
+    if name == "kueue-admission":
+        return KueueAdmissionProvisioner(api)
     if name == "provisioning-request":
         return ProvisioningRequestProvisioner(api, provider)
     return NodePoolProvisioner(api, provider)
