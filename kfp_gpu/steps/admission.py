@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kfp_gpu.steps.train_state import TrainState
 
 PROGRESS_EVERY_S = 30.0
+FIRST_PROGRESS_S = 2.0  # no line for a wait shorter than this with no Workload yet
 
 
 def check_timeout(queue_timeout_s: float) -> None:
@@ -70,10 +71,10 @@ def wait_admitted(st: TrainState, timeout_s: float, *, progress_every_s: float =
             w.decided_at = now
             return verdict
         if adm.state is not QueueState.WAITING:
-            if "admitted_at" not in rec and (st.queue or last is not None):
+            if "admitted_at" not in rec and (st.queue or rec.get("state") == "waiting"):
                 _admitted(st, rec, w.admitted_at or now)
             return None
-        if last is None and st.ledger.get("admission") != rec:
+        if rec.get("state") != "waiting":
             rec["state"] = "waiting"
             st.ledger["admission"] = rec
             st.save_ledger()
@@ -84,11 +85,13 @@ def wait_admitted(st: TrainState, timeout_s: float, *, progress_every_s: float =
                 remediation=f"free quota in the ClusterQueue behind LocalQueue {st.queue or '(none)'}, raise "
                 "queue_timeout_s, or submit to another queue (target.queue)",
                 job=st.job, queue=st.queue, workload=wl.name if wl else "", waited_s=round(now - since, 1))
-        if last is None or progress_due(last, now, progress_every_s):
+        quiet_until = since + min(progress_every_s, FIRST_PROGRESS_S)  # Kueue makes the Workload within a moment
+        if (w.workload is not None and w.workload.pending or now >= quiet_until) and (last is None or progress_due(last, now,
+                                                                                             progress_every_s)):
             print(f"[queue] job {st.job} waiting for admission in LocalQueue {st.queue or '(none)'} for "
                   f"{now - since:.0f}s (deadline in {(adm.next_deadline or now) - now:.0f}s): {adm.reason}", flush=True)
             last = now
-        nxt = min(adm.next_deadline or now, last + progress_every_s)
+        nxt = min(adm.next_deadline or now, quiet_until if last is None else last + progress_every_s)
         w.wait(max(0.0, min(nxt - now, 5.0)))
 
 

@@ -1,0 +1,241 @@
+"""The train step on a Kueue-gated namespace, against the real Kueue controller (v0.17, the ``kueue`` fixture), run as
+the step ServiceAccount (deploy/rbac.yaml) on KWOK GPU nodes: the job goes through the namespace's LocalQueue and
+finishes; a job held in a full queue far longer than the no-pods watchdog neither fails nor leaks; a queue that never
+admits fails on the queue deadline and cleans up; Kueue preempting the job for a higher-priority workload is a
+recovery from the newest checkpoint, on the same nodes.
+
+Quota is held by what Kueue really admits: a bare Workload (nothing runs it; its reservation is what counts), or a
+batch Job whose one pod asks for more GPUs than any node has (admitted by Kueue, never scheduled).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kfp_gpu.checkpoint.store import CheckpointStore
+from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.cluster.kueue_workload import owner_uid
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.errors import GangPlacementFailed
+from kfp_gpu.plan.kueue import GROUP, QUEUE_LABEL, VERSION
+from kfp_gpu.timeline import Timeline
+from tests.integration import test_kueue_preflight
+from tests.integration.test_kueue_preflight import GPU, Kueue
+from tests.integration.test_train_support import (
+    ACCEL_LABEL,
+    StepThread,
+    job_json,
+    job_pods,
+    make_capacity,
+    make_spec,
+    running_pods,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+kq = test_kueue_preflight.kq  # the Kueue-objects fixture (cluster-scoped ones unique per test, deleted afterwards)
+NodeFactory = Callable[..., tuple[str, list[str]]]
+
+
+def _queue(kq: Kueue, gpus: int = 16, preemption: bool = False) -> tuple[str, str]:
+    """A flavor for the KWOK nodes' accelerator, a ClusterQueue with ``gpus`` of it, a LocalQueue. Returns (lq, cq)."""
+    flavor = kq.flavor("h100", {"cloud.google.com/gke-accelerator": ACCEL_LABEL})
+    spec: dict[str, Any] = {"namespaceSelector": {}, "resourceGroups": [
+        {"coveredResources": [GPU], "flavors": [{"name": flavor, "resources": [
+            {"name": GPU, "nominalQuota": str(gpus)}]}]}]}
+    if preemption:
+        spec["preemption"] = {"withinClusterQueue": "LowerPriority"}
+    cq = kq._cluster("clusterqueues", "ClusterQueue", "train", spec)
+    kq.wait_active(cq)
+    return kq.local_queue("team", cq), cq
+
+
+def _workloads(kq: Kueue) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kq.custom.list_namespaced_custom_object(GROUP, VERSION, kq.ns, "workloads")["items"]
+    return items
+
+
+def _admitted(kq: Kueue, name: str) -> bool:
+    wl = kq.custom.get_namespaced_custom_object(GROUP, VERSION, kq.ns, "workloads", name)
+    return any(c["type"] == "Admitted" and c["status"] == "True" for c in (wl.get("status") or {}).get("conditions", []))
+
+
+def _events(out: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in Timeline.from_json(out["timeline"]).events if e["kind"] == kind]
+
+
+def test_job_admitted_through_the_local_queue_runs_to_succeeded(
+    kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_api: client.ApiClient,
+) -> None:
+    lq, cq = _queue(kq)
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    run_id = f"run-kq-{namespace}"
+    spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)  # target.queue "": the namespace's only LocalQueue
+    from kfp_gpu.steps import train
+
+    res = train.run(spec, run_id, make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0), api=step_api)
+    out = json.loads(res.output_json)
+    assert out["status"] == "Succeeded" and out["attempts"] == 1 and out["preemptions"] == 0, out
+
+    job = kube.custom.get_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace,
+                                                   pytorchjob.PLURAL, out["job"])
+    assert job["metadata"]["labels"][QUEUE_LABEL] == lq
+    assert job["spec"]["runPolicy"].get("suspend") is False  # Kueue unsuspended it
+    mine = [w for w in _workloads(kq) if owner_uid(w) == job["metadata"]["uid"]]
+    assert len(mine) == 1 and mine[0]["status"]["admission"]["clusterQueue"] == cq
+    assert mine[0]["metadata"]["name"].startswith(f"pytorchjob-{out['job']}-")
+    led = ledger.read(kube.api, namespace, run_id, "train")
+    assert led["kueue"]["queue"] == lq and led["kueue"]["cluster_queue"] == cq
+    [adm] = led["admissions"]
+    assert adm["workload"] == mine[0]["metadata"]["name"] and adm["cluster_queue"] == cq and adm["wait_s"] >= 0
+    [ev] = _events(out, "job-admitted")
+    [created] = _events(out, "job-created")
+    [running] = _events(out, "job-running")
+    assert created["t"] <= ev["t"] <= running["t"] and ev["queue"] == lq
+    assert sorted(p.spec.node_name for p in job_pods(kube.core, namespace, out["job"])) == sorted(names)
+    print(f"\nkueue admission: created -> admitted {ev['t'] - created['t']:.2f} s; "
+          f"admitted -> gang running {running['t'] - ev['t']:.2f} s")
+
+
+def test_job_waits_in_a_full_queue_longer_than_the_watchdog_then_runs(
+    kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_api: client.ApiClient,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lq, cq = _queue(kq)
+    kq.workload("blocker", lq, pods=2, gpus=8)  # the queue's 16 GPUs, reserved
+    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    run_id = f"run-kw-{namespace}"
+    spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job_json(3.0), api=step_api, admission_timeout_s=5.0)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    held = 15.0
+    try:
+        time.sleep(held)  # three times the (shortened) no-pods watchdog, with the queue full
+        assert th.is_alive(), th.error
+        assert not job_pods(kube.core, namespace, job)
+        obj = pytorchjob.get(kube.api, namespace, job)
+        assert obj is not None and obj["spec"]["runPolicy"]["suspend"] is True
+        kq.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", "blocker")
+        freed = time.time()
+        out = json.loads(th.outcome(120).output_json)
+    finally:
+        th.join(1)
+    assert out["status"] == "Succeeded" and out["attempts"] == 1 and out["preemptions"] == 0, out
+    [adm] = out["ledger"]["admissions"]
+    assert adm["wait_s"] >= held and adm["admitted_at"] >= freed
+    assert adm["admitted_at"] - freed < 10.0, adm
+    [ev] = _events(out, "job-admitted")
+    assert ev["wait_s"] == adm["wait_s"] and ev["workload"] == adm["workload"]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[queue]")]
+    assert any("waiting for admission in LocalQueue " + lq in ln and "insufficient" in ln for ln in lines), lines
+    assert any("admitted by LocalQueue " + lq in ln for ln in lines), lines
+    # no leak: one job, its one Workload, its two pods
+    uid = pytorchjob.get(kube.api, namespace, job)["metadata"]["uid"]  # type: ignore[index]
+    assert [owner_uid(w) for w in _workloads(kq)] == [uid]
+    assert len(job_pods(kube.core, namespace, job)) == 2
+    print(f"\nqueued {adm['wait_s']:.1f} s (queue full for {held:.0f} s, watchdog 5 s); quota freed -> admitted "
+          f"{adm['admitted_at'] - freed:.2f} s; {len(lines)} progress lines")
+
+
+def test_queue_deadline_fails_with_the_queue_and_the_workload_status_and_cleans_up(
+    kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_api: client.ApiClient,
+) -> None:
+    lq, _ = _queue(kq, gpus=8)  # never enough for 2 x 8
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    run_id = f"run-kt-{namespace}"
+    from kfp_gpu.steps import train
+
+    with pytest.raises(GangPlacementFailed) as err:
+        train.run(make_spec(namespace, tmp_path / "ckpt", nodes=2), run_id,
+                  make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0), api=step_api,
+                  admission_timeout_s=2.0, queue_timeout_s=8.0)
+    msg = err.value.message
+    assert "\n" not in msg and f"LocalQueue {lq} within 8s" in msg and "pytorchjob-" in msg, msg
+    assert "insufficient" in msg or "quota" in msg, msg
+    job = pytorchjob.job_name(run_id, "train")
+    assert pytorchjob.get(kube.api, namespace, job) is None
+    wait_until("its Workload gone", lambda: not _workloads(kq), timeout=30)
+    assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "GangPlacementFailed"
+
+
+def _high_priority_job(kube: Kube, namespace: str, lq: str, wpc: str, gpus: int) -> str:
+    """A batch Job in ``lq`` with WorkloadPriorityClass ``wpc``; its pod fits no node (quota is all it takes)."""
+    name = f"urgent-{uuid.uuid4().hex[:5]}"
+    c = {"name": "c", "image": "busybox", "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}
+    client.BatchV1Api(kube.api).create_namespaced_job(namespace, {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "labels": {QUEUE_LABEL: lq, "kueue.x-k8s.io/priority-class": wpc}},
+        "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [c]}}}})
+    return name
+
+
+def test_kueue_preemption_recovers_from_the_checkpoint_on_the_same_nodes(
+    kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_api: client.ApiClient,
+) -> None:
+    lq, cq = _queue(kq, preemption=True)
+    wpc = f"urgent-{kq.suffix}"
+    kq.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 1000})
+    kq.made.append(("workloadpriorityclasses", wpc))
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    run_id = f"run-kp-{namespace}"
+    ckpt = tmp_path / "ckpt"
+    spec = make_spec(namespace, ckpt, nodes=2, max_preemptions=2)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job_json(8.0), api=step_api)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    batch = client.BatchV1Api(kube.api)
+    try:
+        wait_until("gang running", lambda: running_pods(kube.core, namespace, job, 2), timeout=90)
+        first_uid = pytorchjob.get(kube.api, namespace, job)["metadata"]["uid"]  # type: ignore[index]
+        CheckpointStore(str(ckpt)).save(15, {"w": b"15"}, meta={"loss": 2.5})
+        t0 = time.time()
+        urgent = _high_priority_job(kube, namespace, lq, wpc, gpus=16)
+
+        def evicted() -> bool:
+            led = ledger.read(kube.api, namespace, run_id, "train") or {}
+            return bool(led.get("preemptions"))
+        wait_until("eviction recorded", evicted, timeout=60)
+        # the job waits in the queue again (recreated from the checkpoint), while the urgent job holds the quota
+        wait_until("recreated, suspended", lambda: (lambda j: j is not None and j["metadata"]["uid"] != first_uid
+                   and j["spec"]["runPolicy"].get("suspend") is True)(pytorchjob.get(kube.api, namespace, job)),
+                   timeout=60)
+        time.sleep(3.0)
+        assert th.is_alive(), th.error
+        batch.delete_namespaced_job(urgent, namespace, propagation_policy="Foreground")
+        freed = time.time()
+        out = json.loads(th.outcome(180).output_json)
+    finally:
+        th.join(1)
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
+    [p] = out["ledger"]["preemptions"]
+    assert p["cause"] == "queue-eviction" and p["lost_nodes"] == [] and p["checkpoint_step"] == 15, p
+    assert "Preempted" in p["reason"] and p["queue"] == lq, p
+    assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(names)  # same nodes, nothing replaced
+    assert out["on_demand"] is False
+    again = pytorchjob.get(kube.api, namespace, job)
+    assert again is not None and again["metadata"]["annotations"]["kfp-gpu.io/resume-step"] == "15"
+    env = {e["name"]: e["value"] for e in
+           again["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]}
+    assert env[pytorchjob.ENV_RESUME_STEP] == "15"
+    admissions = out["ledger"]["admissions"]
+    assert len(admissions) == 2 and admissions[1]["admitted_at"] >= freed
+    assert [e["kind"] for e in Timeline.from_json(out["timeline"]).events].count("queue-eviction") == 1
+    running = [e["t"] for e in _events(out, "job-running")]
+    assert len(running) == 2
+    print(f"\nkueue preemption: urgent job -> eviction decided {p['decided_at'] - t0:.2f} s "
+          f"(detect {p['detect_latency_s']:.3f} s after the Evicted condition); quota freed -> re-admitted "
+          f"{admissions[1]['admitted_at'] - freed:.2f} s -> gang running again {running[1] - freed:.2f} s; "
+          f"second wait in queue {admissions[1]['wait_s']:.1f} s")
