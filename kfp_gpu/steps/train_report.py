@@ -23,12 +23,14 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     st.save_ledger()
     pre = list(st.ledger.get("preemptions", []))
     lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
+    waits = [float(a["wait_s"]) for a in st.ledger.get("admissions", []) if a.get("wait_s") is not None]
     out = {
         "job": st.job, "namespace": st.namespace, "status": status, "final_step": final_step,
         "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
         "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
         "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
-        "timeline": st.timeline.to_json(),
+        "timeline": st.timeline.to_json(), "queue": st.queue, "queue_wait_s": waits,
+        "queue_evictions": sum(1 for p in pre if p.get("cause") == "queue-eviction"),
     }
     metrics = {
         "gpu_hours": st.usage.gpu_hours, "preemptions": float(len(pre)), "attempts": float(st.attempt),
@@ -37,6 +39,9 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     }
     if lat:
         metrics["preemption_detect_latency_max_s"] = max(lat)
+    if st.queue:
+        metrics["queue_wait_s"] = sum(waits)
+        metrics["queue_evictions"] = float(out["queue_evictions"])
     if final_step is not None:
         metrics["final_step"] = float(final_step)
     if isinstance(final_loss, (int, float)):
@@ -52,6 +57,10 @@ def markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
         f"- final step: {out['final_step'] if out['final_step'] is not None else 'unknown'}"
         + (f", loss {out['final_loss']}" if out["final_loss"] is not None else ""),
     ]
+    if out.get("queue"):
+        waits = ", ".join(f"{w:.1f} s" for w in out["queue_wait_s"]) or "-"
+        lines.append(f"- Kueue LocalQueue `{out['queue']}`: waited for admission {waits}; "
+                     f"evictions by Kueue: {out['queue_evictions']}")
     if pre:
         lines += ["", "| # | lost nodes | reason | checkpoint | steps lost | detect (s) | resume (s) |",
                   "|---|---|---|---|---|---|---|"]

@@ -101,6 +101,8 @@ def test_job_admitted_through_the_local_queue_runs_to_succeeded(
     [running] = _events(out, "job-running")
     assert created["t"] <= ev["t"] <= running["t"] and ev["queue"] == lq
     assert sorted(p.spec.node_name for p in job_pods(kube.core, namespace, out["job"])) == sorted(names)
+    assert out["queue"] == lq and out["queue_wait_s"] == [adm["wait_s"]] and out["queue_evictions"] == 0
+    assert res.metrics["queue_wait_s"] == adm["wait_s"] and f"Kueue LocalQueue `{lq}`" in res.markdown
     print(f"\nkueue admission: created -> admitted {ev['t'] - created['t']:.2f} s; "
           f"admitted -> gang running {running['t'] - ev['t']:.2f} s")
 
@@ -222,6 +224,7 @@ def test_kueue_preemption_recovers_from_the_checkpoint_on_the_same_nodes(
     assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
     [p] = out["ledger"]["preemptions"]
     assert p["cause"] == "queue-eviction" and p["lost_nodes"] == [] and p["checkpoint_step"] == 15, p
+    assert out["queue_evictions"] == 1 and len(out["queue_wait_s"]) == 2
     assert "Preempted" in p["reason"] and p["queue"] == lq, p
     assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(names)  # same nodes, nothing replaced
     assert out["on_demand"] is False
@@ -239,3 +242,56 @@ def test_kueue_preemption_recovers_from_the_checkpoint_on_the_same_nodes(
           f"(detect {p['detect_latency_s']:.3f} s after the Evicted condition); quota freed -> re-admitted "
           f"{admissions[1]['admitted_at'] - freed:.2f} s -> gang running again {running[1] - freed:.2f} s; "
           f"second wait in queue {admissions[1]['wait_s']:.1f} s")
+
+
+def test_a_retried_train_pod_re_attaches_to_the_job_still_waiting_in_the_queue(
+    kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_identity: Any,
+) -> None:
+    """SIGKILL the train step's process while its job waits in a full queue; the retry re-attaches to the same
+    suspended job (no second job, no second Workload) and keeps the first try's start of the wait."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    lq, _ = _queue(kq)
+    kq.workload("blocker", lq, pods=2, gpus=8)
+    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    run_id = f"run-kr-{namespace}"
+    spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)
+    args, out = tmp_path / "args.json", tmp_path / "out.json"
+    args.write_text(json.dumps({"spec": spec.to_json(), "run_id": run_id, "job_json": job_json(3.0), "out": str(out),
+                                "capacity_json": make_capacity(run_id, pool, names).to_json()}))
+    env = {**os.environ, "KUBECONFIG": str(step_identity.kubeconfig)}
+    cmd = [sys.executable, "-m", "tests.integration.train_proc", str(args)]
+    root = Path(__file__).resolve().parents[2]
+    job = pytorchjob.job_name(run_id, "train")
+    first = subprocess.Popen(cmd, cwd=root, env=env)
+    try:
+        def waiting() -> bool:
+            return ((ledger.read(kube.api, namespace, run_id, "train") or {}).get("admission") or {}).get(
+                "state") == "waiting"
+        wait_until("first try waiting in the queue", waiting, timeout=60)
+        uid = pytorchjob.get(kube.api, namespace, job)["metadata"]["uid"]  # type: ignore[index]
+        first.send_signal(signal.SIGKILL)  # no cleanup runs: the pod is gone
+        first.wait(10)
+        retry = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(4.0)
+        assert retry.poll() is None  # still waiting, not failed
+        kq.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", "blocker")
+        stdout, stderr = retry.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert retry.returncode == 0, stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "Succeeded" and result["attempts"] == 2, result
+    events = [e["kind"] for e in Timeline.from_json(result["timeline"]).events]
+    assert "job-attached" in events and "job-created" not in events and events.count("job-admitted") == 1, events
+    again = pytorchjob.get(kube.api, namespace, job)
+    assert again is not None and again["metadata"]["uid"] == uid
+    assert [owner_uid(w) for w in _workloads(kq)] == [uid]
+    [adm] = result["ledger"]["admissions"]
+    assert adm["attempt"] == 1 and adm["wait_s"] >= 4.0 and adm["job_uid"] == uid, adm
+    assert f"admitted by LocalQueue {lq}" in stdout, stdout[-2000:]
