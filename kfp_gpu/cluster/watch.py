@@ -176,6 +176,7 @@ class GangWatch:
         self.running_at: float | None = None
         self.decided_at = 0.0
         self.replicas = 0
+        self.adopt = False
 
     def start(self, timeout_s: float = 30.0) -> None:
         for w in self._watchers:
@@ -251,6 +252,8 @@ class GangWatch:
         self.first_pod_at = self.first_pod_at or at
         if p.node:
             self.first_bound_at = self.first_bound_at or at
+            if self.adopt and p.node not in self.gang and not p.deleted:
+                self.gang = self.gang | {p.node}
         running = [q for q in self.pods.values() if q.phase == "Running" and not q.deleted]
         if self.running_at is None and self.replicas and len(running) >= self.replicas:
             self.running_at = at
@@ -292,10 +295,12 @@ class GangWatch:
                 )
             self.wait(min(left, 5.0))
 
-    def begin(self, job: Mapping[str, Any], gang: tuple[str, ...], replicas: int) -> None:
-        """Start following a new attempt: the job's UID, the gang's nodes, a fresh incident record."""
+    def begin(self, job: Mapping[str, Any], gang: tuple[str, ...], replicas: int, *, adopt: bool = False) -> None:
+        """Start following a new attempt: the job's UID, the gang's nodes, a fresh incident record. ``adopt``: the
+        gang is not known before admission (Kueue provisions it); the nodes the attempt's pods bind to become it."""
         self.uid = str(job["metadata"].get("uid", ""))
         self.gang = frozenset(gang)
+        self.adopt = adopt
         self.replicas = replicas
         self.pods, self.incidents, self.conditions = {}, {}, _conditions(job)
         self.job_deleted = False

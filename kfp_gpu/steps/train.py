@@ -130,7 +130,8 @@ def _supervise(
         if attach is None:
             backend = provisioners.select(spec, st.api, None, st.capacity)
             st.capacity = backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
-            _converge(st, reprovision, gate_s)
+            if not st.provisioned_at_admission:  # else Kueue provisions the gang when it admits the job
+                _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = pytorchjob.manifest(

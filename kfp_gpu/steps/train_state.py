@@ -59,6 +59,14 @@ class TrainState:
         return self.heartbeat.owner
 
     @property
+    def provisioned_at_admission(self) -> bool:
+        """Kueue provisions the gang when it admits the job (the kueue-admission backend): no nodes to gate on or
+        pin to beforehand; the nodes the pods land on become the gang."""
+        from kfp_gpu.provisioners.kueue_admission import NAME
+
+        return self.capacity.extra.get("provisioner") == NAME
+
+    @property
     def running_at(self) -> float | None:
         return self.watch.running_at
 
@@ -106,7 +114,7 @@ class TrainState:
         self._usage_closed = False
         self.attempt += 1
         self.resume_step = resume_step
-        self.watch.begin(job, self.capacity.nodes, self.spec.nodes)
+        self.watch.begin(job, self.capacity.nodes, self.spec.nodes, adopt=self.provisioned_at_admission)
         now = time.time()
         kind = "job-created" if created else "job-attached"
         self.timeline.event(kind, now, job=self.job, attempt=self.attempt, resume_step=resume_step)
@@ -122,6 +130,8 @@ class TrainState:
         finally:
             if self.running_at is not None:
                 self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
+                if self.provisioned_at_admission:
+                    self.ledger.setdefault("adopted_nodes", []).append(sorted(self.watch.gang))
                 last = (self.ledger.get("preemptions") or [{}])[-1]
                 if last and "time_to_resume_s" not in last and last.get("decided_at"):
                     last["time_to_resume_s"] = round(self.running_at - float(last["decided_at"]), 3)

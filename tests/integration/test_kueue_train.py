@@ -295,3 +295,59 @@ def test_a_retried_train_pod_re_attaches_to_the_job_still_waiting_in_the_queue(
     [adm] = result["ledger"]["admissions"]
     assert adm["attempt"] == 1 and adm["wait_s"] >= 4.0 and adm["job_uid"] == uid, adm
     assert f"admitted by LocalQueue {lq}" in stdout, stdout[-2000:]
+
+
+def test_gang_provisioned_at_admission_is_adopted_and_a_lost_node_is_a_preemption(
+    kube: Kube, namespace: str, kq: Kueue, tmp_path: Path, step_api: client.ApiClient,
+) -> None:
+    """The kueue-admission backend: the capacity has no nodes (Kueue provisions the gang when it admits the job).
+    Here the "provisioned" nodes are KWOK nodes of an accelerator label unique to the test; the nodes the pods bind
+    to become the gang, so a lost one is a preemption; the recreated job is re-admitted and lands on a new node."""
+    from kfp_gpu.devcluster.nodes import make_gpu_node
+    from kfp_gpu.steps.capacity import Capacity
+    from tests.integration.test_train_support import ZONE
+
+    label = f"nvidia-h100-80gb-{kq.suffix}"
+    flavor = kq.flavor("adm", {"cloud.google.com/gke-accelerator": label})
+    cq = kq._cluster("clusterqueues", "ClusterQueue", "adm", {"namespaceSelector": {}, "resourceGroups": [
+        {"coveredResources": [GPU], "flavors": [{"name": flavor, "resources": [{"name": GPU, "nominalQuota": "16"}]}]}]})
+    kq.wait_active(cq)
+    lq = kq.local_queue("team", cq)
+    made: list[str] = []
+
+    def node(i: str) -> str:
+        name = f"adm-{kq.suffix}-{i}"
+        kube.core.create_node(make_gpu_node(name, f"adm-{kq.suffix}", label, ZONE, gpus=8, spot=True))
+        made.append(name)
+        return name
+
+    first = [node("0"), node("1")]
+    run_id = f"run-ka-{namespace}"
+    cap = Capacity(run_id, (), 8, label, True, "", {"provisioner": "kueue-admission", "queue": lq, "cluster_queue": cq})
+    spec = make_spec(namespace, tmp_path / "ckpt", nodes=2, max_preemptions=2)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=cap.to_json(), job_json=job_json(6.0), api=step_api)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    try:
+        wait_until("gang running", lambda: running_pods(kube.core, namespace, job, 2), timeout=60)
+        from tests.integration.test_train_support import preempt
+
+        victim = first[0]
+        preempt(kube.kubeconfig, kube.core, victim)
+        wait_until("preemption recorded",
+                   lambda: bool((ledger.read(kube.api, namespace, run_id, "train") or {}).get("preemptions")), timeout=60)
+        fresh = node("2")  # the autoscaler's answer to the re-admitted job's request
+        out = json.loads(th.outcome(120).output_json)
+    finally:
+        th.join(1)
+        for n in made:
+            try:
+                kube.core.delete_node(n)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
+    [p] = out["ledger"]["preemptions"]
+    assert p["cause"] == "preemption" and p["lost_nodes"] == [victim], p
+    assert out["ledger"]["adopted_nodes"] == [sorted(first), sorted([first[1], fresh])], out["ledger"]
+    assert out["capacity"]["placements"] == []  # nothing for kfp-gpu to release: Kueue's requests go with the job
