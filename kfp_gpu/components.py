@@ -79,18 +79,20 @@ def train_pytorchjob(
     metrics: Output[Metrics],
     dataset: Input[Dataset] = None,
     job_runtime_json: str = "",
+    queue_timeout_s: float = 3600.0,
 ) -> str:
     """Launch a gang-safe Training Operator PyTorchJob on the provisioned capacity and see it through.
 
     Recovers from spot preemption from the newest complete checkpoint within the spec's restart budget.
     Job fields holding pipeline parameters or task outputs are filled in from this task's run-time inputs.
+    On a Kueue-gated namespace the job may wait ``queue_timeout_s`` for admission through its LocalQueue.
     """
     from kfp_gpu.steps.entry import run_component
 
     return run_component(
         "train", spec_json, run_id, capacity_json, report=report, metrics=metrics,
         job_json=job_json, job_runtime_json=job_runtime_json,
-        dataset_uri=dataset.uri if dataset is not None else "",
+        dataset_uri=dataset.uri if dataset is not None else "", queue_timeout_s=queue_timeout_s,
     )
 
 

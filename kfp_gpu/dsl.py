@@ -93,6 +93,7 @@ def train(
     after: Sequence[dsl.PipelineTask] = (),
     checkpoint_every: Any = None,
     job: Any = None,
+    queue_timeout_s: float | None = None,
     **job_fields: Any,
 ) -> dsl.PipelineTask:
     """Create the PyTorchJob step inside a ``@kfp_gpu.provisioned`` pipeline.
@@ -103,10 +104,12 @@ def train(
     resolved when the step runs, never serialised at compile time (:mod:`kfp_gpu.channels`). Fields without
     them are validated here; fields with them are validated by the train step once the values are known.
     ``job`` takes a ``kubeflow.training`` PyTorchJob model; the other fields apply over it.
+    ``queue_timeout_s``: how long the job may wait for admission in its Kueue queue (default 3600 s).
 
     Raises:
         InvalidSpec: called outside a provisioned pipeline, a bad job template field, a value that is neither
-            JSON nor a pipeline parameter/task output, or a channel in ``name`` (it names the task).
+            JSON nor a pipeline parameter/task output, a channel in ``name`` (it names the task), or a
+            ``queue_timeout_s`` that is not a positive number.
     """
     from kfp.dsl import pipeline_context
 
@@ -150,6 +153,11 @@ def train(
         kwargs["job_runtime_json"] = json.dumps(whole, sort_keys=True)
     if dataset is not None:
         kwargs["dataset"] = dataset
+    if queue_timeout_s is not None:
+        from kfp_gpu.steps.admission import check_timeout
+
+        check_timeout(queue_timeout_s)
+        kwargs["queue_timeout_s"] = float(queue_timeout_s)
     task = _call(components.train_pytorchjob, ctx.runtime, params.inputs(), **kwargs)
     task.set_display_name(name or "train")
     task.set_caching_options(False)

@@ -92,3 +92,31 @@ def test_queue_timeout_is_validated(bad: object) -> None:
     with pytest.raises(InvalidSpec, match="queue_timeout_s"):
         check_timeout(bad)  # type: ignore[arg-type]
     check_timeout(3600.0)
+
+
+PIPELINE = '''
+import kfp_gpu
+from kfp_gpu.spec import ProvisioningSpec
+
+@kfp_gpu.provisioned(ProvisioningSpec("a100-80gb", 2))
+def queued() -> None:
+    kfp_gpu.train(name="train", image="busybox", queue_timeout_s=QUEUE_TIMEOUT)
+'''
+
+
+def test_the_pipeline_sets_the_train_steps_queue_timeout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import yaml
+
+    from kfp_gpu.compile import compile_pipeline
+
+    src = tmp_path / "p.py"
+    src.write_text(PIPELINE.replace("QUEUE_TIMEOUT", "7200"))
+    out = compile_pipeline(src, tmp_path / "p.yaml")
+    doc = next(yaml.safe_load_all(out.read_text()))
+    task = doc["root"]["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"]
+    tasks = doc["components"][task]["dag"]["tasks"]
+    params = tasks["train-pytorchjob"]["inputs"]["parameters"]
+    assert params["queue_timeout_s"]["runtimeValue"]["constant"] == 7200.0
+    src.write_text(PIPELINE.replace("QUEUE_TIMEOUT", "-5"))
+    with pytest.raises(InvalidSpec, match="queue_timeout_s"):
+        compile_pipeline(src, tmp_path / "q.yaml")
