@@ -50,10 +50,17 @@ class Capacity:
         return tuple(dict.fromkeys(p.pool for p in self.placements))
 
     def node_selector(self) -> dict[str, str]:
-        """Pin the job to the provisioned pool (single-pool gangs) or at least the accelerator."""
+        """Pin the job to the provisioned pool (single-pool gangs) or at least the accelerator. A capacity whose
+        gang forms later (no placements yet: Kueue provisions it at admission) keeps the spec's own single pool
+        and zone (``extra["pools"]``, ``extra["zones"]``), so the autoscaler provisions where the spec says."""
         if len(self.pools) == 1:
             return {"cloud.google.com/gke-nodepool": self.pools[0]}
-        return {"cloud.google.com/gke-accelerator": self.accelerator_label}
+        if not self.placements and len(self.extra.get("pools") or []) == 1:
+            return {"cloud.google.com/gke-nodepool": str(self.extra["pools"][0])}
+        out = {"cloud.google.com/gke-accelerator": self.accelerator_label}
+        if not self.placements and len(self.extra.get("zones") or []) == 1:
+            out["topology.kubernetes.io/zone"] = str(self.extra["zones"][0])
+        return out
 
     def tolerations(self) -> list[dict[str, str]]:
         """The GPU taint and this run's own claim taint (kfp_gpu.cluster.nodes.run_taint): the run's pods

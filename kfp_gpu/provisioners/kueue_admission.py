@@ -56,7 +56,7 @@ class KueueAdmissionProvisioner:
                               remediation="add one (with a ProvisioningRequestConfig) or use "
                               "target.provisioner='provisioning-request'")
         extra: dict[str, Any] = {"provisioner": NAME, "queue": lq.name, "cluster_queue": lq.cluster_queue,
-                                 "admission_check": check}
+                                 "admission_check": check, "pools": list(spec.target.pools), "zones": list(spec.zones)}
         if spec.target.tolerations:
             extra["tolerations"] = list(spec.target.tolerations)
         return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
