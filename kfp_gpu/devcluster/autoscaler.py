@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import gobuild
 from .versions import binary_path, cache_dir, load_versions
 
 MODULE = "k8s.io/autoscaler/cluster-autoscaler"
@@ -60,40 +61,15 @@ def binary() -> Path:
 
 
 def go_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("GOTOOLCHAIN", "local")
-    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
-    env.setdefault("CGO_ENABLED", "0")
-    nosum = [p for p in env.get("GONOSUMDB", "").split(",") if p]
-    env["GONOSUMDB"] = ",".join([*nosum, MODULE])
-    return env
+    """The build environment (the pinned pseudo-version is not in the checksum database)."""
+    return gobuild.go_env(nosum=(MODULE,))
 
 
 def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
-    with log.open("a") as fh:
-        fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
-        fh.flush()
-        proc = subprocess.run(list(cmd), cwd=cwd, env=go_env(), capture_output=True, text=True)
-        fh.write(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise AutoscalerError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}\n(full log: {log})")
-    return proc.stdout
+    return gobuild.run(cmd, cwd, log, AutoscalerError, nosum=(MODULE,))
 
 
-def other_go_builds() -> list[int]:
-    """Pids of running ``go build`` commands (the machine is small: builds wait for each other)."""
-    out: list[int] = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if len(argv) >= 2 and argv[0].endswith(b"go") and argv[1] == b"build":
-            out.append(int(d.name))
-    return out
+other_go_builds = gobuild.other_go_builds
 
 
 SRC_DIR = "ca-src"
@@ -184,27 +160,8 @@ def _rename_v1beta1(src: str) -> str:
 
 
 def wrapper_gomod(upstream: Mapping[str, Any], ver: str, *, local_src: str = "") -> str:
-    """The wrapper module's go.mod from ``go mod edit -json`` of the upstream go.mod.
-
-    ``local_src`` replaces the module itself with a (patched) local copy.
-    """
-    lines = [f"module kfpgpu.local/build/{NAME}", "", "go 1.24.0", "", "require ("]
-    lines.append(f"\t{MODULE} {ver}")
-    for r in upstream.get("Require") or []:
-        if r["Path"] != MODULE:
-            lines.append(f"\t{r['Path']} {r['Version']}")
-    lines.append(")")
-    reps: list[str] = []
-    for r in upstream.get("Replace") or []:
-        old, new = r["Old"], r["New"]
-        if new.get("Version"):  # module replace: copy; local-path replaces are dropped
-            old_s = old["Path"] + (" " + old["Version"] if old.get("Version") else "")
-            reps.append(f"\t{old_s} => {new['Path']} {new['Version']}")
-    if local_src:
-        reps.append(f"\t{MODULE} => {local_src}")
-    if reps:
-        lines += ["", "replace (", *reps, ")"]
-    return "\n".join(lines) + "\n"
+    """The wrapper module's go.mod (:func:`kfp_gpu.devcluster.gobuild.wrapper_gomod`)."""
+    return gobuild.wrapper_gomod(upstream, MODULE, ver, NAME, local_src=local_src)
 
 
 def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:

@@ -20,15 +20,14 @@ configurations (``config/components/webhook/manifests.yaml``) are copied out of 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import gobuild
 from .versions import binary_path, cache_dir, load_versions, share_dir
 
 MODULE = "sigs.k8s.io/kueue"
@@ -71,42 +70,16 @@ def share() -> Path:
 
 
 def go_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("GOTOOLCHAIN", "local")
-    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
-    env["CGO_ENABLED"] = "0"
-    return env
+    return gobuild.go_env()
 
 
 def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
-    with log.open("a") as fh:
-        fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
-        fh.flush()
-        proc = subprocess.run(list(cmd), cwd=cwd, env=go_env(), capture_output=True, text=True)
-        fh.write(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
-        raise KueueError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}\n(full log: {log})")
-    return proc.stdout
+    return gobuild.run(cmd, cwd, log, KueueError)
 
 
 def wrapper_gomod(upstream: Mapping[str, Any], ver: str) -> str:
-    """The wrapper module's go.mod from ``go mod edit -json`` of the upstream go.mod (requires + module replaces)."""
-    lines = [f"module kfpgpu.local/build/{NAME}", "", f"go {upstream.get('Go') or '1.25.0'}", "", "require ("]
-    lines.append(f"\t{MODULE} {ver}")
-    for r in upstream.get("Require") or []:
-        if r["Path"] != MODULE:
-            lines.append(f"\t{r['Path']} {r['Version']}")
-    lines.append(")")
-    reps = []
-    for r in upstream.get("Replace") or []:
-        old, new = r["Old"], r["New"]
-        if new.get("Version"):  # module replace: copy; local-path replaces are dropped
-            old_s = old["Path"] + (" " + old["Version"] if old.get("Version") else "")
-            reps.append(f"\t{old_s} => {new['Path']} {new['Version']}")
-    if reps:
-        lines += ["", "replace (", *reps, ")"]
-    return "\n".join(lines) + "\n"
+    """The wrapper module's go.mod (:func:`kfp_gpu.devcluster.gobuild.wrapper_gomod`), at upstream's Go version."""
+    return gobuild.wrapper_gomod(upstream, MODULE, ver, NAME, go=str(upstream.get("Go") or "1.25.0"))
 
 
 def patched_main(src: str) -> str:
@@ -119,10 +92,7 @@ def patched_main(src: str) -> str:
     return src.replace(METRICS_ANCHOR, METRICS_ANCHOR + METRICS_PATCH)
 
 
-def other_go_builds() -> list[int]:
-    from .autoscaler import other_go_builds as others
-
-    return others()
+other_go_builds = gobuild.other_go_builds
 
 
 def _module_src(work: Path, log: Path, ver: str) -> Path:

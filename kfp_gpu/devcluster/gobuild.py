@@ -1,0 +1,83 @@
+"""Building an upstream Go module's binary through a wrapper module: what the cluster-autoscaler and Kueue builds share.
+
+The wrapper (``<cache>/build/<module>-<version>/go.mod``) requires the upstream module at the pinned version and
+copies its requires and module replaces (replace directives are honoured only in the main module; local-path
+replaces are dropped). Commands run with ``GOTOOLCHAIN=local``, ``-mod=mod -buildvcs=false`` and ``CGO_ENABLED=0``,
+logged to a file; a failure raises the caller's error type with the last lines of output.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def go_env(nosum: Sequence[str] = ()) -> dict[str, str]:
+    """The build environment; ``nosum`` module paths are left out of the checksum database (the proxy serves a
+    pinned pseudo-version the sum database does not list; go.sum still pins it locally)."""
+    env = dict(os.environ)
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -buildvcs=false").strip()
+    env["CGO_ENABLED"] = "0"
+    if nosum:
+        have = [p for p in env.get("GONOSUMDB", "").split(",") if p]
+        env["GONOSUMDB"] = ",".join([*have, *nosum])
+    return env
+
+
+def run(cmd: Sequence[str], cwd: Path, log: Path, error: type[Exception], nosum: Sequence[str] = ()) -> str:
+    """Run one go command, appending its output to ``log``; returns stdout.
+
+    Raises: ``error`` with the command, its exit code and the last 25 lines of output.
+    """
+    with log.open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}  (in {cwd})\n")
+        fh.flush()
+        proc = subprocess.run(list(cmd), cwd=cwd, env=go_env(nosum), capture_output=True, text=True)
+        fh.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise error(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}\n(full log: {log})")
+    return proc.stdout
+
+
+def other_go_builds() -> list[int]:
+    """Pids of running ``go build`` commands (the machine is small: builds wait for each other)."""
+    out: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 2 and argv[0].endswith(b"go") and argv[1] == b"build":
+            out.append(int(d.name))
+    return out
+
+
+def wrapper_gomod(upstream: Mapping[str, Any], module: str, ver: str, name: str, *, go: str = "1.24.0",
+                  local_src: str = "") -> str:
+    """The wrapper module's go.mod from ``go mod edit -json`` of the upstream go.mod.
+
+    ``local_src`` replaces the module itself with a (patched) local copy.
+    """
+    lines = [f"module kfpgpu.local/build/{name}", "", f"go {go}", "", "require (", f"\t{module} {ver}"]
+    for r in upstream.get("Require") or []:
+        if r["Path"] != module:
+            lines.append(f"\t{r['Path']} {r['Version']}")
+    lines.append(")")
+    reps: list[str] = []
+    for r in upstream.get("Replace") or []:
+        old, new = r["Old"], r["New"]
+        if new.get("Version"):  # module replace: copy; local-path replaces are dropped
+            old_s = old["Path"] + (" " + old["Version"] if old.get("Version") else "")
+            reps.append(f"\t{old_s} => {new['Path']} {new['Version']}")
+    if local_src:
+        reps.append(f"\t{module} => {local_src}")
+    if reps:
+        lines += ["", "replace (", *reps, ")"]
+    return "\n".join(lines) + "\n"
