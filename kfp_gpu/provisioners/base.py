@@ -96,3 +96,17 @@ class Provisioner(Protocol):
     def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]: ...
 
     def release(self, spec: ProvisioningSpec, run_id: str) -> Released: ...
+
+
+class NothingExtra:
+    """Defaults for a backend whose platform needs nothing before the job, on the pods or about revocations:
+    capacity unchanged, no annotations, nothing revoked (node losses show on the Nodes)."""
+
+    def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
+        return capacity
+
+    def pod_annotations(self, capacity: Capacity) -> dict[str, str]:
+        return {}
+
+    def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]:
+        return []

@@ -25,13 +25,13 @@ from kfp_gpu import accelerators
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.plan.kueue import provisioning_check
-from kfp_gpu.provisioners.base import GangRequest, Released
+from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.spec import ProvisioningSpec
 
 NAME = "kueue-admission"
 
 
-class KueueAdmissionProvisioner:
+class KueueAdmissionProvisioner(NothingExtra):
     """The kueue-admission backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
@@ -68,15 +68,6 @@ class KueueAdmissionProvisioner:
         placements = tuple(dataclasses.replace(p, nodes=tuple(n for n in p.nodes if n not in gone))
                            for p in capacity.placements)
         return dataclasses.replace(capacity, placements=tuple(p for p in placements if p.nodes))
-
-    def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
-        return capacity
-
-    def pod_annotations(self, capacity: Capacity) -> dict[str, str]:
-        return {}
-
-    def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]:
-        return []
 
     def release(self, spec: ProvisioningSpec, run_id: str) -> Released:
         return Released()

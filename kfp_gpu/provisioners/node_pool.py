@@ -35,7 +35,7 @@ from kfp_gpu.providers.base import (
     PoolState,
     label_safe,
 )
-from kfp_gpu.provisioners.base import GangRequest, Released
+from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.provisioners.resize import provision
 from kfp_gpu.retry import retry_transient
 from kfp_gpu.spec import CapacityType, ProvisioningSpec
@@ -44,7 +44,7 @@ NAME = "node-pool"
 log = logging.getLogger(__name__)
 
 
-class NodePoolProvisioner:
+class NodePoolProvisioner(NothingExtra):
     """The node-pool backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
@@ -78,15 +78,6 @@ class NodePoolProvisioner:
         return _tagged(reprovision(spec, run_id, self.api, self.provider, lost=extra, zone_hint=zone_hint,
                                    on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where,
                                    keep=keep), spec)
-
-    def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
-        return capacity
-
-    def pod_annotations(self, capacity: Capacity) -> dict[str, str]:
-        return {}
-
-    def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]:
-        return []
 
     def release(self, spec: ProvisioningSpec, run_id: str) -> Released:
         """Shrink the pools the run grew (from its ledgers). Never raises for what is already gone."""
