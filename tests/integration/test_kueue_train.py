@@ -118,12 +118,12 @@ def test_job_waits_in_a_full_queue_longer_than_the_watchdog_then_runs(
     run_id = f"run-kw-{namespace}"
     spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)
     th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(3.0), api=step_api, admission_timeout_s=5.0)
+                    job_json=job_json(3.0), api=step_api)  # the default no-pods watchdog: admission_timeout_s=120
     th.start()
     job = pytorchjob.job_name(run_id, "train")
-    held = 15.0
+    held = 125.0
     try:
-        time.sleep(held)  # three times the (shortened) no-pods watchdog, with the queue full
+        time.sleep(held)  # longer than the old 120 s watchdog that failed a queued job, with the queue full
         assert th.is_alive(), th.error
         assert not job_pods(kube.core, namespace, job)
         obj = pytorchjob.get(kube.api, namespace, job)
@@ -146,7 +146,7 @@ def test_job_waits_in_a_full_queue_longer_than_the_watchdog_then_runs(
     uid = pytorchjob.get(kube.api, namespace, job)["metadata"]["uid"]  # type: ignore[index]
     assert [owner_uid(w) for w in _workloads(kq)] == [uid]
     assert len(job_pods(kube.core, namespace, job)) == 2
-    print(f"\nqueued {adm['wait_s']:.1f} s (queue full for {held:.0f} s, watchdog 5 s); quota freed -> admitted "
+    print(f"\nqueued {adm['wait_s']:.1f} s (queue full for {held:.0f} s, watchdog 120 s); quota freed -> admitted "
           f"{adm['admitted_at'] - freed:.2f} s; {len(lines)} progress lines")
 
 
