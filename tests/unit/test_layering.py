@@ -58,6 +58,13 @@ def test_cluster_never_imports_steps(path):
             assert "steps" not in [a.name for a in node.names], f"cluster/{path.name} imports kfp_gpu.steps"
 
 
+@pytest.mark.parametrize("path", sorted((PKG / "provisioners").rglob("*.py")), ids=lambda p: p.name)
+def test_provisioners_never_import_steps(path):
+    """provisioners/ sits between the steps and cluster/providers: it never imports kfp_gpu.steps."""
+    for mod in _imports(path, top_level_only=False):
+        assert mod != "kfp_gpu.steps" and not mod.startswith("kfp_gpu.steps."), f"provisioners/{path.name} imports {mod}"
+
+
 def test_importing_the_sdk_loads_no_cloud_sdk():
     code = ("import sys, kfp_gpu, kfp_gpu.spec, kfp_gpu.dsl, kfp_gpu.steps.entry, kfp_gpu.providers\n"
             "bad = [m for m in sys.modules if m.startswith(('google.cloud.', 'boto3', 'botocore'))]\n"
