@@ -158,6 +158,11 @@ class GangPlacementFailed(KfpGpuError):
     default_scope = Scope.ZONE
 
 
+class QueueTimeout(GangPlacementFailed):
+    """The job was not admitted by its Kueue queue within ``queue_timeout_s`` (the queue and the Workload's status
+    in the message); a kind of GangPlacementFailed, so callers that handle that still do."""
+
+
 class TrainingFailed(KfpGpuError):
     """The training application itself failed (not a preemption)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from kfp_gpu.errors import GangPlacementFailed, InvalidSpec
+from kfp_gpu.errors import InvalidSpec, QueueTimeout
 from kfp_gpu.plan.admission import QueueState, progress_due
 from kfp_gpu.plan.recovery import Cause, Verdict, classify
 
@@ -52,7 +52,7 @@ def wait_admitted(st: TrainState, timeout_s: float, *, progress_every_s: float =
     """Block while the attempt's job waits for admission. None once it is admitted (or was never queued);
     a verdict when a gang node was lost (PREEMPTION) or Kueue evicted the Workload (QUEUE_EVICTION) meanwhile.
 
-    Raises: GangPlacementFailed: still not admitted ``timeout_s`` after the wait began (the queue and the
+    Raises: QueueTimeout (a GangPlacementFailed): still not admitted ``timeout_s`` after the wait began (the queue and the
         Workload's status in one line; the caller deletes the job).
     """
     w = st.watch
@@ -80,7 +80,7 @@ def wait_admitted(st: TrainState, timeout_s: float, *, progress_every_s: float =
             st.save_ledger()
         if adm.expired:
             wl = w.workload
-            raise GangPlacementFailed(
+            raise QueueTimeout(
                 f"job {st.job}: {adm.expired}",
                 remediation=f"free quota in the ClusterQueue behind LocalQueue {st.queue or '(none)'}, raise "
                 "queue_timeout_s, or submit to another queue (target.queue)",

@@ -24,7 +24,7 @@ from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.kueue_workload import owner_uid
 from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.errors import GangPlacementFailed
+from kfp_gpu.errors import QueueTimeout
 from kfp_gpu.plan.kueue import GROUP, QUEUE_LABEL, VERSION
 from kfp_gpu.timeline import Timeline
 from tests.integration import test_kueue_preflight
@@ -158,7 +158,7 @@ def test_queue_deadline_fails_with_the_queue_and_the_workload_status_and_cleans_
     run_id = f"run-kt-{namespace}"
     from kfp_gpu.steps import train
 
-    with pytest.raises(GangPlacementFailed) as err:
+    with pytest.raises(QueueTimeout) as err:
         train.run(make_spec(namespace, tmp_path / "ckpt", nodes=2), run_id,
                   make_capacity(run_id, pool, names).to_json(), job_json=job_json(3.0), api=step_api,
                   admission_timeout_s=2.0, queue_timeout_s=8.0)
@@ -168,7 +168,7 @@ def test_queue_deadline_fails_with_the_queue_and_the_workload_status_and_cleans_
     job = pytorchjob.job_name(run_id, "train")
     assert pytorchjob.get(kube.api, namespace, job) is None
     wait_until("its Workload gone", lambda: not _workloads(kq), timeout=30)
-    assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "GangPlacementFailed"
+    assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "QueueTimeout"
 
 
 def _high_priority_job(kube: Kube, namespace: str, lq: str, wpc: str, gpus: int) -> str:
