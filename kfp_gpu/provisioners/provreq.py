@@ -23,6 +23,7 @@ Nothing here resizes a pool.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -46,6 +47,7 @@ from kfp_gpu.cluster.nodes import (
     claim,
     list_nodes,
     run_toleration,
+    unclaim,
 )
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, ProvisioningTimeout
 from kfp_gpu.plan import provreq as plan
@@ -102,9 +104,9 @@ class ProvisioningRequestProvisioner:
             zone = zones[attempt]
             name = plan.request_name(run_id, request.step, attempt)
             pools = self._pools(spec, klass, zone)
-            ledger.write(self.api, ns, owner, {"started": started, "attempt": attempt, "history": history,
-                                               "request": name, "class": klass, "zone": zone,
-                                               "spec": spec.to_json(), "timeline": timeline.to_json()})
+            save = functools.partial(self._save, ns, owner, spec, timeline, started=started, attempt=attempt,
+                                     history=history, request=name, zone=zone, **{"class": klass})
+            save()
             made_at = time.time()
             try:
                 api_req.create(self.api, ns, name, pod_spec=pod_spec(spec, run_id, zone, pools), count=count, klass=klass,
@@ -118,9 +120,7 @@ class ProvisioningRequestProvisioner:
                 nodes = self._claim_nodes(spec, run_id, owner, zone, pools, count, deadline, request, timeline, made_at)
                 if len(nodes) >= count:
                     cap = self._capacity(spec, run_id, {**keep, **nodes}, timeline, [name])
-                    ledger.write(self.api, ns, owner, {"started": started, "attempt": attempt, "history": history,
-                                                       "request": name, "class": klass, "zone": zone, "done": True,
-                                                       "capacity": cap.to_json(), "timeline": timeline.to_json()})
+                    save(done=True, capacity=cap.to_json())
                     return cap
                 obs = plan.Observed(plan.ReqState.PROVISIONED, "NodesNotReady",
                                     f"{len(nodes)}/{count} booked nodes Ready and claimable")
@@ -142,6 +142,10 @@ class ProvisioningRequestProvisioner:
             f"ProvisioningRequests ({'; '.join(h['zone'] + ': ' + (h['reason'] or h['state']) for h in history)})",
             remediation="add zones, raise the autoscaled pools' max node counts, or retry later",
             failover_history=history)
+
+    def _save(self, ns: str, owner: Owner, spec: ProvisioningSpec, timeline: Timeline, **data: Any) -> None:
+        """The step's ledger: the spec (the janitor tears a dead run down with it), the timeline, and ``data``."""
+        ledger.write(self.api, ns, owner, {**data, "spec": spec.to_json(), "timeline": timeline.to_json()})
 
     def _wait(self, ns: str, name: str, deadline: float, not_found_grace_s: float | None) -> plan.Observed:
         """Block until the request is Provisioned or terminal, or the deadline. With ``not_found_grace_s`` (another
@@ -227,8 +231,9 @@ class ProvisioningRequestProvisioner:
             groups.setdefault(pz, []).append(name)
         extra: dict[str, Any] = {"provisioner": NAME, "requests": requests,
                                  "class": plan.request_class(spec.capacity.value)}
-        if tolerations(spec):
-            extra["tolerations"] = tolerations(spec)
+        tolerate = tolerations(spec)
+        if tolerate:
+            extra["tolerations"] = tolerate
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
                         timeline.to_json(), extra)
@@ -263,8 +268,6 @@ class ProvisioningRequestProvisioner:
         old = list(capacity.nodes)
         api_req.delete(self.api, spec.target.namespace, names[-1])  # its booking is over; the autoscaler frees it
         new = self.acquire(spec, run_id, GangRequest(step=f"rebook-{n}", nodes=spec.nodes))
-        from kfp_gpu.cluster.nodes import unclaim
-
         for node in old:
             if node not in new.nodes:
                 unclaim(self.api, node)
