@@ -227,3 +227,16 @@ def ignore_404(fn: Callable[[], Any]) -> bool:
         if exc.status == 404:
             return False
         raise
+
+
+def get_custom(api: client.ApiClient, group: str, version: str, namespace: str, plural: str,
+               name: str) -> dict[str, Any] | None:
+    """A namespaced custom object as JSON, or None when it does not exist. Raises: ApiException (non-404)."""
+    try:
+        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            group, version, namespace, plural, name)
+        return obj
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise

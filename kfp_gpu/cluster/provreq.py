@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster.kube import ignore_404
+from kfp_gpu.cluster.kube import get_custom, ignore_404
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.plan.provreq import CRD_NAME, GROUP, KIND, PLURAL, VERSION
 
@@ -59,14 +59,7 @@ def create(api: client.ApiClient, namespace: str, name: str, *, pod_spec: Mappin
 
 def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """The request, or None when it is gone. Raises: ApiException (non-404)."""
-    try:
-        got: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name)
-        return got
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return get_custom(api, GROUP, VERSION, namespace, PLURAL, name)
 
 
 def delete(api: client.ApiClient, namespace: str, name: str) -> bool:

@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster.capacity import Capacity
+from kfp_gpu.cluster.kube import get_custom
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
@@ -164,14 +165,7 @@ def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str]) -> dict[st
 
 def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """The job, or None when it does not exist. Raises: ApiException (non-404)."""
-    try:
-        obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name)
-        return obj
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return get_custom(api, GROUP, VERSION, namespace, PLURAL, name)
 
 
 def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
