@@ -24,7 +24,6 @@ from typing import Any
 
 from kubernetes import client
 
-from kfp_gpu import provisioners
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.errors import (
     Cancelled,
@@ -128,8 +127,7 @@ def _supervise(
         attach = None
     while True:
         if attach is None:
-            backend = provisioners.select(spec, st.api, None, st.capacity)
-            st.capacity = backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
+            st.capacity = st.backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
             if not st.provisioned_at_admission:  # else Kueue provisions the gang when it admits the job
                 _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
@@ -138,7 +136,7 @@ def _supervise(
                 st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
                 checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
                 dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
-                pod_annotations={**annotations, **backend.pod_annotations(st.capacity)},
+                pod_annotations={**annotations, **st.backend.pod_annotations(st.capacity)},
                 local=spec.target.kind is TargetKind.LOCAL, queue=st.queue,
             )
             job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
@@ -167,7 +165,7 @@ def _supervise(
         replacing = None
         if outcome.cause is Cause.PREEMPTION:
             lost = st.watch.lost_nodes(outcome)  # + nodes the platform revoked that may still be listed
-            taken = provisioners.select(spec, st.api, None, st.capacity).revoked(spec, st.capacity)
+            taken = st.backend.revoked(spec, st.capacity)
             lost = [*lost, *[n for n in taken if n not in lost]]
             st.counted |= {(i.node, i.at) for i in st.watch.incidents.values()}
             st.ledger["preemptions"][-1]["lost_nodes"] = lost

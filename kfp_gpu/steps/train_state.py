@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -15,6 +16,7 @@ from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.plan.recovery import Budget, Usage, Verdict
 from kfp_gpu.providers.base import Owner
+from kfp_gpu.provisioners.base import Provisioner
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu.timeline import NodeState, Timeline
@@ -57,6 +59,14 @@ class TrainState:
     def owner(self) -> Owner:
         """The step's ownership, with the lease expiry the heartbeat last renewed."""
         return self.heartbeat.owner
+
+    @functools.cached_property
+    def backend(self) -> Provisioner:
+        """The run's provisioner backend, the one its capacity records (it stays the same across attempts and
+        replacements), made once per step."""
+        from kfp_gpu import provisioners
+
+        return provisioners.select(self.spec, self.api, None, self.capacity)
 
     @property
     def provisioned_at_admission(self) -> bool:
