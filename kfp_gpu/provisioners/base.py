@@ -3,7 +3,9 @@
 The steps (warm pool, scale-up, train's recovery, teardown) talk only to this contract; which backend serves
 a run is chosen once (:func:`kfp_gpu.provisioners.select`) and recorded in the capacity it returns.
 
-Contract (every backend honours it; tests/integration/test_provisioners.py runs the same cases on each):
+Contract (every backend honours it; tests/integration/test_provisioning.py, test_provreq_backend.py,
+test_provreq_dws.py and test_kueue_backends.py check it on the node-pool, provisioning-request and
+kueue-admission backends):
 
 * **acquire(spec, run_id, request) -> Capacity.** Make ``request.nodes`` GPU nodes (or, for a recovery,
   ``request.keep``'s survivors + ``request.extra``) Ready with ``nvidia.com/gpu`` allocatable and *claimed*
