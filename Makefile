@@ -13,6 +13,14 @@ AUTOSCALER ?= none
 # Kueue profile: KUEUE=1 builds and runs the real Kueue controller (CRDs, webhooks; docs/local-cluster.md).
 # `make test` uses KUEUE=1.
 KUEUE ?=
+# Optional components (kfp_gpu/devcluster/extras.py): TRAINER=1 runs JobSet + Kubeflow Trainer v2, GCS=1 the
+# fake-gcs-server emulator; AUTOSCALER=karpenter (or cluster-autoscaler,karpenter) Karpenter's kwok provider.
+TRAINER ?=
+GCS ?=
+comma := ,
+EXTRA_FLAGS = $(if $(KUEUE),--with kueue) $(if $(TRAINER),--with trainer) $(if $(GCS),--with gcs)
+BUILD_FLAGS = $(if $(filter cluster-autoscaler,$(subst $(comma), ,$(AUTOSCALER))),--with-autoscaler) \
+  $(if $(filter karpenter,$(subst $(comma), ,$(AUTOSCALER))),--with karpenter) $(EXTRA_FLAGS)
 # torch for the example trainer, CPU use only. PyPI's wheel links the CUDA runtime libraries directly, so
 # they must be present even on CPU; triton, cusolver, cccl, nvtx and cuda-bindings are not needed
 # (measured: ~2.35 GB download, ~100 s on a fresh machine). The CPU-only index is not reachable here.
@@ -43,13 +51,12 @@ lint: venv
 
 # With AUTOSCALER=cluster-autoscaler also builds cluster-autoscaler (in parallel with the other Go builds).
 cluster-build: venv
-	$(BIN)/python -m kfp_gpu.devcluster build $(if $(filter cluster-autoscaler,$(AUTOSCALER)),--with-autoscaler) \
-	  $(if $(KUEUE),--with-kueue)
+	$(BIN)/python -m kfp_gpu.devcluster build $(BUILD_FLAGS)
 
 # Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
 # `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile, KUEUE=1 Kueue.
 cluster-up: cluster-build
-	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(if $(KUEUE),--kueue)
+	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(EXTRA_FLAGS)
 	$(BIN)/python -m kfp_gpu.sim.daemon start
 
 cluster-down: venv

@@ -168,9 +168,12 @@ def _quota_provider(provider: CapacityProvider, a: argparse.Namespace) -> Capaci
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
     from kfp_gpu.devcluster.cli import main as dc_main
 
-    more = ["--autoscaler", a.autoscaler, *(["--kueue"] if a.kueue else [])] if a.action == "up" else []
+    withs = [w for name in a.extras for w in ("--with", name)]
+    more = ["--autoscaler", a.autoscaler, *(["--kueue"] if a.kueue else []), *withs] if a.action == "up" else []
     if a.action == "build":
-        more = [*(["--with-autoscaler"] if a.autoscaler != "none" else []), *(["--with-kueue"] if a.kueue else [])]
+        ca = "cluster-autoscaler" in a.autoscaler.split(",")
+        karpenter = [w for w in ("--with", "karpenter") if "karpenter" in a.autoscaler.split(",")]
+        more = [*(["--with-autoscaler"] if ca else []), *(["--with-kueue"] if a.kueue else []), *withs, *karpenter]
     return int(dc_main([a.action, *more]) or 0)
 
 
@@ -245,10 +248,13 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_quota)
     c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
     c.add_argument("action", choices=["up", "down", "status", "build"])
-    c.add_argument("--autoscaler", choices=["none", "cluster-autoscaler"], default="none",
-                   help="up: also run the real cluster-autoscaler (kwok provider, ProvisioningRequests, GPU node groups)")
+    c.add_argument("--autoscaler", default="none",
+                   help="up: also run the real cluster-autoscaler (kwok provider, ProvisioningRequests, GPU node groups)"
+                   " and/or Karpenter's kwok provider: none | cluster-autoscaler | karpenter | a comma list")
     c.add_argument("--kueue", action="store_true",
                    help="up: also run the real Kueue controller (CRDs, webhooks; build: also build it)")
+    c.add_argument("--with", dest="extras", action="append", default=[], metavar="NAME",
+                   help="up/build: also run/build an optional component (trainer, gcs...; repeatable)")
     c.set_defaults(fn=cmd_dev_cluster)
     return p
 

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,26 +297,29 @@ def _record_identity(c: Ctx) -> None:
     record_local(crds.api_client(c.kubeconfig), f"https://127.0.0.1:{c.ports['apiserver']}")
 
 
-AUTOSCALERS = ("none", "cluster-autoscaler")
-
-
-def up(autoscaler: str = "none", kueue: bool = False) -> Ctx:
+def up(autoscaler: str = "none", kueue: bool = False, extras: Sequence[str] = ()) -> Ctx:
     """Boot the control plane (idempotent). ``autoscaler="cluster-autoscaler"`` also runs the real
-    cluster-autoscaler profile (:mod:`.ca_profile`); ``"none"`` starts none and leaves one that an earlier
-    ``up`` started running (other sessions share this cluster; ``down --only-autoscaler`` stops it).
-    ``kueue`` runs the real Kueue controller (:mod:`.kueue_profile`); without it a running Kueue is left alone.
+    cluster-autoscaler profile (:mod:`.ca_profile`), ``"karpenter"`` Karpenter's kwok provider (a comma list runs
+    both); ``"none"`` starts none and leaves one that an earlier ``up`` started running (other sessions share this
+    cluster; ``down --only-autoscaler`` stops it). ``extras`` names optional components (:mod:`.extras`: kueue,
+    trainer, gcs...) to run; ``kueue=True`` adds ``"kueue"``. A running extra not named is left alone.
 
-    Raises: BootError (also for an unknown ``autoscaler``), CertError.
+    Raises: BootError (also for an unknown ``autoscaler`` or extra), CertError.
     """
-    if autoscaler not in AUTOSCALERS:
-        raise BootError(f"--autoscaler {autoscaler!r}: choose one of {', '.join(AUTOSCALERS)}")
+    from . import extras as registry
+
+    try:
+        ca, more = registry.parse_autoscaler(autoscaler)
+        chosen = registry.select([*extras, *more, *(["kueue"] if kueue else [])])
+    except registry.UnknownExtra as e:
+        raise BootError(str(e)) from None
     c = _ctx()
     _check_binaries(c)
     with _locked(c.state):
-        return _up(c, autoscaler, kueue)
+        return _up(c, ca, {e.name for e in chosen})
 
 
-def _up(c: Ctx, autoscaler: str = "none", kueue: bool = False) -> Ctx:
+def _up(c: Ctx, ca: bool, wanted: set[str]) -> Ctx:
     t0 = time.monotonic()
     _check_ports_consistent(c)
     ensure_pki(c.pki)
@@ -334,16 +337,16 @@ def _up(c: Ctx, autoscaler: str = "none", kueue: bool = False) -> Ctx:
     _wait_default_sa(c)
     _record_identity(c)
     from . import ca_profile
+    from . import extras as registry
 
-    if autoscaler == ca_profile.NAME:
+    if ca:
         status[ca_profile.NAME] = _ensure(ca_profile.prepare(c), ca_profile.COMPONENT)
         print(f"[up] {ca_profile.NAME}: {status[ca_profile.NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
     elif ca_profile.running_pid(c) is not None:
         print(f"[up] {ca_profile.NAME}: left running (started by an earlier up --autoscaler "
               f"{ca_profile.NAME}; `down --only-autoscaler` stops it)", flush=True)
-    from . import kueue_profile
-
-    kueue_profile.up(c, kueue, status, t0)
+    for extra in registry.EXTRAS:
+        extra.profile_module().up(c, extra.name in wanted, status, t0)
     (c.state / "state.json").write_text(json.dumps(
         {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
          "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))
@@ -351,21 +354,40 @@ def _up(c: Ctx, autoscaler: str = "none", kueue: bool = False) -> Ctx:
     return c
 
 
-def down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False) -> None:
+def down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False,
+         only: Sequence[str] = ()) -> None:
+    """Stop what ``up`` started. ``only`` names extras (:mod:`.extras`) to stop and nothing else;
+    ``only_kueue`` is ``only=("kueue",)``; ``only_autoscaler`` stops cluster-autoscaler and Karpenter only.
+
+    Raises: BootError for an unknown extra.
+    """
+    from . import extras as registry
+
+    names = [*only, *(["kueue"] if only_kueue else []), *(["karpenter"] if only_autoscaler
+                                                          and "karpenter" in registry.names() else [])]
+    try:
+        registry.select(names)
+    except registry.UnknownExtra as e:
+        raise BootError(str(e)) from None
     c = _ctx()
     with _locked(c.state):
-        _down(c, purge, only_autoscaler, only_kueue)
+        _down(c, purge, only_autoscaler, tuple(names))
 
 
-def _down(c: Ctx, purge: bool, only_autoscaler: bool = False, only_kueue: bool = False) -> None:
+def _down(c: Ctx, purge: bool, only_autoscaler: bool = False, only: tuple[str, ...] = ()) -> None:
     from . import ca_profile
-    from . import kueue_profile as kp
+    from . import extras as registry
 
-    if not only_autoscaler and kp.stop(c):  # first: its webhooks go while the API server still runs
-        print(f"[down] stopped {kp.NAME}", flush=True)
-    if not only_kueue and ca_profile.stop(c):  # on exit CA deletes its nodes through the API server
+    partial = only_autoscaler or bool(only)
+    for extra in reversed(registry.EXTRAS):  # first: webhooks go while the API server still runs
+        if partial and extra.name not in only:
+            continue
+        mod = extra.profile_module()
+        if mod.stop(c):
+            print(f"[down] stopped {mod.NAME}", flush=True)
+    if (only_autoscaler or not partial) and ca_profile.stop(c):  # on exit CA deletes its nodes via the API server
         print(f"[down] stopped {ca_profile.NAME}", flush=True)
-    if only_autoscaler or only_kueue:
+    if partial:
         return
     for comp in reversed(COMPONENTS):
         if procs.stop(c.state, comp.name, c.bins[comp.name]):
@@ -386,25 +408,31 @@ def status() -> dict[str, str]:
         else:
             out[comp.name] = f"running pid={pid} " + ("healthy" if comp.healthy(c) else "UNHEALTHY")
     from . import ca_profile
+    from . import extras as registry
 
     out[ca_profile.NAME] = ca_profile.status_line(c)
-    from . import kueue_profile
-
-    out[kueue_profile.NAME] = kueue_profile.status_line(c)
+    for extra in registry.EXTRAS:
+        mod = extra.profile_module()
+        out[mod.NAME] = mod.status_line(c)
     return out
 
 
-def main_up(autoscaler: str = "none", kueue: bool = False) -> int:
+def main_up(autoscaler: str = "none", kueue: bool = False, extras: Sequence[str] = ()) -> int:
     try:
-        up(autoscaler, kueue)
+        up(autoscaler, kueue, extras)
     except (BootError, CertError) as e:
         print(f"[up] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
     return 0
 
 
-def main_down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False) -> int:
-    down(purge, only_autoscaler, only_kueue)
+def main_down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False,
+              only: Sequence[str] = ()) -> int:
+    try:
+        down(purge, only_autoscaler, only_kueue, only)
+    except BootError as e:
+        print(f"[down] FAILED: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,15 +198,21 @@ def check_toolchain() -> None:
         raise BuildError("the Go toolchain ('go') is not on PATH; install Go >= 1.24 to build the dev cluster")
 
 
-def build_all(with_autoscaler: bool = False, with_kueue: bool = False) -> dict[str, Path]:
-    """Build what is missing; with ``with_autoscaler`` cluster-autoscaler too, with ``with_kueue`` the Kueue
-    controller (:mod:`.kueue`), each in parallel with the others (module downloads and compiles overlap; Go's
-    build cache is safe to share).
+def build_all(with_autoscaler: bool = False, with_kueue: bool = False, extras: Sequence[str] = ()) -> dict[str, Path]:
+    """Build what is missing; with ``with_autoscaler`` cluster-autoscaler too, and each optional component named in
+    ``extras`` (:mod:`.extras`; ``with_kueue`` adds ``"kueue"``), each in parallel with the others (module downloads
+    and compiles overlap; Go's build cache is safe to share).
 
     Also generates the ProvisioningRequest CRD (:mod:`.provreq_crd`) so that ``up`` needs no Go toolchain.
 
     Raises: BuildError.
     """
+    from . import extras as registry
+
+    try:
+        chosen = registry.select([*extras, *(["kueue"] if with_kueue else [])])
+    except registry.UnknownExtra as e:
+        raise BuildError(str(e)) from None
     v = Versions.load()
     ts = targets(v)
     _ALL[:] = ts
@@ -213,37 +220,28 @@ def build_all(with_autoscaler: bool = False, with_kueue: bool = False) -> dict[s
     logdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     built: dict[str, Path] = {}
-    ca_job: Future[Path] | None = None
-    kueue_job: Future[Path] | None = None
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="build-extra")
-    if with_kueue:
-        from .kueue import build as build_kueue
-
-        kueue_job = pool.submit(build_kueue, wait_for_others=False)
+    jobs: dict[str, Future[Path]] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, len(chosen) + 1), thread_name_prefix="build-extra")
+    for extra in chosen:
+        jobs[extra.name] = pool.submit(extra.build_fn(), wait_for_others=False)
     if with_autoscaler:
         # cluster-autoscaler (kwok provider, -tags kwok, one QPS patch) is built by autoscaler.py.
         from .autoscaler import build as build_autoscaler
 
-        ca_job = pool.submit(build_autoscaler, wait_for_others=False)
+        jobs["cluster-autoscaler"] = pool.submit(build_autoscaler, wait_for_others=False)
     try:
         for t in ts:
             built[t.name] = build_target(t, logdir / f"{t.name}-{t.version}.log")
     finally:
         pool.shutdown(wait=True)
-    if ca_job is not None:
-        from .autoscaler import AutoscalerError
-
+    failed: list[str] = []
+    for name, job in jobs.items():
         try:
-            built["cluster-autoscaler"] = ca_job.result()
-        except AutoscalerError as e:
-            raise BuildError(f"cluster-autoscaler: {e}") from e
-    if kueue_job is not None:
-        from .kueue import KueueError
-
-        try:
-            built["kueue"] = kueue_job.result()
-        except KueueError as e:
-            raise BuildError(f"kueue: {e}") from e
+            built[name] = job.result()
+        except Exception as e:  # noqa: BLE001 - each extra raises its own error type; report them all
+            failed.append(f"{name}: {e}")
+    if failed:
+        raise BuildError("\n".join(failed))
     from .provreq_crd import CrdError, ensure_crd_file
 
     try:
@@ -254,9 +252,9 @@ def build_all(with_autoscaler: bool = False, with_kueue: bool = False) -> dict[s
     return built
 
 
-def main(with_autoscaler: bool = False, with_kueue: bool = False) -> int:
+def main(with_autoscaler: bool = False, with_kueue: bool = False, extras: Sequence[str] = ()) -> int:
     try:
-        build_all(with_autoscaler, with_kueue)
+        build_all(with_autoscaler, with_kueue, extras)
     except BuildError as e:
         print(f"[build] FAILED: {e}", file=sys.stderr, flush=True)
         return 1

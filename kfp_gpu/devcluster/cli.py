@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import extras
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kfp_gpu.devcluster", description=__doc__)
@@ -12,16 +14,23 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="build the binaries into the cache (skips present ones)")
     b.add_argument("--with-autoscaler", action="store_true", help="also build cluster-autoscaler (-tags kwok)")
     b.add_argument("--with-kueue", action="store_true", help="also build the Kueue controller (sigs.k8s.io/kueue)")
+    b.add_argument("--with", dest="extras", action="append", default=[], metavar="NAME",
+                   help=f"also build an optional component: one of {', '.join(extras.names())} (repeatable)")
     u = sub.add_parser("up", help="boot the cluster (idempotent)")
-    u.add_argument("--autoscaler", choices=["none", "cluster-autoscaler"], default="none",
+    u.add_argument("--autoscaler", default="none",
                    help="cluster-autoscaler: also run the real cluster-autoscaler (kwok provider, GPU node groups, "
-                   "ProvisioningRequests; build it with `build --with-autoscaler`); none (default) starts none")
+                   "ProvisioningRequests; build it with `build --with-autoscaler`); karpenter: Karpenter's kwok "
+                   "provider (build it with `build --with karpenter`); a comma list runs both; none (default)")
     u.add_argument("--kueue", action="store_true", help="also run the real Kueue controller with its CRDs and "
                    "webhooks (build it with `build --with-kueue`); without it a running Kueue is left alone")
+    u.add_argument("--with", dest="extras", action="append", default=[], metavar="NAME",
+                   help=f"also run an optional component: one of {', '.join(extras.names())} (repeatable)")
     d = sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
     d.add_argument("--purge", action="store_true", help="also delete the etcd data (cluster state)")
     d.add_argument("--only-autoscaler", action="store_true", help="stop only the cluster-autoscaler profile")
     d.add_argument("--only-kueue", action="store_true", help="stop only the Kueue profile (and remove its webhooks)")
+    d.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="stop only this optional component (repeatable)")
     sub.add_parser("status", help="print component status")
     n = sub.add_parser("nodes", help="create N KWOK GPU nodes in a pool and time until all are Ready")
     n.add_argument("count", type=int)
@@ -32,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "build":
         from .build import main as build_main
 
-        return build_main(with_autoscaler=args.with_autoscaler, with_kueue=args.with_kueue)
+        return build_main(with_autoscaler=args.with_autoscaler, with_kueue=args.with_kueue, extras=args.extras)
     if args.cmd == "nodes":
         from .scale import create_and_wait, delete_pool
 
@@ -44,9 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     from . import boot
 
     if args.cmd == "up":
-        return boot.main_up(args.autoscaler, args.kueue)
+        return boot.main_up(args.autoscaler, args.kueue, args.extras)
     if args.cmd == "down":
-        return boot.main_down(purge=args.purge, only_autoscaler=args.only_autoscaler, only_kueue=args.only_kueue)
+        return boot.main_down(purge=args.purge, only_autoscaler=args.only_autoscaler, only_kueue=args.only_kueue,
+                              only=args.only)
     return boot.main_status()
 
 

@@ -109,12 +109,12 @@ def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
     from kfp_gpu.devcluster import boot, build
 
-    monkeypatch.setattr(boot, "main_up", lambda autoscaler, kueue: seen.update(up=(autoscaler, kueue)) or 0)
+    monkeypatch.setattr(boot, "main_up", lambda autoscaler, kueue, extras: seen.update(up=(autoscaler, kueue)) or 0)
     monkeypatch.setattr(boot, "main_down", lambda **kw: seen.update(down=kw) or 0)
     monkeypatch.setattr(build, "main", lambda **kw: seen.update(build=kw) or 0)
     assert devcluster_main(["up", "--kueue", "--autoscaler", "cluster-autoscaler"]) == 0
     assert devcluster_main(["down", "--only-kueue"]) == 0
     assert devcluster_main(["build", "--with-kueue"]) == 0
     assert seen == {"up": ("cluster-autoscaler", True),
-                    "down": {"purge": False, "only_autoscaler": False, "only_kueue": True},
-                    "build": {"with_autoscaler": False, "with_kueue": True}}
+                    "down": {"purge": False, "only_autoscaler": False, "only_kueue": True, "only": []},
+                    "build": {"with_autoscaler": False, "with_kueue": True, "extras": []}}

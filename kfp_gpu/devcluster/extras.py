@@ -1,0 +1,86 @@
+"""The optional components of the local cluster: one registry entry each.
+
+An extra is an upstream controller (or emulator) the base control plane does not need: Kueue, Karpenter's kwok
+provider, JobSet + Kubeflow Trainer v2, fake-gcs-server. Each is
+
+- **built** by ``build`` (``"module:function"``): ``function(*, wait_for_others: bool = True) -> Path`` builds the
+  binary into the cache unless it is there (skips when present) and raises its own ``RuntimeError`` subclass;
+- **run** by ``profile`` (a module): ``NAME``; ``up(c, wanted, status, t0)`` starts or re-uses it when ``wanted``
+  and otherwise leaves a running one alone (another session may have started it); ``stop(c) -> bool`` (True if
+  it was running); ``status_line(c) -> str`` ("stopped (profile off; ...)" when not running).
+
+``python -m kfp_gpu.devcluster build --with NAME`` / ``up --with NAME`` (and ``down --only NAME``) select them; the
+older flags (``--with-kueue``, ``--kueue``, ``--autoscaler karpenter``...) map onto these names. Order matters for
+``up`` (the registry order) and ``down`` (reverse): a component whose webhooks guard others' objects goes first on
+the way down.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Extra:
+    name: str
+    build: str  # "module:function", relative modules under kfp_gpu.devcluster
+    profile: str  # module under kfp_gpu.devcluster
+    help: str
+
+    def build_fn(self) -> Callable[..., Path]:
+        mod, _, fn = self.build.partition(":")
+        fn_obj: Callable[..., Path] = getattr(importlib.import_module(f"kfp_gpu.devcluster.{mod}"), fn)
+        return fn_obj
+
+    def profile_module(self) -> ModuleType:
+        return importlib.import_module(f"kfp_gpu.devcluster.{self.profile}")
+
+
+EXTRAS: tuple[Extra, ...] = (
+    Extra("kueue", "kueue:build", "kueue_profile",
+          "the real Kueue controller with its CRDs and webhooks (sigs.k8s.io/kueue)"),
+)
+
+
+class UnknownExtra(ValueError):
+    pass
+
+
+def names() -> tuple[str, ...]:
+    return tuple(e.name for e in EXTRAS)
+
+
+def get(name: str) -> Extra:
+    """Raises: UnknownExtra naming the choices."""
+    for e in EXTRAS:
+        if e.name == name:
+            return e
+    raise UnknownExtra(f"unknown local-cluster component {name!r}: choose from {', '.join(names())}")
+
+
+def select(wanted: Iterable[str]) -> tuple[Extra, ...]:
+    """The registry entries named in ``wanted``, in registry order. Raises: UnknownExtra."""
+    want = set(wanted)
+    for n in want:
+        get(n)
+    return tuple(e for e in EXTRAS if e.name in want)
+
+
+AUTOSCALERS = ("none", "cluster-autoscaler", "karpenter")
+
+
+def parse_autoscaler(text: str) -> tuple[bool, tuple[str, ...]]:
+    """``--autoscaler`` as (run cluster-autoscaler?, extras): one of :data:`AUTOSCALERS` or a comma list of them
+    (``cluster-autoscaler,karpenter``); ``karpenter`` is the registry entry of that name.
+
+    Raises: UnknownExtra naming the choices.
+    """
+    parts = [p.strip() for p in (text or "none").split(",") if p.strip()]
+    bad = [p for p in parts if p not in AUTOSCALERS]
+    if bad or not parts:
+        raise UnknownExtra(f"--autoscaler {text!r}: choose one of {', '.join(AUTOSCALERS)}, or a comma list of them")
+    return "cluster-autoscaler" in parts, tuple(p for p in parts if p not in ("none", "cluster-autoscaler"))
