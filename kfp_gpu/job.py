@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_gpu import job_fields as f
+from kfp_gpu.checkpoint.resume import check_args as check_resume_args
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.job_fields import PLACEHOLDER_KEY, is_placeholder
 
@@ -55,6 +56,9 @@ class JobTemplate:
     image_pull_secrets: tuple[Any, ...] = ()
     container_extra: dict[str, Any] = field(default_factory=dict)  # workingDir, imagePullPolicy, securityContext...
     pod_extra: dict[str, Any] = field(default_factory=dict)  # priorityClassName, securityContext...
+    # appended to args only when the job resumes: e.g. ("--resume_from_checkpoint", "{path}"); {path}, {step},
+    # {format} are the chosen checkpoint's (kfp_gpu.checkpoint.resume.Resume.args)
+    resume_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -89,6 +93,8 @@ class JobTemplate:
                    else p) for i, p in enumerate(f.seq("train.image_pull_secrets", f.plain(self.image_pull_secrets)))))
         s(self, "container_extra", f.extra("train.container_extra", self.container_extra, f.CONTAINER_EXTRA_KEYS))
         s(self, "pod_extra", f.extra("train.pod_extra", self.pod_extra, f.POD_EXTRA_KEYS))
+        s(self, "resume_args", tuple(f.seq("train.resume_args", self.resume_args)))
+        check_resume_args("train.resume_args", ["" if is_placeholder(a) else a for a in self.resume_args])
 
     @classmethod
     def build(cls, job: Any = None, **fields: Any) -> JobTemplate:
@@ -116,7 +122,8 @@ class JobTemplate:
         d = {x.name: getattr(self, x.name) for x in dataclasses.fields(self)}
         for key in ("env", "labels", "annotations"):
             d[key] = dict(d[key])
-        for key in ("command", "args", "volumes", "volume_mounts", "tolerations", "image_pull_secrets"):
+        for key in ("command", "args", "volumes", "volume_mounts", "tolerations", "image_pull_secrets",
+                    "resume_args"):
             d[key] = list(d[key])
         return d
 
