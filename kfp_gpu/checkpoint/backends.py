@@ -5,7 +5,9 @@ to that root. Cloud SDKs are imported lazily, inside :func:`open_backend`, so ``
 needs nothing beyond the standard library.
 
 Endpoints: ``s3://`` honours ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (moto, MinIO); ``gs://``
-honours ``STORAGE_EMULATOR_HOST`` (google-cloud-storage reads it itself).
+honours ``STORAGE_EMULATOR_HOST`` (fake-gcs-server, :mod:`kfp_gpu.devcluster.gcs_profile`): google-cloud-storage
+sends every call there, and :func:`gcs_client` gives it anonymous credentials and a placeholder project, so no
+Google credentials (nor the metadata server) are looked up.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from kfp_gpu.checkpoint.errors import StorageError, StorageUnavailable
+
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+EMULATOR_PROJECT = "kfp-gpu-local"  # fake-gcs-server accepts any project id
 
 
 class BlobNotFound(KeyError):
@@ -127,8 +132,10 @@ class S3Backend:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def put(self, key: str, data: bytes) -> None:
-        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+    def put(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        """``metadata`` becomes the object's user metadata (``x-amz-meta-*``)."""
+        extra = {"Metadata": dict(metadata)} if metadata else {}
+        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
 
     def get(self, key: str) -> bytes:
         """Raises: BlobNotFound for a missing key; botocore errors otherwise."""
@@ -168,26 +175,30 @@ class S3Backend:
 class GCSBackend:
     """A ``gs://bucket/prefix`` location through google-cloud-storage. The marker object is the commit point."""
 
-    def __init__(self, bucket: str, prefix: str, client: Any = None) -> None:
+    def __init__(self, bucket: str, prefix: str, client: Any = None, *, timeout: float | tuple[float, float] = 60.0,
+                 retry: bool = True) -> None:
+        """``timeout`` (seconds, or (connect, read)) bounds each request; ``retry=False`` makes one attempt
+        (the preflight probe), else the SDK's default retries apply."""
+        self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = f"gs://{bucket}/{self.prefix}".rstrip("/")
-        if client is None:
-            import importlib
-
-            storage = importlib.import_module("google.cloud.storage")  # lazy: optional dependency
-            client = storage.Client()
-        self._bucket = client.bucket(bucket)
+        self._bucket = (client if client is not None else gcs_client()).bucket(bucket)
+        self._kw: dict[str, Any] = {"timeout": timeout, **({} if retry else {"retry": None})}
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def put(self, key: str, data: bytes) -> None:
-        self._bucket.blob(self._key(key)).upload_from_string(data, content_type="application/octet-stream")
+    def put(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        """``metadata`` becomes the object's custom metadata."""
+        blob = self._bucket.blob(self._key(key))
+        if metadata:
+            blob.metadata = dict(metadata)
+        blob.upload_from_string(data, content_type="application/octet-stream", **self._kw)
 
     def get(self, key: str) -> bytes:
         """Raises: BlobNotFound for a missing object; google.api_core errors otherwise."""
         try:
-            data: bytes = self._bucket.blob(self._key(key)).download_as_bytes()
+            data: bytes = self._bucket.blob(self._key(key)).download_as_bytes(**self._kw)
         except Exception as exc:
             if type(exc).__name__ == "NotFound" or getattr(exc, "code", None) == 404:
                 raise BlobNotFound(key) from None
@@ -197,7 +208,7 @@ class GCSBackend:
     def list(self, prefix: str = "") -> list[str]:
         full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
         strip = len(f"{self.prefix}/") if self.prefix else 0
-        return sorted(str(b.name)[strip:] for b in self._bucket.list_blobs(prefix=full))
+        return sorted(str(b.name)[strip:] for b in self._bucket.list_blobs(prefix=full, **self._kw))
 
     def delete_prefix(self, prefix: str) -> None:
         for key in self.list(prefix.rstrip("/") + "/"):
@@ -205,7 +216,7 @@ class GCSBackend:
 
     def delete(self, key: str) -> None:
         try:
-            self._bucket.blob(self._key(key)).delete()
+            self._bucket.blob(self._key(key)).delete(**self._kw)
         except Exception as exc:
             if type(exc).__name__ != "NotFound":
                 raise
@@ -299,11 +310,34 @@ def _guard(sdk: str, fix: str, build: Callable[[], Backend]) -> Backend:
         raise StorageError(f"cannot open storage with {sdk}: {exc}", remediation=fix, sdk=sdk) from exc
 
 
-def _boto3_client() -> Any:
+def _boto3_client(config: Any = None) -> Any:
     import boto3  # lazy: optional dependency
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    return boto3.client("s3", endpoint_url=endpoint)
+    return boto3.client("s3", endpoint_url=endpoint, config=config)
+
+
+def emulator_host(environ: Mapping[str, str] | None = None) -> str | None:
+    """The GCS emulator URL from ``STORAGE_EMULATOR_HOST`` (None when unset or blank)."""
+    env = os.environ if environ is None else environ
+    return (env.get(EMULATOR_ENV) or "").strip() or None
+
+
+def gcs_client() -> Any:
+    """A ``google.cloud.storage.Client``. With ``STORAGE_EMULATOR_HOST`` set: pointed at the emulator with
+    anonymous credentials and the project ``$GOOGLE_CLOUD_PROJECT`` (else :data:`EMULATOR_PROJECT`); otherwise
+    Application Default Credentials (Workload Identity, ``GOOGLE_APPLICATION_CREDENTIALS``).
+
+    Raises: ImportError (google-cloud-storage missing); google.auth errors (no credentials outside the emulator).
+    """
+    import importlib
+
+    storage = importlib.import_module("google.cloud.storage")  # lazy: optional dependency
+    if emulator_host() is None:
+        return storage.Client()
+    anonymous = importlib.import_module("google.auth.credentials").AnonymousCredentials
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or EMULATOR_PROJECT
+    return storage.Client(project=project, credentials=anonymous())
 
 
 def _s3_code(exc: BaseException) -> str:

@@ -43,6 +43,11 @@ class Extra:
 EXTRAS: tuple[Extra, ...] = (
     Extra("kueue", "kueue:build", "kueue_profile",
           "the real Kueue controller with its CRDs and webhooks (sigs.k8s.io/kueue)"),
+    Extra("gcs", "gcs:build", "gcs_profile",
+          "fake-gcs-server, a GCS emulator for gs:// checkpoints (STORAGE_EMULATOR_HOST; github.com/fsouza/fake-gcs-server)"),
+    Extra("trainer", "trainer:build", "trainer_profile",
+          "the real JobSet and Kubeflow Trainer v2 controllers, their CRDs and webhooks, and the torch-distributed "
+          "ClusterTrainingRuntime (sigs.k8s.io/jobset, github.com/kubeflow/trainer/v2)"),
 )
 
 

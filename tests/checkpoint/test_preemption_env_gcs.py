@@ -1,5 +1,5 @@
-"""Preemption guard (in-process and real SIGTERM to a child), env hints, and the GCS backend's logic
-against an in-memory fake bucket (no GCS stand-in exists here; real GCS is untested)."""
+"""Preemption guard (in-process and real SIGTERM to a child), env hints, and the gs:// store's corruption handling
+against the real GCS emulator (fake-gcs-server, the ``gcs`` fixture; more in test_gcs_emulator.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,7 @@ from kfp_gpu.checkpoint import (
 )
 from kfp_gpu.checkpoint.backends import GCSBackend
 from kfp_gpu.errors import InvalidSpec
+from tests.gcs_support import GcsBucket
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,56 +147,16 @@ def test_resume_step_from_env() -> None:
             resume_step_from_env({"KFP_GPU_RESUME_STEP": bad})
 
 
-class NotFound(Exception):  # same name google.api_core.exceptions uses
-    code = 404
-
-
-class FakeBlob:
-    def __init__(self, bucket: FakeBucket, name: str) -> None:
-        self.bucket, self.name = bucket, name
-
-    def upload_from_string(self, data: bytes, content_type: str = "") -> None:
-        self.bucket.objects[self.name] = bytes(data)
-
-    def download_as_bytes(self) -> bytes:
-        if self.name not in self.bucket.objects:
-            raise NotFound(self.name)
-        return self.bucket.objects[self.name]
-
-    def delete(self) -> None:
-        if self.bucket.objects.pop(self.name, None) is None:
-            raise NotFound(self.name)
-
-
-class FakeBucket:
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-
-    def blob(self, name: str) -> FakeBlob:
-        return FakeBlob(self, name)
-
-    def list_blobs(self, prefix: str = "") -> list[FakeBlob]:
-        return [FakeBlob(self, k) for k in sorted(self.objects) if k.startswith(prefix)]
-
-
-class FakeClient:
-    def __init__(self) -> None:
-        self.buckets: dict[str, FakeBucket] = {}
-
-    def bucket(self, name: str) -> Any:
-        return self.buckets.setdefault(name, FakeBucket())
-
-
-def test_gcs_backend_logic_with_fake_bucket() -> None:
-    client = FakeClient()
-    backend = GCSBackend("b", "runs/x", client=client)
-    store = CheckpointStore("gs://b/runs/x", backend=backend)
+def test_gcs_store_skips_a_tampered_checkpoint(gcs: GcsBucket) -> None:
+    store = CheckpointStore(gcs.uri("runs/x"))
+    assert isinstance(store.backend, GCSBackend)
     store.save(1, {"model.pt": b"one"})
     c2 = store.save(2, {"model.pt": b"two"})
-    objects = client.buckets["b"].objects
-    assert f"runs/x/{c2.name}/COMMITTED" in objects and c2.uri.startswith("gs://b/runs/x/step-000000002.tmp-")
-    objects[f"runs/x/{c2.name}/model.pt"] = b"rot"
+    assert f"runs/x/{c2.name}/COMMITTED" in gcs.keys("runs/x/")
+    assert c2.uri.startswith(gcs.uri("runs/x/step-000000002.tmp-"))
+    gcs.client.bucket(gcs.bucket).blob(f"runs/x/{c2.name}/model.pt").upload_from_string(b"rot")  # bit rot
     latest = store.latest()
     assert latest is not None and latest.step == 1
     assert store.prune(keep=1) == []  # the corrupt step 2 is newer: left for inspection
-    backend.delete("does/not/exist")
+    assert f"runs/x/{c2.name}/model.pt" in gcs.keys("runs/x/")
+    store.backend.delete("does/not/exist")  # deleting a missing object is not an error
