@@ -101,15 +101,18 @@ class TrainState:
             log.warning("could not write the train ledger: %s", exc)
 
     def checkpoint(self) -> Any:
-        """The newest complete checkpoint (``.step``, ``.created``, ``.uri``, ``.meta``) or None."""
+        """The newest complete checkpoint of any recognised format (kfp-gpu, Hugging Face Trainer, DCP, Lightning)
+        under ``checkpoint_uri``: a :class:`kfp_gpu.checkpoint.resume.Resume` (``.step``, ``.created``, ``.uri`` /
+        ``.path``, ``.format``, ``.meta``, ``.env()``, ``.args()``), or None. Partial checkpoints are skipped with a
+        warning; a store that cannot be read is logged and counts as none."""
         if not self.spec.checkpoint_uri:
             return None
         try:
-            from kfp_gpu.checkpoint.store import CheckpointStore
+            from kfp_gpu.checkpoint import resume
         except ImportError:  # pragma: no cover - the checkpoint package ships with kfp_gpu
             return None
         try:
-            return CheckpointStore(self.spec.checkpoint_uri).latest()
+            return resume.find(self.spec.checkpoint_uri)
         except KfpGpuError as exc:
             log.warning("cannot read checkpoints at %s: %s", self.spec.checkpoint_uri, exc)
             return None

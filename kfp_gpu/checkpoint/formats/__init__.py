@@ -8,9 +8,9 @@ Lightning ``.ckpt`` files outside all of those.
 
 from __future__ import annotations
 
-from kfp_gpu.checkpoint.formats import kfp
+from kfp_gpu.checkpoint.formats import dcp, hf, kfp, lightning
 from kfp_gpu.checkpoint.formats.base import Reader
 
-READERS: tuple[Reader, ...] = (kfp,)
+READERS: tuple[Reader, ...] = (kfp, hf, dcp, lightning)
 
 __all__ = ["READERS", "Reader"]
