@@ -26,7 +26,7 @@ _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-e
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
 AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
-PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission")  # Target.provisioner
+PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission", "karpenter")  # Target.provisioner
 _TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
                             r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
 MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
@@ -60,7 +60,8 @@ class Target:
     ``provisioner`` picks how capacity is obtained (the provisioner contract, kfp_gpu.provisioners):
     ``"node-pool"`` resizes the pools directly (dedicated pools); ``"provisioning-request"`` asks the cluster's
     own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"kueue-admission"``
-    lets Kueue's ProvisioningRequest AdmissionCheck provision the gang when it admits the job; ``"auto"`` (the
+    lets Kueue's ProvisioningRequest AdmissionCheck provision the gang when it admits the job; ``"karpenter"``
+    creates a NodePool scoped to the run and lets Karpenter (karpenter.sh/v1) launch the gang; ``"auto"`` (the
     default) detects what the cluster offers at preflight, and the report says which and why.
 
     ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
@@ -80,7 +81,7 @@ class Target:
     kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
     namespace: str = "default"
     autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
-    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" | "kueue-admission" (docstring)
+    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" | "kueue-admission" | "karpenter"
     tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
     queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
 

@@ -49,6 +49,7 @@ JOB = Kind("pytorchjob", f"/apis/{pytorchjob.GROUP}/{pytorchjob.VERSION}", pytor
 LEASE = Kind("lease", "/apis/coordination.k8s.io/v1", "leases", True, f"{RUN_LEASE_LABEL}=true")
 PROVREQ = Kind("provisioningrequest", "/apis/autoscaling.x-k8s.io/v1", "provisioningrequests", True, LABEL_RUN_ID)
 PODTEMPLATE = Kind("podtemplate", "/api/v1", "podtemplates", True, LABEL_RUN_ID)
+NODEPOOL = Kind("nodepool", "/apis/karpenter.sh/v1", "nodepools", False, LABEL_RUN_ID)  # the karpenter backend's
 LABELLED = (LEDGER, BALLOON, NODE, JOB)  # kinds whose kfp-gpu.io/lease-expires label is a lease
 
 

@@ -3,6 +3,7 @@
 * ``node-pool`` (:mod:`.node_pool`): the run resizes dedicated node pools through the cloud provider.
 * ``provisioning-request`` (:mod:`.provreq`): the cluster's autoscaler provisions the gang for an
   ``autoscaling.x-k8s.io/v1`` ProvisioningRequest (cluster-autoscaler's atomic scale-up, GKE's DWS).
+* ``karpenter`` (:mod:`.karpenter`): Karpenter launches the gang for a NodePool scoped to the run.
 
 :func:`select` picks one for a run (the spec's ``target.provisioner``, or detection for ``"auto"``, see
 :func:`detect`); a capacity remembers its backend, so later steps use the same one. :func:`backends` lists
@@ -20,6 +21,7 @@ from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.provreq import BackendChoice, choose_backend
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Provisioner, Released
+from kfp_gpu.provisioners.karpenter import KarpenterProvisioner
 from kfp_gpu.provisioners.kueue_admission import KueueAdmissionProvisioner
 from kfp_gpu.provisioners.node_pool import NodePoolProvisioner
 from kfp_gpu.provisioners.provreq import ProvisioningRequestProvisioner
@@ -41,6 +43,9 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
     check = _kueue_provisioning(spec, api)
     if check is not None:
         return check
+    karpenter = _karpenter(spec, api, provider)
+    if karpenter is not None:
+        return karpenter
     try:
         crd = api_req.api_served(api)
         groups = api_req.autoscaler_node_groups(api) if crd else None
@@ -81,6 +86,34 @@ def _kueue_provisioning(spec: ProvisioningSpec, api: client.ApiClient) -> Backen
         return None
     return BackendChoice("kueue-admission", f"LocalQueue {lq.name} -> ClusterQueue {lq.cluster_queue} has the "
                          f"ProvisioningRequest AdmissionCheck {check}: Kueue provisions the gang when it admits the job")
+
+
+def _karpenter(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None
+               ) -> BackendChoice | None:
+    """karpenter for an EKS target whose cluster serves karpenter.sh/v1 NodePools, unless ``target.pools`` names
+    a node group that exists (then the run resizes the named managed node groups). Raises: nothing."""
+    from kfp_gpu.cluster import karpenter as api_k
+
+    if spec.target.kind is not TargetKind.EKS:
+        return None
+    try:
+        if not api_k.crd_served(api):
+            return None
+    except client.ApiException:
+        return None
+    if spec.target.pools and provider is not None:
+        try:
+            groups = sorted({st.ref.pool for st in provider.pools(spec.target.region, sizes=False)}
+                            & set(spec.target.pools))
+        except KfpGpuError:
+            return None  # the node groups cannot be listed: the node-pool backend reports why
+        if groups:
+            return None
+        return BackendChoice("karpenter", f"the EKS cluster serves karpenter.sh/v1 NodePools and none of "
+                             f"target.pools ({', '.join(spec.target.pools)}) is a managed node group: Karpenter "
+                             "launches the gang for a NodePool scoped to the run")
+    return BackendChoice("karpenter", "the EKS cluster serves karpenter.sh/v1 NodePools and target.pools names no "
+                         "node group: Karpenter launches the gang for a NodePool scoped to the run")
 
 
 def select(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None = None,
@@ -124,12 +157,15 @@ def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[P
     """Every backend that can hold something (teardown releases what any of them holds for a run); without a
     provider nothing can have been resized, so the node-pool backend is left out."""
     out: list[Provisioner] = [] if provider is None else [_make("node-pool", api, provider)]
-    return [*out, _make("provisioning-request", api, provider), _make("kueue-admission", api, provider)]
+    return [*out, _make("provisioning-request", api, provider), _make("kueue-admission", api, provider),
+            _make("karpenter", api, provider)]
 
 
 def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -> Provisioner:
     if name == "kueue-admission":
         return KueueAdmissionProvisioner(api)
+    if name == "karpenter":
+        return KarpenterProvisioner(api)
     if name == "provisioning-request":
         return ProvisioningRequestProvisioner(api, provider)
     return NodePoolProvisioner(api, provider)

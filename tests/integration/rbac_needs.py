@@ -12,6 +12,7 @@ from kfp_gpu.steps.preflight import KUEUE_CRD
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
+_KS = "karpenter.sh"
 NS, CLUSTER = "namespace", "cluster"
 
 # Keep in sync with the code: test_every_client_call_is_covered fails on a call missing from CODE_CALLS /
@@ -63,6 +64,18 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
     (_PR, "provisioningrequests", "watch"): (NS, "provisioning-request: the request's conditions"),
     (_PR, "provisioningrequests", "create"): (NS, "provisioning-request: ask the autoscaler for the gang"),
     (_PR, "provisioningrequests", "delete"): (NS, "provisioning-request: a given-up request; teardown"),
+    ("", "events", "list"): (NS, "karpenter: Karpenter's FailedScheduling events on the placeholder pods"),
+    ("", "events", "watch"): (NS, "karpenter: Karpenter's FailedScheduling events on the placeholder pods"),
+    (_KS, "nodepools", "get"): (CLUSTER, "karpenter: re-attach to the run's NodePool"),
+    (_KS, "nodepools", "list"): (CLUSTER, "karpenter: teardown waits for the run's NodePools to go"),
+    (_KS, "nodepools", "create"): (CLUSTER, "karpenter: the NodePool scoped to the run"),
+    (_KS, "nodepools", "patch"): (CLUSTER, "karpenter: next zone/capacity type; recovery raises the limit"),
+    (_KS, "nodepools", "delete"): (CLUSTER, "karpenter: teardown; a failed scale-up rolls it back"),
+    (_KS, "nodeclaims", "list"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
+    (_KS, "nodeclaims", "watch"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
+    (_KS, "nodeclaims", "delete"): (CLUSTER, "karpenter: the NodeClaims of a blocked zone"),
+    ("karpenter.k8s.aws", "ec2nodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (AWS)"),
+    ("karpenter.kwok.sh", "kwoknodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (kwok)"),
 }
 JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "configmaps", "list"): (CLUSTER, "ledgers of every run"),
@@ -81,6 +94,8 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     (_PR, "provisioningrequests", "delete"): (CLUSTER, "the ProvisioningRequests of a released run"),
     ("", "podtemplates", "list"): (CLUSTER, "the PodTemplates of a released run"),
     ("", "podtemplates", "delete"): (CLUSTER, "the PodTemplates of a released run"),
+    (_KS, "nodepools", "list"): (CLUSTER, "the NodePools of a released run"),
+    (_KS, "nodepools", "delete"): (CLUSTER, "the NodePools of a released run"),
     ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),
@@ -118,8 +133,16 @@ CODE_CALLS: dict[str, set[Need]] = {
     "create_namespaced_pod_template": {("", "podtemplates", "create")},
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
     "list_namespaced_pod_template": {("", "podtemplates", "list")},
-    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get")},
-    "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list")},
+    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get"),
+                                  (_KS, "nodepools", "get")},
+    "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list"), (_KS, "nodepools", "list"),
+                                   (_KS, "nodeclaims", "list"), (_KS, "nodeclaims", "watch"),
+                                   ("karpenter.k8s.aws", "ec2nodeclasses", "list"),
+                                   ("karpenter.kwok.sh", "kwoknodeclasses", "list")},
+    "create_cluster_custom_object": {(_KS, "nodepools", "create")},
+    "patch_cluster_custom_object": {(_KS, "nodepools", "patch")},
+    "delete_cluster_custom_object": {(_KS, "nodepools", "delete"), (_KS, "nodeclaims", "delete")},
+    "list_namespaced_event": {("", "events", "list"), ("", "events", "watch")},
     "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
     "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
     "create_self_subject_access_review": set(),  # every authenticated user may ask what it may do
@@ -128,7 +151,7 @@ CODE_CALLS: dict[str, set[Need]] = {
 # Functions that hold client calls but never run as a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
-OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES, _REQS, _TEMPLATES}  # owned.py's Kind table
+OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
 _LABELLED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS}  # owned.LABELLED: the heartbeat raises their lease
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.

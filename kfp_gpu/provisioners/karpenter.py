@@ -1,0 +1,270 @@
+"""The ``karpenter`` provisioner: Karpenter (karpenter.sh/v1) launches the gang for a NodePool scoped to the run.
+
+acquire creates the run's NodePool (:func:`kfp_gpu.plan.karpenter.nodepool_body`: the catalog's instance types
+for the accelerator and GPU count, ``karpenter.sh/capacity-type``, one zone; ``limits`` = the gang's GPUs; a
+disruption budget of ``nodes: "0"``; a taint only the run's pods tolerate), then one placeholder pod per
+wanted node (Karpenter provisions only for pending pods), and follows NodeClaims, Nodes and Karpenter's pod
+events (:class:`kfp_gpu.cluster.karpenter.PoolWatch`). Ready nodes are claimed like any gang
+(:func:`kfp_gpu.cluster.nodes.claim`); the placeholders are deleted once the gang is whole.
+
+A blocked candidate (:func:`kfp_gpu.plan.karpenter.assess`: an ICE, a failed launch, "no offering") is given up:
+its placeholders, NodeClaims and claims are dropped and the NodePool's requirements are patched to the next
+(zone, capacity type) of :func:`kfp_gpu.plan.karpenter.candidates`; when none is left, ``CapacityUnavailable``
+names every zone and Karpenter's reason. replace (spot recovery: Karpenter deleted an interrupted node's
+NodeClaim, tainting the node ``karpenter.sh/disrupted``) asks the same NodePool for the lost nodes, raising its
+limit by the lost nodes still draining. release deletes the run's NodePool (Karpenter terminates its NodeClaims
+and nodes) and waits until they are gone. The job's pods carry ``karpenter.sh/do-not-disrupt: "true"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kfp_gpu import accelerators
+from kfp_gpu.cluster import karpenter as api_k
+from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
+from kfp_gpu.cluster.nodes import claim, unclaim
+from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.plan import karpenter as plan
+from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.timeline import NodeState, Timeline
+
+NAME = "karpenter"
+SCHEME = "karpenter"
+RELEASE_WAIT_S = 120.0
+log = logging.getLogger(__name__)
+
+
+class KarpenterProvisioner(NothingExtra):
+    """The karpenter backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
+
+    name = NAME
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    # ---- acquire -----------------------------------------------------------------------------------------
+    def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity:
+        """Raises: CapacityUnavailable (every candidate blocked), ProvisioningTimeout, PermissionDenied (RBAC),
+        CrdMissing (no karpenter.sh/v1 NodePool API), NotFound (no node class), InvalidSpec (flex-start, or no
+        EC2 instance type with ``gpus_per_node`` of the accelerator)."""
+        return self._acquire(spec, run_id, request, list(spec.zones))
+
+    def _acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest, zones: list[str]) -> Capacity:
+        ns, label = spec.target.namespace, label_safe(run_id)
+        count = request.extra if request.extra is not None else (request.nodes or spec.nodes)
+        keep = dict(request.keep or {})
+        pool = plan.nodepool_name(run_id)
+        owner = Owner.for_step(run_id, request.step, request.lease_ttl_s or spec.lease_ttl_s)
+        cands = plan.candidates(zones, spec.capacity.value,
+                                on_demand_fallback=spec.spot and spec.recovery.on_demand_after > 0)
+        types = [accelerators.get(spec.accelerator).aws_instance_for(spec.gpus_per_node).name]
+        led = ledger.read(self.api, ns, run_id, request.step)
+        if led.get("done") and led.get("capacity"):
+            return Capacity.from_json(str(led["capacity"]))  # a retried pod re-attaches to what it got
+        started = float(led.get("started", time.time()))
+        deadline = started + spec.scale_up_deadline_s
+        attempt = int(led.get("attempt", 0))
+        history: list[dict[str, Any]] = list(led.get("history", []))
+        timeline = Timeline.from_json(led["timeline"]) if led.get("timeline") else Timeline(run_id)
+        try:
+            self._ensure_pool(spec, run_id, pool, owner, types, cands[min(attempt, len(cands) - 1)], len(keep) + count)
+        except ApiException as exc:
+            raise _api_error(exc) from None
+        if not request.wait:  # the warm pool: placeholders make Karpenter launch; scale-up claims the nodes later
+            names = api_k.placeholder_names(pool, request.step, 0, count)
+            api_k.create_placeholders(self.api, ns, names, labels=owner.labels(), nodepool=pool,
+                                      gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label))
+            return self._capacity(spec, run_id, {}, timeline, pool, cands[0])
+        while attempt < len(cands):
+            cand = cands[attempt]
+            ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(), "started": started,
+                                               "attempt": attempt, "history": history, "nodepool": pool})
+            names = api_k.placeholder_names(pool, request.step, attempt, count)
+            try:
+                self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
+                api_k.create_placeholders(self.api, ns, names, labels=owner.labels(), nodepool=pool,
+                                          gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label))
+            except ApiException as exc:
+                raise _api_error(exc) from None
+            verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
+            api_k.delete_placeholders(self.api, ns, names)
+            if verdict.verdict is plan.Verdict.READY:
+                api_k.delete_placeholders(self.api, ns, api_k.placeholder_names(pool, "warm_pool", 0, spec.nodes))
+                cap = self._capacity(spec, run_id, {**keep, **mine}, timeline, pool, cand)
+                ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(),
+                                                   "started": started, "attempt": attempt, "history": history,
+                                                   "nodepool": pool, "done": True, "capacity": cap.to_json()})
+                return cap
+            self._drop(pool, mine, keep)
+            if verdict.verdict is plan.Verdict.TIMEOUT:
+                self._rollback(pool, keep, len(keep), spec.gpus_per_node)
+                raise plan.timed_out(ready=len(mine), wanted=count, nodepool=pool, cand=cand,
+                                     deadline_s=spec.scale_up_deadline_s, history=history)
+            history.append({"zone": cand.zone, "capacity_type": cand.capacity_type, "reason": verdict.reason,
+                            "message": verdict.message, "at": time.time()})
+            log.warning("NodePool %s: %s blocked (%s); trying the next candidate", pool, cand.label, verdict.reason)
+            if request.on_zone_blocked is not None and cand.zone:
+                request.on_zone_blocked(cand.zone)
+            attempt += 1
+        self._rollback(pool, keep, len(keep), spec.gpus_per_node)
+        raise plan.exhausted(history, nodes=count, gpus_per_node=spec.gpus_per_node, accelerator=spec.accelerator,
+                             nodepool=pool)
+
+    def _ensure_pool(self, spec: ProvisioningSpec, run_id: str, pool: str, owner: Owner, types: list[str],
+                     cand: plan.Candidate, gang: int) -> None:
+        from kfp_gpu.cluster.owned import NAMESPACE_ANNOTATION
+
+        body = plan.nodepool_body(pool, labels=owner.labels(), instance_types=types, cand=cand, limit_nodes=gang,
+                                  annotations={NAMESPACE_ANNOTATION: f"{spec.target.namespace}/{label_safe(run_id)}"},
+                                  gpus_per_node=spec.gpus_per_node, node_class=api_k.node_class(self.api),
+                                  run_label=label_safe(run_id))
+        api_k.ensure_nodepool(self.api, body)
+
+    def _retarget(self, pool: str, types: list[str], cand: plan.Candidate, gang: int, gpus_per_node: int,
+                  keep: dict[str, tuple[str, str]]) -> None:
+        """Point the NodePool at ``cand``; its limit is the gang plus the run's other NodeClaims still counted
+        (lost nodes draining during a recovery)."""
+        others = [c for c in api_k.list_nodeclaims(self.api, pool)
+                  if str((c.get("status") or {}).get("nodeName", "")) not in keep]
+        limit = plan.limit_for_replace(gang=gang, still_listed=len(others) if keep else 0, gpus_per_node=gpus_per_node)
+        api_k.patch_nodepool(self.api, pool, {"spec": {"limits": limit, "template": {"spec": {
+            "requirements": plan.requirements(types, cand)}}}})
+
+    def _gather(self, spec: ProvisioningSpec, run_id: str, owner: Owner, pool: str, cand: plan.Candidate,
+                names: list[str], count: int, deadline: float, request: GangRequest, timeline: Timeline,
+                ) -> tuple[plan.Assessment, dict[str, tuple[str, str]]]:
+        """Claim Ready nodes of the NodePool in ``cand``'s zone until ``count`` or a verdict other than WAIT."""
+        mine: dict[str, tuple[str, str]] = {}
+        excluded, keep, asked_at = set(request.exclude), dict(request.keep or {}), time.time()
+        watch = api_k.PoolWatch(self.api, spec.target.namespace, pool, names).start()
+        try:
+            while True:
+                claims, views, raw, signals = watch.snapshot()
+                if watch.error is not None:
+                    from kfp_gpu.cluster.kube import api_refusal
+
+                    raise api_refusal(watch.error) or KfpGpuError(f"watch of NodePool {pool}: {watch.error}")
+                by_name = {str(n["metadata"]["name"]): n for n in raw}
+                for v in views:
+                    if len(mine) >= count:
+                        break
+                    if (v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
+                            and v.uid not in excluded and v.name not in mine and v.name not in keep
+                            and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)
+                            and claim(self.api, by_name[v.name], run_id, owner.lease_expires)):
+                        mine[v.name] = (pool, v.zone)
+                        tl = timeline.node(v.name, pool=pool, zone=v.zone, gpus=spec.gpus_per_node,
+                                           spot=cand.capacity_type == "spot")
+                        tl.times.setdefault(NodeState.REQUESTED.value, asked_at)
+                        for st in (NodeState.REGISTERED, NodeState.READY):
+                            if tl.state is not NodeState.READY:
+                                tl.advance(st, time.time())
+                verdict = plan.assess(ready=len(mine), wanted=count, claims=claims, signals=signals, asked_at=asked_at,
+                                      now=time.time(), deadline=deadline)
+                if verdict.verdict is not plan.Verdict.WAIT:
+                    return verdict, mine
+                watch.wait(0.5)
+        finally:
+            watch.stop()
+
+    def _drop(self, pool: str, mine: dict[str, tuple[str, str]], keep: dict[str, tuple[str, str]]) -> None:
+        """Give a blocked candidate's nodes back: unclaim them and delete the NodeClaims not serving ``keep``."""
+        for node in mine:
+            unclaim(self.api, node)
+        for c in api_k.list_nodeclaims(self.api, pool):
+            if str((c.get("status") or {}).get("nodeName", "")) not in keep:
+                api_k.delete_nodeclaim(self.api, str(c["metadata"]["name"]))
+
+    def _rollback(self, pool: str, keep: dict[str, tuple[str, str]], gang: int, gpus_per_node: int) -> None:
+        """A failed first acquire deletes the NodePool; a failed recovery keeps it for the survivors."""
+        if not keep:
+            api_k.delete_nodepool(self.api, pool)
+        else:
+            api_k.patch_nodepool(self.api, pool, {"spec": {"limits": plan.gpu_limit(gang, gpus_per_node)}})
+
+    def _capacity(self, spec: ProvisioningSpec, run_id: str, nodes: dict[str, tuple[str, str]], timeline: Timeline,
+                  pool: str, cand: plan.Candidate) -> Capacity:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for name, pz in nodes.items():
+            groups.setdefault(pz, []).append(name)
+        extra: dict[str, Any] = {"provisioner": NAME, "scheme": SCHEME, "nodepool": pool,
+                                 "capacity_type": cand.capacity_type,
+                                 "tolerations": [*spec.target.tolerations, plan.pool_toleration(label_safe(run_id))]}
+        fields = {f.name for f in dataclasses.fields(Capacity)}  # scheme/accelerator: the cloud-neutral placement
+        kwargs = {k: v for k, v in (("scheme", SCHEME), ("accelerator", accelerators.get(spec.accelerator).name))
+                  if k in fields}
+        return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
+                        spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, cand.capacity_type == "spot",
+                        timeline.to_json(), extra, **kwargs)
+
+    # ---- the rest of the contract ---------------------------------------------------------------------------
+    def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Any, *,
+                extra: int, zone_hint: str, on_demand: bool, attempt: int, lost_uids: Any) -> Capacity:
+        """The lost nodes again from the run's NodePool (``recovery-N``), in the survivors' zone first;
+        ``on_demand`` switches spot to on-demand. Raises: as :meth:`acquire`."""
+        if on_demand and spec.spot:
+            spec = spec.replace(capacity="on-demand", recovery=dataclasses.replace(spec.recovery, on_demand_after=0))
+        keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
+        zones = list(spec.zones) or [""]
+        first = zone_hint or next((z for _, z in keep.values() if z), "")
+        if first:
+            zones = [first, *[z for z in zones if z != first]] if spec.allow_zone_spread or not keep else [first]
+        return self._acquire(spec, run_id, GangRequest(step=f"recovery-{attempt}", extra=extra, keep=keep,
+                                                       exclude=list(lost_uids)), zones)
+
+    def pod_annotations(self, capacity: Capacity) -> dict[str, str]:
+        return {plan.DO_NOT_DISRUPT: "true"} if capacity.extra.get("nodepool") else {}
+
+    def release(self, spec: ProvisioningSpec, run_id: str) -> Released:
+        """Delete the run's NodePools and wait (up to 120 s) until they and their nodes are gone."""
+        out = Released()
+        selector = f"{LABEL_RUN_ID}={label_safe(run_id)}"
+        try:
+            pools = [str(p["metadata"]["name"]) for p in api_k.list_nodepools(self.api, selector)]
+            if not pools:
+                return out
+            from kfp_gpu.cluster.nodes import list_nodes
+
+            for pool in pools:
+                nodes, _ = list_nodes(self.api, f"{plan.NODEPOOL_LABEL}={pool}")
+                out.nodes_deleted += [str(n["metadata"]["name"]) for n in nodes]
+                if api_k.delete_nodepool(self.api, pool):
+                    out.objects.append(f"nodepool {pool}")
+            left = api_k.wait_gone(self.api, pools, selector, time.time() + RELEASE_WAIT_S)
+            if left:
+                out.errors.append(f"still there {RELEASE_WAIT_S:g}s after deleting the NodePool: {', '.join(left)}")
+        except ApiException as exc:
+            out.errors.append(f"delete nodepools: {exc.status} {exc.reason}")
+        return out
+
+
+def _pod_tolerations(spec: ProvisioningSpec, run_label: str) -> list[dict[str, str]]:
+    """The placeholders tolerate the GPU taint, the target's taints and the NodePool's taint, but not the run's
+    claim taint: a recovery's placeholders never fit on the surviving (claimed) nodes, so Karpenter launches."""
+    return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+            *[parse_toleration(t) for t in spec.target.tolerations],
+            parse_toleration(plan.pool_toleration(run_label))]
+
+
+def _api_error(exc: ApiException) -> KfpGpuError:
+    from kfp_gpu.cluster.kube import api_refusal
+    from kfp_gpu.errors import CrdMissing
+
+    refused = api_refusal(exc)
+    if refused is not None:
+        return refused
+    if exc.status == 404:
+        return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
+                          remediation="install Karpenter v1 (its NodePool/NodeClaim CRDs and controller), or use "
+                          "target.provisioner='node-pool'")
+    return KfpGpuError(f"Karpenter API error {exc.status}: {exc.reason}")
