@@ -5,6 +5,7 @@
 - ``ok``: the object was written, read back byte-identical and deleted (proven, and only then);
 - ``denied``: the store refused (HTTP 403); the reason names the bucket and the permission the phase needs
   (``storage.objects.create`` / ``.get`` / ``.delete`` for gs://, ``s3:PutObject`` / ``GetObject`` / ``DeleteObject``);
+  or it rejected the credentials themselves (HTTP 401, ``InvalidAccessKeyId``, ``SignatureDoesNotMatch``...);
 - ``missing``: the bucket does not exist (404 / ``NoSuchBucket``);
 - ``failed``: the store answered wrongly (read back other bytes, the object vanished, a local path not writable);
 - ``unknown``: the store could not be asked (unreachable endpoint, no credentials, timeouts, 5xx, an SDK missing).
@@ -35,6 +36,7 @@ PERMISSIONS = {
     "gs": {"write": "storage.objects.create", "read": "storage.objects.get", "delete": "storage.objects.delete"},
     "s3": {"write": "s3:PutObject", "read": "s3:GetObject", "delete": "s3:DeleteObject"},
 }
+REJECTED_CREDENTIALS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken")
 ROLE_HINT = {
     "gs": "grant the step's and the training pods' identity roles/storage.objectUser (or objectAdmin) on gs://{b}",
     "s3": "allow s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket on arn:aws:s3:::{b} to the role",
@@ -89,6 +91,9 @@ def classify(uri: str, phase: str, exc: BaseException) -> ProbeResult:
     scheme, bucket = parsed.scheme.lower(), parsed.netloc
     status, code = http_status(exc), _s3_code(exc)
     what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}".rstrip(": ")
+    if scheme in PERMISSIONS and (status == 401 or code in REJECTED_CREDENTIALS):
+        return ProbeResult(DENIED, f"{scheme}://{bucket}: the store rejected the credentials at the {phase} of the "
+                                   f"probe object ({what})", credentials_hint(uri))
     if scheme in PERMISSIONS and (status == 403 or code in ("AccessDenied", "AllAccessDisabled")):
         perm = PERMISSIONS[scheme][phase]
         return ProbeResult(DENIED, f"{scheme}://{bucket}: {phase} of the probe object denied, missing permission "

@@ -35,12 +35,13 @@ from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs, reservation
 from kfp_gpu.providers.base import CapacityProvider, PoolState, QuotaAmount
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 
-__all__ = ["PreflightResult", "check", "check_checkpoint_uri", "request_increase", "run_preflight"]
+__all__ = ["PreflightResult", "check", "check_checkpoint_uri", "request_increase", "run_preflight", "store_probe"]
 
 log = logging.getLogger(__name__)
 GPU = "nvidia.com/gpu"
 KUEUE_CRD = "clusterqueues.kueue.x-k8s.io"
-CheckpointProbe = Callable[[str], None]  # raises when the URI cannot be written
+# probes an object-store URI: returns a kfp_gpu.checkpoint.probe.ProbeResult (or None: writable), raises: not writable
+CheckpointProbe = Callable[[str], Any]
 
 
 def run_preflight(
@@ -57,7 +58,7 @@ def run_preflight(
 
     ``regions`` adds candidate regions after ``spec.target.region``. ``kube_api`` is a
     ``kubernetes.client.ApiClient``. ``checkpoint_probe`` writes a probe object for s3:// / gs://
-    URIs (without it those are UNKNOWN). ``run_id`` names the check-capacity request (a fresh id when empty);
+    URIs (:func:`store_probe`; the preflight step passes it; without it those are UNKNOWN). ``run_id`` names the check-capacity request (a fresh id when empty);
     ``capacity_wait_s`` bounds the wait for its answer (default :data:`kfp_gpu.steps.check_capacity.WAIT_S`).
 
     Never raises for a check it cannot make (that check is UNKNOWN); use :func:`check` to fail.
@@ -187,20 +188,37 @@ def request_increase(
     return provider.request_quota_increase(metric, region, value, just)
 
 
+def store_probe(run_id: str = "") -> CheckpointProbe:
+    """The object-store probe the preflight step runs (:func:`kfp_gpu.checkpoint.probe.probe`): write a small object
+    carrying the run id, read it back, delete it."""
+    from kfp_gpu.checkpoint.probe import probe
+
+    return lambda uri: probe(uri, run_id=run_id)
+
+
+PROBE_VERDICT = {"ok": Verdict.FITS, "denied": Verdict.SHORT, "missing": Verdict.SHORT, "failed": Verdict.SHORT,
+                 "unknown": Verdict.UNKNOWN}
+
+
 def check_checkpoint_uri(uri: str, probe: CheckpointProbe | None = None) -> ClusterCheck:
     """Is the checkpoint URI writable? Local paths: write and remove a probe file. Object stores:
-    call ``probe(uri)`` when given (it raises on failure), else UNKNOWN."""
+    ``probe(uri)`` when given (:func:`store_probe`): its ProbeResult decides (ok -> FITS; denied, missing bucket,
+    failed -> SHORT; unreachable -> UNKNOWN); a probe that raises means not writable. Without a probe: UNKNOWN."""
     name = "checkpoint-uri"
     if uri.startswith(("s3://", "gs://")):
         if probe is None:
             return ClusterCheck(name, Verdict.UNKNOWN, f"{uri}: no storage client to probe it",
                                 remediation="pass a checkpoint probe (fsspec) to verify write access")
         try:
-            probe(uri)
+            res = probe(uri)
         except Exception as exc:
             return ClusterCheck(name, Verdict.SHORT, f"{uri} is not writable: {_msg(exc)}",
                                 remediation="grant write access to the bucket/prefix or change checkpoint_uri")
-        return ClusterCheck(name, Verdict.FITS, f"{uri} is writable")
+        if res is None:
+            return ClusterCheck(name, Verdict.FITS, f"{uri} is writable")
+        verdict = PROBE_VERDICT.get(str(getattr(res, "status", "")), Verdict.UNKNOWN)
+        return ClusterCheck(name, verdict, f"{uri} is writable ({res.reason})" if verdict is Verdict.FITS
+                            else str(res.reason), remediation="" if verdict is Verdict.FITS else str(res.remediation))
     path = uri.removeprefix("file://")
     probe_file = os.path.join(path, f".kfp-gpu-probe-{uuid.uuid4().hex[:8]}")
     try:

@@ -8,7 +8,7 @@ from kfp_gpu.plan.preflight import FOUND, NOT_FOUND
 from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
-from kfp_gpu.steps.preflight import check, run_preflight
+from kfp_gpu.steps.preflight import check, run_preflight, store_probe
 from kfp_gpu.steps.result import StepResult
 
 BACKEND_METRIC = {"provisioning-request": 1.0, "node-pool": 0.0}
@@ -30,7 +30,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: Any = N
         except NoKubeCredentials:  # no cluster at all: its checks become "unknown", never "ok"
             api = None
         # a broken kubeconfig, an unreachable or wrong cluster fail the step with their one-line error
-    result = check(run_preflight(spec, provider, api, run_id=run_id))
+    # the checkpoint_uri's store is probed (s3:// / gs://: a labelled object written, read back, deleted)
+    result = check(run_preflight(spec, provider, api, run_id=run_id, checkpoint_probe=store_probe(run_id)))
     metrics = {
         "placements_fitting": float(len(result.fitting)),
         "unknown_checks": float(len(result.unknowns)),
