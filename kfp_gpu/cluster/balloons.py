@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster.nodes import ACCELERATOR_LABEL, GPU, run_toleration
+from kfp_gpu.cluster import node_labels
+from kfp_gpu.cluster.nodes import GPU, run_toleration
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 
 PRIORITY_CLASS = "kfp-gpu-balloon"
@@ -39,21 +40,27 @@ def balloon_name(run_id: str, index: int) -> str:
 
 
 def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: int, gpus_per_node: int,
-                    accelerator_label: str, pools: list[str]) -> list[str]:
-    """Create ``count`` balloons (existing ones are kept: idempotent by name). Raises: ApiException."""
+                    accelerator: str, pools: list[str], scheme: str = "gke") -> list[str]:
+    """Create ``count`` balloons (existing ones are kept: idempotent by name) on ``accelerator`` (catalog name) nodes
+    of ``pools``, selected in the label keys of ``scheme`` (:mod:`kfp_gpu.cluster.node_labels`).
+
+    Raises: ApiException, KeyError (unknown scheme), InvalidSpec (unknown accelerator).
+    """
     core = client.CoreV1Api(api)
+    sch = node_labels.get(scheme)
+    exprs = [client.V1NodeSelectorRequirement(**r) for r in sch.accelerator_requirements(accelerator)]
+    if pools:
+        exprs.append(client.V1NodeSelectorRequirement(**sch.pool_requirement(pools)))
     affinity = client.V1Affinity(node_affinity=client.V1NodeAffinity(
         required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[
-            client.V1NodeSelectorTerm(match_expressions=[
-                client.V1NodeSelectorRequirement(key="cloud.google.com/gke-nodepool", operator="In", values=pools),
-            ])])))
+            client.V1NodeSelectorTerm(match_expressions=exprs)])))
     def create(i: int) -> str:
         name = balloon_name(owner.run_id, i)
         pod = client.V1Pod(
             metadata=client.V1ObjectMeta(name=name, labels={**owner.labels(), BALLOON_LABEL: "true"}),
             spec=client.V1PodSpec(
                 priority_class_name=PRIORITY_CLASS, termination_grace_period_seconds=0,
-                node_selector={ACCELERATOR_LABEL: accelerator_label}, affinity=affinity if pools else None,
+                node_selector=sch.accelerator_selector(accelerator) or None, affinity=affinity if exprs else None,
                 # its own run's claim taint too: a balloon still Pending when scale-up claims the warm node it
                 # was meant for must not look unschedulable (a cluster-autoscaler would add a node for it)
                 tolerations=[client.V1Toleration(key=GPU, operator="Exists", effect="NoSchedule"),

@@ -21,15 +21,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
+from kfp_gpu.cluster.node_labels import pool_of
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
 GPU = "nvidia.com/gpu"
-GKE_POOL_LABEL = "cloud.google.com/gke-nodepool"
-EKS_POOL_LABEL = "eks.amazonaws.com/nodegroup"
+GKE_POOL_LABEL = node_labels.GKE.pool
 ZONE_LABEL = "topology.kubernetes.io/zone"
-ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
 
 
 Node = dict[str, Any]  # a Node object as the API server's JSON
@@ -54,7 +54,7 @@ class NodeView:
         labels = meta.get("labels") or {}
         return cls(
             name=str(meta.get("name", "")),
-            pool=labels.get(GKE_POOL_LABEL) or labels.get(EKS_POOL_LABEL, ""),
+            pool=pool_of(labels),
             zone=labels.get(ZONE_LABEL, ""),
             ready=is_ready(node),
             gpus=gpu_allocatable(node),

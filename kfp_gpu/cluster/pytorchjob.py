@@ -1,6 +1,8 @@
 """The Training Operator v1 PyTorchJob the train step runs: manifest, create-or-attach, delete.
 
-The manifest is a plain dict rendered from the JobTemplate (kubeflow-training SDK models are converted into
+The pod is the one every job kind runs (:func:`kfp_gpu.cluster.podtemplate.pod_template`); create, get, delete and
+wait-gone are the kind-neutral ones of :mod:`kfp_gpu.cluster.customjob`. The manifest is a plain dict rendered from
+the JobTemplate (kubeflow-training SDK models are converted into
 a JobTemplate first, see :mod:`kfp_gpu.training_models`). Gang safety:
 ``runPolicy.schedulingPolicy.minAvailable`` = nodes (honoured by a gang scheduler when the operator runs
 with one), one Master + (nodes - 1) Workers each asking for the node's GPUs, pinned to the provisioned
@@ -13,32 +15,35 @@ preemptions, see docs/architecture.md). On a Kueue-gated namespace the job carri
 from __future__ import annotations
 
 import hashlib
-import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster import customjob, podtemplate
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.kube import get_custom
+from kfp_gpu.cluster.podtemplate import (  # noqa: F401 - re-exported: the names callers know this module by
+    ENV_CHECKPOINT_URI,
+    ENV_DATASET_URI,
+    ENV_RESUME_FORMAT,
+    ENV_RESUME_PATH,
+    ENV_RESUME_STEP,
+    ENV_RUN_ID,
+    JOB_LABEL,
+    REQUIRED,
+    SIM_DURATION_ANNOTATION,
+    node_affinity,
+)
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
-from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
 from kfp_gpu.plan.kueue import QUEUE_LABEL
 from kfp_gpu.providers.base import label_safe
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
-JOB_LABEL = "kfp-gpu.io/job"
+RESOURCE = customjob.Resource(GROUP, VERSION, PLURAL, KIND)
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"
-ENV_RESUME_STEP = "KFP_GPU_RESUME_STEP"
-ENV_RUN_ID = "KFP_GPU_RUN_ID"
-ENV_DATASET_URI = "KFP_GPU_DATASET_URI"
-_OWN_ENV = (ENV_CHECKPOINT_URI, ENV_RESUME_STEP, ENV_RUN_ID, ENV_DATASET_URI)
+CONTAINER = "pytorch"  # the operator requires this container name
 
 
 def job_name(run_id: str, template: str) -> str:
@@ -56,72 +61,35 @@ def job_name(run_id: str, template: str) -> str:
 
 def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
-    checkpoint_uri: str, resume_step: int, run_id: str, dataset_uri: str = "",
+    checkpoint_uri: str, resume_step: int = 0, run_id: str, dataset_uri: str = "",
     gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None, local: bool = False,
-    queue: str = "",
+    queue: str = "", resume: Any = None,
 ) -> dict[str, Any]:
     """The PyTorchJob body for one attempt: the user's template plus kfp-gpu's placement and bookkeeping.
 
-    kfp-gpu's parts win where they meet the user's: ownership labels, the node's GPUs, the gang's node
-    selector and affinity (ANDed with the user's node affinity), the run's toleration (the user's are added),
-    the checkpoint/resume env. ``pod_annotations`` are added to every pod template, over the template's;
-    ``local`` (the local rehearsal) adds the default ``kfp-gpu.io/sim-duration`` under both. ``queue`` (a Kueue
-    LocalQueue) labels the job with ``kueue.x-k8s.io/queue-name`` (over the template's) and creates it suspended.
+    The pod is :func:`kfp_gpu.cluster.podtemplate.pod_template`'s (container ``pytorch``): kfp-gpu's parts win
+    where they meet the user's. ``resume`` is the checkpoint record the job resumes from (None: a fresh start, or
+    only ``resume_step`` known); it fills the resume env and appends the template's ``resume_args``. ``queue`` (a
+    Kueue LocalQueue) labels the job with ``kueue.x-k8s.io/queue-name`` (over the template's) and creates it
+    suspended.
+
+    Raises: InvalidSpec (a ``resume_args`` entry names an unknown field).
     """
-    env = [{"name": k, **v} if isinstance(v, dict) else {"name": k, "value": v}
-           for k, v in template.env if k not in _OWN_ENV]
-    env += [
-        {"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri},
-        {"name": ENV_RESUME_STEP, "value": str(resume_step)},
-        {"name": ENV_RUN_ID, "value": run_id},
-        {"name": ENV_DATASET_URI, "value": dataset_uri},
-    ]
+    if resume is None and resume_step:
+        resume = _Step(resume_step)
     job_labels = {**dict(template.labels), **labels, JOB_LABEL: name}
-    resources: dict[str, Any] = {k: dict(v) for k, v in template.resources.items()}
-    resources.setdefault("limits", {})[GPU_RESOURCE] = str(capacity.gpus_per_node)
-    mounts = [dict(m) for m in template.volume_mounts]
-    volumes = [dict(v) for v in template.volumes]
-    if template.shm_size:
-        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}})
-        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
-    container: dict[str, Any] = {
-        **template.container_extra,
-        "name": "pytorch",  # the operator requires this container name
-        "image": template.image,
-        "command": list(template.command),
-        "args": list(template.args),
-        "env": env,
-        "resources": resources,
-    }
-    if mounts:
-        container["volumeMounts"] = mounts
-    tolerations = list(capacity.tolerations())
-    tolerations += [t for t in template.tolerations if t not in tolerations]
-    pod_spec: dict[str, Any] = {
-        **template.pod_extra,
-        "restartPolicy": "Never",
-        "nodeSelector": capacity.node_selector(),
-        "tolerations": tolerations,
-        "containers": [container],
-    }
-    if volumes:
-        pod_spec["volumes"] = volumes
-    if template.service_account:
-        pod_spec["serviceAccountName"] = template.service_account
-    if template.image_pull_secrets:
-        pod_spec["imagePullSecrets"] = [{"name": s} for s in template.image_pull_secrets]
-    affinity = node_affinity(template.node_affinity, gang_nodes)
-    if affinity:
-        pod_spec["affinity"] = {"nodeAffinity": affinity}
-    annotations = {**({SIM_DURATION_ANNOTATION: "2s"} if local else {}), **dict(template.annotations),
-                   **(pod_annotations or {})}
+    env = podtemplate.container_env(template, podtemplate.own_env(
+        checkpoint_uri=checkpoint_uri, resume=resume, run_id=run_id, dataset_uri=dataset_uri))
+    pod = podtemplate.pod_template(
+        template, capacity, container=CONTAINER, labels=job_labels, env=env,
+        args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=pod_annotations,
+        local=local)
 
     def replica(count: int) -> dict[str, Any]:
-        return {
-            "replicas": count, "restartPolicy": "Never",
-            "template": {"metadata": {"labels": dict(job_labels), "annotations": dict(annotations)},
-                         "spec": pod_spec},
-        }
+        return {"replicas": count, "restartPolicy": "Never",
+                "template": {"metadata": {"labels": dict(pod["metadata"]["labels"]),
+                                          "annotations": dict(pod["metadata"]["annotations"])},
+                             "spec": pod["spec"]}}
 
     specs: dict[str, Any] = {"Master": replica(1)}
     if nodes > 1:
@@ -139,33 +107,21 @@ def manifest(
         "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
         "metadata": {"name": name, "labels": meta_labels,
                      "annotations": {**dict(template.annotations), "kfp-gpu.io/run-id-raw": run_id,
-                                     "kfp-gpu.io/resume-step": str(resume_step)}},
+                                     "kfp-gpu.io/resume-step": str(podtemplate.resume_step(resume))}},
         "spec": spec,
     }
 
 
-def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str]) -> dict[str, Any]:
-    """The user's node affinity ANDed with the gang pin: the Node's ``metadata.name`` is one of the gang's (a field
-    match, since the ``kubernetes.io/hostname`` label need not equal the Node name and autoscaler-made nodes may
-    lack it). A field match takes one value, so the pin is one term per gang node.
+class _Step:
+    """A resume known only by its step (callers that pass ``resume_step``)."""
 
-    Node selector terms are ORed, so every user term is repeated with each node's field match; preferred terms
-    are kept.
-    """
-    out = {k: v for k, v in user.items() if k != REQUIRED}
-    terms = [dict(t) for t in (user.get(REQUIRED) or {}).get("nodeSelectorTerms") or [{}]]
-    if gang_nodes:
-        terms = [{**t, "matchFields": [*(t.get("matchFields") or []),
-                                       {"key": "metadata.name", "operator": "In", "values": [n]}]}
-                 for t in terms for n in sorted(gang_nodes)]
-    if any(terms):
-        out[REQUIRED] = {"nodeSelectorTerms": terms}
-    return out
+    def __init__(self, step: int) -> None:
+        self.step = step
 
 
 def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     """The job, or None when it does not exist. Raises: ApiException (non-404)."""
-    return get_custom(api, GROUP, VERSION, namespace, PLURAL, name)
+    return customjob.get(api, RESOURCE, namespace, name)
 
 
 def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -175,39 +131,13 @@ def create_or_get(api: client.ApiClient, namespace: str, body: dict[str, Any]) -
         CrdMissing: the cluster does not serve PyTorchJob kubeflow.org/v1 (Training Operator not installed).
         ApiException: any other API error.
     """
-    name = body["metadata"]["name"]
-    existing = get(api, namespace, name)
-    if existing is not None and not existing["metadata"].get("deletionTimestamp"):
-        return existing, False
-    try:
-        obj: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body)
-        return obj, True
-    except ApiException as exc:
-        if exc.status == 404 and not served(api):
-            raise crd_missing() from None
-        if exc.status != 409:
-            raise
-        again = get(api, namespace, name)
-        if again is None:
-            raise
-        return again, False
+    return customjob.create_or_get(api, RESOURCE, namespace, body, crd_missing)
 
 
 def served(api: client.ApiClient, group: str = GROUP, version: str = VERSION, plural: str = PLURAL) -> bool:
     """True when the API server serves ``plural`` in ``group/version`` (pytorchjobs in kubeflow.org/v1), by
-    discovery, which every authenticated user may read.
-
-    Raises: ApiException (other than 404).
-    """
-    try:
-        doc = api.call_api(f"/apis/{group}/{version}", "GET", response_type="object", auth_settings=["BearerToken"],
-                           _return_http_data_only=True, _request_timeout=10)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return any(r.get("name") == plural for r in (doc or {}).get("resources") or [])
+    discovery. Raises: ApiException (other than 404)."""
+    return customjob.served(api, group, version, plural)
 
 
 def crd_missing() -> CrdMissing:
@@ -223,89 +153,14 @@ def crd_missing() -> CrdMissing:
 
 def delete(api: client.ApiClient, namespace: str, name: str) -> bool:
     """Foreground-delete the job (its pods go first). False when it was already gone. Raises: ApiException."""
-    try:
-        client.CustomObjectsApi(api).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name,
-            body=client.V1DeleteOptions(propagation_policy="Foreground"))
-        return True
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
+    return customjob.delete(api, RESOURCE, namespace, name)
 
 
-def force_delete_pods(api: client.ApiClient, namespace: str, names: Sequence[str]) -> list[str]:
-    """Delete pods with grace 0 (pods stuck Terminating on a vanished node). Raises: ApiException."""
-    core = client.CoreV1Api(api)
-    done = []
-    for n in names:
-        try:
-            core.delete_namespaced_pod(n, namespace, grace_period_seconds=0,
-                                       body=client.V1DeleteOptions(grace_period_seconds=0))
-            done.append(n)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    return done
+force_delete_pods = customjob.force_delete_pods
 
 
 def wait_gone(
     api: client.ApiClient, namespace: str, name: str, *, timeout_s: float, clock: Callable[[], float] = time.time,
 ) -> bool:
-    """Wait (by pod and job watches) until the job and its pods are gone, force-deleting (grace 0) pods
-    stuck Terminating on a node that no longer exists. True when all is gone in ``timeout_s``.
-
-    Raises: ApiException.
-    """
-    from kfp_gpu.cluster.watch import Event, custom_watcher, pod_watcher
-
-    q: queue.Queue[Event] = queue.Queue()
-    w_pods = pod_watcher(api, q, namespace, f"{JOB_LABEL}={name}").start()
-    w_job = custom_watcher(api, q, GROUP, VERSION, namespace, PLURAL, name).start()
-    pods: dict[str, dict[str, Any]] = {}
-    forced: set[str] = set()
-    deadline = clock() + timeout_s
-    try:
-        w_pods.synced.wait(timeout_s)
-        w_job.synced.wait(timeout_s)
-        job_alive = get(api, namespace, name) is not None
-        while True:
-            if not job_alive and not pods:
-                return True
-            stuck = [n for n, p in pods.items() if n not in forced and (p.get("metadata") or {}).get(
-                "deletionTimestamp") and _node_gone(api, str((p.get("spec") or {}).get("nodeName") or ""))]
-            if stuck:
-                force_delete_pods(api, namespace, stuck)
-                forced.update(stuck)
-            left = deadline - clock()
-            if left <= 0:
-                return False
-            try:
-                ev = q.get(timeout=min(left, 2.0))
-            except queue.Empty:
-                job_alive = job_alive and get(api, namespace, name) is not None
-                continue
-            oname = str((ev.obj.get("metadata") or {}).get("name", ""))
-            if ev.source == "pod":
-                if ev.type == "DELETED":
-                    pods.pop(oname, None)
-                else:
-                    pods[oname] = ev.obj
-            elif ev.source == "job":
-                job_alive = ev.type != "DELETED"
-    finally:
-        w_pods.stop()
-        w_job.stop()
-
-
-def _node_gone(api: client.ApiClient, node: str) -> bool:
-    """True when ``node`` is empty (never bound) or no longer exists. Raises: ApiException (non-404)."""
-    if not node:
-        return True
-    try:
-        client.CoreV1Api(api).read_node(node)
-        return False
-    except ApiException as exc:
-        if exc.status == 404:
-            return True
-        raise
+    """Wait until the job and its pods are gone (:func:`kfp_gpu.cluster.customjob.wait_gone`). Raises: ApiException."""
+    return customjob.wait_gone(api, RESOURCE, namespace, name, timeout_s=timeout_s, clock=clock)

@@ -209,6 +209,7 @@ class CapacityProvider(Protocol):
     """See the module docstring for the contract. Every method documents what it raises."""
 
     name: str
+    scheme: str  # how its nodes are labelled: a kfp_gpu.cluster.node_labels scheme name ("gke", "eks")
 
     def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
         """GPU quota amounts relevant to ``accelerator`` in ``region`` (regional, family and global).

@@ -103,6 +103,7 @@ class FakeProvider:
     """In-memory :class:`~kfp_gpu.providers.base.CapacityProvider`. See the module docstring."""
 
     name = "fake"
+    scheme = "gke"  # its nodes are labelled as GKE labels them (kfp_gpu.cluster.node_labels)
 
     def __init__(
         self,

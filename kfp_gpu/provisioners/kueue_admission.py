@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu import accelerators
+from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.plan.kueue import provisioning_check
@@ -60,7 +61,8 @@ class KueueAdmissionProvisioner(NothingExtra):
         if spec.target.tolerations:
             extra["tolerations"] = list(spec.target.tolerations)
         return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
-                        "", extra)
+                        "", extra, scheme=node_labels.for_target(spec.target.kind.value).name,
+                        accelerator=spec.accelerator)
 
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Sequence[str], *,
                 extra: int, zone_hint: str, on_demand: bool, attempt: int, lost_uids: Sequence[str]) -> Capacity:

@@ -34,12 +34,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import accelerators
-from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster import ledger, node_labels
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import (
-    ACCELERATOR_LABEL,
-    GKE_POOL_LABEL,
     ZONE_LABEL,
     Node,
     NodeView,
@@ -59,7 +57,6 @@ from kfp_gpu.timeline import NodeState, Timeline
 
 NAME = "provisioning-request"
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
-SPOT_LABEL = "cloud.google.com/gke-spot"
 QUEUED_TOLERATION = "cloud.google.com/gke-queued=true:NoSchedule"  # GKE taints DWS (queued provisioning) nodes
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 NOT_FOUND_GRACE_S = 10.0  # "no capacity now" for this long, with another zone left: ask the next zone
@@ -180,7 +177,8 @@ class ProvisioningRequestProvisioner:
                      count: int, deadline: float, request: GangRequest, timeline: Timeline, made_at: float
                      ) -> dict[str, tuple[str, str]]:
         """Wait (Node watch) for ``count`` Ready, unclaimed nodes that fit the request and claim them."""
-        selector = ",".join(f"{k}={v}" for k, v in node_labels(spec, pools).items())
+        selector = ",".join([*(f"{k}={v}" for k, v in gang_labels(spec, pools).items()),
+                             *(f"{r['key']} in ({','.join(r['values'])})" for r in gang_requirements(spec))])
         nodes, rv = list_nodes(self.api, selector)
         seen: dict[str, Node] = {}
         cond = threading.Condition()
@@ -236,7 +234,8 @@ class ProvisioningRequestProvisioner:
             extra["tolerations"] = tolerate
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
-                        timeline.to_json(), extra)
+                        timeline.to_json(), extra, scheme=node_labels.for_target(spec.target.kind.value).name,
+                        accelerator=spec.accelerator)
 
     # ---- the rest of the contract ---------------------------------------------------------------------------
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Sequence[str], *,
@@ -302,16 +301,23 @@ class ProvisioningRequestProvisioner:
 
 # ---- the gang's pod shape --------------------------------------------------------------------------------
 
-def node_labels(spec: ProvisioningSpec, pools: Sequence[str] = ()) -> dict[str, str]:
-    """Labels every node of the gang must carry (the PodTemplate's nodeSelector, the Node watch's selector)."""
-    out = {ACCELERATOR_LABEL: accelerators.get(spec.accelerator).gke_label}
+def gang_labels(spec: ProvisioningSpec, pools: Sequence[str] = ()) -> dict[str, str]:
+    """Labels every node of the gang must carry (the PodTemplate's nodeSelector, the Node watch's selector), in the
+    label keys of the target's nodes (:func:`kfp_gpu.cluster.node_labels.for_target`)."""
+    sch = node_labels.for_target(spec.target.kind.value)
+    out = sch.accelerator_selector(spec.accelerator)
     if spec.spot:
-        out[SPOT_LABEL] = "true"
+        out[sch.capacity_type] = sch.spot_value
     if spec.target.kind is TargetKind.LOCAL:
         out[SIM_CLUSTER_LABEL] = spec.target.cluster
     if len(pools) == 1:
-        out[GKE_POOL_LABEL] = pools[0]
+        out[sch.pool] = pools[0]
     return out
+
+
+def gang_requirements(spec: ProvisioningSpec) -> list[dict[str, Any]]:
+    """Set-based requirements of every gang node: the accelerator's instance types where no label names it."""
+    return node_labels.for_target(spec.target.kind.value).accelerator_requirements(spec.accelerator)
 
 
 def pod_spec(spec: ProvisioningSpec, run_id: str, zone: str = "", pools: Sequence[str] | None = None) -> dict[str, Any]:
@@ -319,18 +325,19 @@ def pod_spec(spec: ProvisioningSpec, run_id: str, zone: str = "", pools: Sequenc
     ``target.pools``), tolerating the GPU taint, the target's taints and the run's own claim taint (so booked
     nodes stay usable once claimed)."""
     pools = tuple(spec.target.pools if pools is None else pools)
-    terms: list[dict[str, Any]] = []
+    sch = node_labels.for_target(spec.target.kind.value)
+    terms: list[dict[str, Any]] = gang_requirements(spec)
     if zone:
         terms.append({"key": ZONE_LABEL, "operator": "In", "values": [zone]})
     if len(pools) > 1:
-        terms.append({"key": GKE_POOL_LABEL, "operator": "In", "values": list(pools)})
+        terms.append(sch.pool_requirement(pools))
     if not spec.spot:
-        terms.append({"key": SPOT_LABEL, "operator": "NotIn", "values": ["true"]})
+        terms.append({"key": sch.capacity_type, "operator": "NotIn", "values": [sch.spot_value]})
     gpus = str(spec.gpus_per_node)
     body: dict[str, Any] = {
         "containers": [{"name": "gpu", "image": PAUSE_IMAGE,
                         "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}],
-        "nodeSelector": node_labels(spec, pools),
+        "nodeSelector": gang_labels(spec, pools),
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
                         *[parse_toleration(t) for t in tolerations(spec)], run_toleration(run_id)],
         "restartPolicy": "Never",

@@ -144,7 +144,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             if err is None and not wait:
                 save(requested=True)
                 return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label,
-                                spec.spot, timeline.to_json(), {"zones": list(plan.zones)})
+                                spec.spot, timeline.to_json(), {"zones": list(plan.zones)}, scheme=provider.scheme,
+                                accelerator=spec.accelerator)
             if err is None:
                 tracker.claim_early(lambda node: early.setdefault(
                     node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
@@ -155,7 +156,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             if err is None:
                 if tracker.ready_count(plan.zones) < need:
                     raise _timeout(spec, timeline, gang)
-                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early, protected)
+                cap = _claim(api, spec, run_id, owner, tracker, gang, plan.zones, early, protected,
+                             provider.scheme)
                 if len(cap.nodes) >= gang:
                     break
                 if time.time() >= deadline:  # another run claimed nodes we counted: re-plan until the deadline
@@ -302,7 +304,7 @@ def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]
 
 def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Owner, tracker: GangTracker,
            gang: int, zones: tuple[str, ...], early: dict[str, Future[bool]],
-           protected: frozenset[str] = frozenset()) -> Capacity:
+           protected: frozenset[str] = frozenset(), scheme: str = "gke") -> Capacity:
     """The gang's nodes, claimed: the early claims made while nodes booted, topped up if any were lost
     (nodes of ``protected`` pools are claimed with the scale-down-disabled annotation)."""
     mine = list(dict.fromkeys([v.name for v in tracker.claimed()]
@@ -324,7 +326,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     return Capacity(run_id=run_id, placements=tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in placements.items()),
                     gpus_per_node=spec.gpus_per_node, accelerator_label=accelerators.get(spec.accelerator).gke_label,
                     spot=spec.spot, timeline_json=tracker.timeline.to_json(),
-                    extra={"protected_pools": sorted(protected)} if protected else {})
+                    extra={"protected_pools": sorted(protected)} if protected else {},
+                    scheme=scheme, accelerator=spec.accelerator)
 
 
 def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], targets: dict[str, int],

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client
 
-from kfp_gpu import accelerators, provisioners
+from kfp_gpu import provisioners
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
@@ -68,13 +68,13 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
              heartbeat: Heartbeat, ttl: float) -> tuple[list[str], list[ReservationRequest]]:
     """The resize, the balloons, then the reservations where the resize grows. Raises: as :func:`run`."""
     wp = spec.warm_pool
-    acc = accelerators.get(spec.accelerator)
     names: list[str] = []
     if wp.nodes:
         balloons.ensure_priority_class(api)
         with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
             pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, heartbeat.owner, wp.nodes,
-                             spec.gpus_per_node, acc.gke_label, list(spec.target.pools))
+                             spec.gpus_per_node, spec.accelerator, list(spec.target.pools),
+                             provider.scheme)
             backend = provisioners.select(spec, api, provider)
             backend.acquire(spec, run_id, provisioners.GangRequest(nodes=wp.nodes, step=STEP, wait=False, lease_ttl_s=ttl))
             names = pods.result()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,6 +39,7 @@ from kfp_gpu.providers.base import (
     QuotaAmount,
 )
 from kfp_gpu.providers.eks import activity, launch
+from kfp_gpu.providers.eks import nodes as nodes_mod
 from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
 from kfp_gpu.providers.eks.reservations import CR_STATUS, ReservationsMixin, token
 
@@ -89,6 +90,7 @@ class EksProvider(ReservationsMixin):
     """CapacityProvider for one EKS cluster. See the module docstring."""
 
     name = "eks"
+    scheme = "eks"  # node labels (kfp_gpu.cluster.node_labels)
 
     def __init__(
         self,
@@ -98,12 +100,14 @@ class EksProvider(ReservationsMixin):
         client_factory: ClientFactory | None = None,
         endpoint_url: str = "",
         profile: str = "",
+        node_lookup: nodes_mod.NodeLookup | None = None,
     ) -> None:
         self.cluster = cluster
         self.region = region
         self.endpoint_url = endpoint_url
         self.profile = profile
         self._factory = client_factory or self._default_factory
+        self.node_lookup: nodes_mod.NodeLookup = node_lookup or nodes_mod.kube_provider_ids
         self._clients: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
@@ -118,6 +122,9 @@ class EksProvider(ReservationsMixin):
         from botocore.config import Config
 
         session = boto3.session.Session(profile_name=self.profile or None)
+        if self.endpoint_url.startswith("http://") and session.get_credentials() is None:
+            # the local stand-in (kfp_gpu.sim.aws) checks no signature: placeholder keys, as GKE's anonymous creds
+            session = boto3.session.Session(aws_access_key_id="kfp-gpu-sim", aws_secret_access_key="kfp-gpu-sim")
         return session.client(
             service, region_name=region, config=Config(**FAIL_FAST), endpoint_url=self.endpoint_url or None,
         )
@@ -364,13 +371,27 @@ class EksProvider(ReservationsMixin):
         """
         return activity.pool_activity(self, ref, since)
 
+    def delete_nodes(self, ref: PoolRef, nodes: Sequence[str]) -> Operation:
+        """Remove the named nodes' own instances from node group ``ref.pool`` and shrink it by as many
+        (Auto Scaling ``TerminateInstanceInAutoScalingGroup`` with ``ShouldDecrementDesiredCapacity=True``), so
+        a rollback or teardown never removes another run's nodes. Nodes already gone are skipped (idempotent).
+        Not part of the CapacityProvider protocol. See :mod:`kfp_gpu.providers.eks.nodes`.
+
+        Raises: NotFound, PermissionDenied (autoscaling:TerminateInstanceInAutoScalingGroup), RateLimited,
+        TransientCloudError, CloudError.
+        """
+        return nodes_mod.delete_nodes(self, ref, nodes)
+
     def operation(self, op: Operation) -> Operation:
-        """Poll a resize (node group status + health issues) or a reservation (its state).
+        """Poll a resize (node group status + health issues), a delete-nodes (its instances leaving the Auto
+        Scaling group) or a reservation (its state).
 
         Raises: RateLimited, TransientCloudError, NotFound, PermissionDenied.
         """
         if op.done:
             return op
+        if op.kind == "delete-nodes":
+            return nodes_mod.operation(self, op)
         if op.kind == "reserve":
             region, cr_id = op.id.split("|", 1)
             cr = self._call("ec2", "describe_capacity_reservations", region=region,

@@ -65,6 +65,7 @@ class GkeProvider:
     """
 
     name = "gke"
+    scheme = "gke"  # node labels (kfp_gpu.cluster.node_labels)
 
     def __init__(
         self,
