@@ -34,7 +34,7 @@ def scan(listing: Listing) -> tuple[list[Candidate], list[Partial]]:
         listing.claimed.add(d)
         step = trailing_step(d) if d else None
         if step is None:
-            partial.append(Partial(NAME, sys.maxsize, d, "a step number in the directory's name (e.g. step_120)"))
+            partial.append(Partial(NAME, sys.maxsize, d, "no step number in the directory's name (e.g. step_120)"))
         elif METADATA not in names:
             partial.append(Partial(NAME, step, d, f"no {METADATA} (DCP writes it last, after every rank's data)"))
         else:

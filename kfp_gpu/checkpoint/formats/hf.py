@@ -75,7 +75,7 @@ def _weights_missing(listing: Listing, d: str, files: set[str]) -> str | None:
         return None
     for fsdp in sorted({f.split("/", 1)[0] for f in files if "/" in f}):
         if _FSDP_DIR_RE.match(fsdp):
-            return None if f"{fsdp}/.metadata" in files else f"{fsdp}/.metadata (FSDP sharded weights unfinished)"
+            return None if f"{fsdp}/.metadata" in files else f"no {fsdp}/.metadata (FSDP sharded weights unfinished)"
     for index in INDEX_FILES:
         if index in files:
             raw = read_small(listing.backend, f"{d}/{index}")
@@ -84,5 +84,5 @@ def _weights_missing(listing: Listing, d: str, files: set[str]) -> str | None:
             except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                 return f"{index} does not parse ({type(exc).__name__})"
             absent = sorted(str(s) for s in shards if s not in files)
-            return f"weight shard {absent[0]} named by {index}" if absent else None
-    return "model weights (" + ", ".join((*WEIGHT_FILES[:2], *INDEX_FILES[:1])) + ")"
+            return f"no weight shard {absent[0]} (named by {index})" if absent else None
+    return "no model weights (" + ", ".join((*WEIGHT_FILES[:2], *INDEX_FILES[:1])) + ")"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kfp_gpu.checkpoint.errors import CheckpointCorrupt
 from kfp_gpu.checkpoint.formats.base import Candidate, Check, Listing, Partial
-from kfp_gpu.checkpoint.store import MARKER, Checkpoint, CheckpointStore
+from kfp_gpu.checkpoint.store import Checkpoint, CheckpointStore
 
 NAME = "kfp-gpu"
 
@@ -25,7 +25,7 @@ def scan(listing: Listing) -> tuple[list[Candidate], list[Partial]]:
     listing.claimed.update(c.name for c in done)
     listing.claimed.update(i.name for i in partial)
     out = [Candidate(NAME, c.step, c.name, c.created, _verifier(store, c), dict(c.meta)) for c in done]
-    missing = [Partial(NAME, i.step, i.name, _piece(i.reason)) for i in partial]
+    missing = [Partial(NAME, i.step, i.name, i.reason) for i in partial]
     return out, missing
 
 
@@ -39,6 +39,3 @@ def _verifier(store: CheckpointStore, ckpt: Checkpoint) -> Check:
 
     return check
 
-
-def _piece(reason: str) -> str:
-    return f"{MARKER} marker ({reason})" if MARKER not in reason else reason

@@ -47,7 +47,7 @@ def scan(listing: Listing) -> tuple[list[Candidate], list[Partial]]:
             continue  # deleted since the listing (ModelCheckpoint's top-k rotation)
         if missing is not None or step is None:
             guess = int(named.group(1)) if named else sys.maxsize
-            partial.append(Partial(NAME, guess, key, missing or "global_step"))
+            partial.append(Partial(NAME, guess, key, missing or "no global_step"))
             continue
         out.append(Candidate(NAME, step, key, modified(listing.backend, key), _ok))
     return out, partial
@@ -67,19 +67,19 @@ def read_header(backend: Backend, key: str) -> tuple[int | None, str | None]:
         with zipfile.ZipFile(_RangeFile(backend, key, size)) as zf:
             pkl = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
             if not pkl:
-                return None, "data.pkl in the archive (not a torch.save zip archive)"
+                return None, "no data.pkl in the archive (not a torch.save zip archive)"
             raw = zf.read(pkl[0])
     except zipfile.BadZipFile as exc:
-        return None, f"a complete zip archive ({exc}: truncated, or an interrupted save)"
+        return None, f"not a complete zip archive ({exc}: truncated, or an interrupted save)"
     try:
         top = _Unpickler(io.BytesIO(raw)).load()
     except Exception as exc:  # noqa: BLE001 - any failure means the pickle is unusable
-        return None, f"a readable data.pkl ({type(exc).__name__}: {exc})"
+        return None, f"data.pkl does not unpickle ({type(exc).__name__}: {exc})"
     if not isinstance(top, dict):
-        return None, "a checkpoint dict in data.pkl"
+        return None, "data.pkl holds no checkpoint dict"
     absent = [k for k in ("global_step", "epoch") if not isinstance(top.get(k), int)]
     if absent:
-        return None, f"the {absent[0]!r} key (not a Lightning checkpoint)"
+        return None, f"no integer {absent[0]!r} key (not a Lightning checkpoint)"
     return int(top["global_step"]), None
 
 
