@@ -19,6 +19,7 @@ from kfp_gpu.devcluster.versions import cluster_dir
 from tests.gcs_support import GcsBucket
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration  # needs the emulator binary (make cluster-build GCS=1)
 
 
 class Recording(GCSBackend):

@@ -147,6 +147,7 @@ def test_resume_step_from_env() -> None:
             resume_step_from_env({"KFP_GPU_RESUME_STEP": bad})
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_gcs_store_skips_a_tampered_checkpoint(gcs: GcsBucket) -> None:
     store = CheckpointStore(gcs.uri("runs/x"))
     assert isinstance(store.backend, GCSBackend)

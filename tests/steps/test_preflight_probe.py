@@ -37,6 +37,7 @@ def run_step(uri: str, api: Any) -> StepResult:
 
 
 # ---- gs:// against the emulator ------------------------------------------------------------------------------------
+@pytest.mark.integration  # the GCS emulator
 def test_gs_writable_bucket_is_ok_and_left_clean(gcs: GcsBucket, kube: tuple[Any, KubeState]) -> None:  # noqa: F811
     out = run_step(gcs.uri("runs/a"), kube[0])
     check = ckpt_check(out)
@@ -57,6 +58,7 @@ class Watching(GCSBackend):
         super().delete(key)
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_gs_probe_object_carries_the_run_id(gcs: GcsBucket) -> None:
     backend = Watching(gcs.bucket, "p")
     res = probe(gcs.uri("p"), run_id=RUN, backend=backend, now=0.0)
@@ -65,6 +67,7 @@ def test_gs_probe_object_carries_the_run_id(gcs: GcsBucket) -> None:
                             "kfp-gpu-lease-expires": "1970-01-01T01:00:00Z"}
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_gs_missing_bucket_fails_the_step_naming_it(gcs: GcsBucket, kube: tuple[Any, KubeState]) -> None:  # noqa: F811
     bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     with pytest.raises(QuotaExceeded) as err:
@@ -74,6 +77,7 @@ def test_gs_missing_bucket_fails_the_step_naming_it(gcs: GcsBucket, kube: tuple[
     assert f"create the bucket {bucket}" in err.value.remediation
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_gs_unreachable_store_is_unknown_never_ok(gcs: GcsBucket, kube: tuple[Any, KubeState],  # noqa: F811
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
