@@ -1,10 +1,13 @@
-"""JobTemplate: what the PyTorchJob runs. Travels from the DSL to the train step as JSON.
+"""JobTemplate: what the training job runs (a PyTorchJob or a TrainJob: ``kind``). Travels from the DSL to the
+train step as JSON.
 
 Everything a user sets on the training pods lives here: image, command, args, env, per-replica resources,
 ``/dev/shm`` size, volumes and mounts, service account, extra tolerations and node affinity, labels and
 annotations, ``nprocPerNode`` and image pull secrets. kfp-gpu adds placement (gang nodes, the run's
 toleration, the node's GPUs), gang size, ownership labels and the resume env when it renders the job
-(:func:`kfp_gpu.cluster.pytorchjob.manifest`); it never replaces what the user set.
+(:func:`kfp_gpu.cluster.podtemplate.pod_template`, shared by the job kinds of :mod:`kfp_gpu.jobkinds`); it never
+replaces what the user set. ``kind="trainjob"`` (with ``runtime``/``runtime_kind``) is checked here, at
+decoration time, against what a TrainJob can carry (:func:`kfp_gpu.job_fields.job_kind`).
 
 Kept free of kfp imports: the train step (and the KFP executor that runs it) must not import kfp.dsl
 through this module.
@@ -59,6 +62,11 @@ class JobTemplate:
     # appended to args only when the job resumes: e.g. ("--resume_from_checkpoint", "{path}"); {path}, {step},
     # {format} are the chosen checkpoint's (kfp_gpu.checkpoint.resume.Resume.args)
     resume_args: tuple[str, ...] = ()
+    # the job kind (kfp_gpu.jobkinds): "pytorchjob" (Training Operator v1) or "trainjob" (Trainer v2, with the
+    # runtime it references: a ClusterTrainingRuntime by default, or a TrainingRuntime of the namespace)
+    kind: str = "pytorchjob"
+    runtime: str = ""
+    runtime_kind: str = ""
 
     def __post_init__(self) -> None:
         s = object.__setattr__
@@ -95,14 +103,19 @@ class JobTemplate:
         s(self, "pod_extra", f.extra("train.pod_extra", self.pod_extra, f.POD_EXTRA_KEYS))
         s(self, "resume_args", tuple(f.seq("train.resume_args", self.resume_args)))
         check_resume_args("train.resume_args", ["" if is_placeholder(a) else a for a in self.resume_args])
+        kind, runtime, runtime_kind = f.job_kind(self)
+        s(self, "kind", kind)
+        s(self, "runtime", runtime)
+        s(self, "runtime_kind", runtime_kind)
 
     @classmethod
     def build(cls, job: Any = None, **fields: Any) -> JobTemplate:
         """The one constructor ``kfp_gpu.train()`` calls.
 
         ``build(**fields)`` is ``JobTemplate(**fields)``. ``build(job=model, **overrides)`` takes the pod
-        template of a kubeflow-training ``KubeflowOrgV1PyTorchJob`` / ``KubeflowOrgV1PyTorchJobSpec`` (or the
-        same as a plain dict) and applies ``overrides`` on top.
+        template of a kubeflow-training ``KubeflowOrgV1PyTorchJob`` / ``KubeflowOrgV1PyTorchJobSpec``, or the
+        trainer of a ``kubeflow`` SDK ``TrainerV1alpha1TrainJob`` / ``TrainerV1alpha1TrainJobSpec`` (``kind`` becomes
+        ``"trainjob"``), or the same as a plain dict, and applies ``overrides`` on top.
 
         Raises:
             InvalidSpec: a bad field (named), an unknown field, or a part of ``job`` kfp-gpu cannot keep.
@@ -114,8 +127,9 @@ class JobTemplate:
                               f"{', '.join(sorted(known))}")
         if job is not None:
             from kfp_gpu.training_models import template_fields
+            from kfp_gpu.trainjob_models import is_trainjob, trainjob_fields
 
-            fields = {**template_fields(job), **fields}
+            fields = {**(trainjob_fields(job) if is_trainjob(job) else template_fields(job)), **fields}
         return cls(**fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +139,9 @@ class JobTemplate:
         for key in ("command", "args", "volumes", "volume_mounts", "tolerations", "image_pull_secrets",
                     "resume_args"):
             d[key] = list(d[key])
+        for key, default in f.KIND_DEFAULTS.items():  # compiled PyTorchJob pipelines stay as they were
+            if d[key] == default:
+                del d[key]
         return d
 
     def to_json(self) -> str:

@@ -295,3 +295,49 @@ def extra(field: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
         if k not in allowed:
             raise InvalidSpec(f"{field}.{k}", value[k], f"is not passed through; supported: {', '.join(allowed)}")
     return {k: v for k, v in sorted(value.items()) if v is not None}
+
+
+# ---- the job kind --------------------------------------------------------------------------------------
+JOB_KINDS = ("pytorchjob", "trainjob")
+RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
+DEFAULT_RUNTIME = "torch-distributed"
+KIND_DEFAULTS = {"kind": "pytorchjob", "runtime": "", "runtime_kind": ""}
+#: what a TrainJob's runtime patch (trainer.kubeflow.org/v1alpha1 PodSpecPatch / ContainerPatch) can carry
+TRAINJOB_POD_EXTRA_KEYS = ("securityContext", "terminationGracePeriodSeconds")
+TRAINJOB_CONTAINER_EXTRA_KEYS = ("securityContext",)
+
+
+def job_kind(t: Any) -> tuple[str, str, str]:
+    """``(kind, runtime, runtime_kind)`` of a JobTemplate ``t``, defaults filled in, checked against what the kind
+    can carry: a TrainJob takes its runtime's name (default ``torch-distributed``, a ClusterTrainingRuntime unless
+    ``runtime_kind="TrainingRuntime"``), an integer, ``auto`` or ``gpu`` ``nproc_per_node``, and only the pod and
+    container fields a Trainer v2.3 runtime patch has; a PyTorchJob takes no runtime.
+
+    Raises: InvalidSpec naming the field, its value and what is allowed.
+    """
+    kind = t.kind if t.kind is not None else "pytorchjob"
+    if kind not in JOB_KINDS:
+        raise InvalidSpec("train.kind", kind, f"allowed: {', '.join(JOB_KINDS)}")
+    runtime, runtime_kind = t.runtime or "", t.runtime_kind or ""
+    if kind == "pytorchjob":
+        for key, value in (("runtime", runtime), ("runtime_kind", runtime_kind)):
+            if value:
+                raise InvalidSpec(f"train.{key}", value, "is a TrainJob setting", remediation="pass kind='trainjob' "
+                                  f"with {key}=, or drop {key}=")
+        return kind, "", ""
+    runtime = name("train.runtime", runtime or DEFAULT_RUNTIME, what="a runtime name")
+    runtime_kind = runtime_kind or RUNTIME_KINDS[0]
+    if runtime_kind not in RUNTIME_KINDS:
+        raise InvalidSpec("train.runtime_kind", runtime_kind, f"allowed: {', '.join(RUNTIME_KINDS)}")
+    if not _DNS_LABEL.match(t.name) or not t.name[0].isalpha():
+        raise InvalidSpec("train.name", t.name, "a TrainJob name part must start with a letter (RFC 1035 label)")
+    if t.nproc_per_node == "cpu":
+        raise InvalidSpec("train.nproc_per_node", "cpu", "a TrainJob's numProcPerNode takes an integer, 'auto' or "
+                          "'gpu' (the node's GPUs)")
+    for where, extra_, allowed in (("pod_extra", t.pod_extra, TRAINJOB_POD_EXTRA_KEYS),
+                                   ("container_extra", t.container_extra, TRAINJOB_CONTAINER_EXTRA_KEYS)):
+        bad = sorted(set(extra_) - set(allowed))
+        if bad:
+            raise InvalidSpec(f"train.{where}.{bad[0]}", extra_[bad[0]], "a TrainJob runtime patch cannot set it; "
+                              f"allowed: {', '.join(allowed)}", remediation="set it in the TrainingRuntime instead")
+    return kind, runtime, runtime_kind

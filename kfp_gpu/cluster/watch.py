@@ -105,7 +105,8 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
     )
 
 
-def pod_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> PodFact:
+def pod_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False, owner: str | None = None) -> PodFact:
+    """A pod as a fact; ``owner`` overrides what it belongs to (default: its first owner reference's uid)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -129,8 +130,29 @@ def pod_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> Pod
         reason=str(status.get("reason") or term_reason), deleted=deleted,
         terminating=bool(meta.get("deletionTimestamp")),
         role=str(labels.get("training.kubeflow.org/replica-type", "")),
-        owner_uid=str(owners[0].get("uid", "")) if owners else "",
+        owner_uid=owner if owner is not None else str(owners[0].get("uid", "")) if owners else "",
     )
+
+
+class JobObserver:
+    """How the watch reads one job kind (the PyTorchJob's way here; :mod:`kfp_gpu.jobkinds` gives each kind's):
+    which attempt a job and a pod belong to, the job's true conditions, and whether it is suspended."""
+
+    def job_key(self, job: Mapping[str, Any]) -> str:
+        """The attempt a job object is (default: its uid)."""
+        return str((job.get("metadata") or {}).get("uid", ""))
+
+    def pod_key(self, pod: Mapping[str, Any]) -> str:
+        """The attempt a pod belongs to (default: its first owner reference's uid, the job's)."""
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+        return str(owners[0].get("uid", "")) if owners else ""
+
+    def conditions(self, job: Mapping[str, Any]) -> dict[str, str]:
+        """True conditions by type (``Succeeded``, ``Failed``, ``Running``...) -> reason."""
+        return _conditions(job)
+
+    def suspended(self, job: Mapping[str, Any]) -> bool:
+        return bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
 
 
 # ---- one gang, one job: the train step's view of the cluster ---------------------------------------
@@ -145,8 +167,10 @@ class GangWatch:
     """
 
     def __init__(self, api: client.ApiClient, namespace: str, job: str, group: str, version: str,
-                 plural: str, pod_selector: str, clock: Callable[[], float] = time.time, *, local_queue: str = "") -> None:
+                 plural: str, pod_selector: str, clock: Callable[[], float] = time.time, *, local_queue: str = "",
+                 observer: JobObserver | None = None) -> None:
         self.api, self.namespace, self.job = api, namespace, job
+        self.observer = observer or JobObserver()
         self.q: queue.Queue[Event] = queue.Queue()
         self.clock = clock
         self._watchers = [
@@ -168,6 +192,7 @@ class GangWatch:
         self.pods: dict[str, PodFact] = {}
         self._all_pods: dict[str, PodFact] = {}
         self.uid = ""
+        self.key = ""  # the attempt's key (observer.job_key): pods with this pod_key are the attempt's
         self.conditions: dict[str, str] = {}
         self.job_deleted = False
         self.created_at = 0.0
@@ -210,19 +235,19 @@ class GangWatch:
             if why and n.name in self.gang and (prev is None or (n.uid and prev.uid and n.uid != prev.uid)):
                 self.incidents[n.name] = NodeIncident(n.name, ev.at, why, n.uid)
         elif ev.source == "pod":
-            p = pod_fact(ev.obj, ev.at, deleted=deleted)
+            p = pod_fact(ev.obj, ev.at, deleted=deleted, owner=self.observer.pod_key(ev.obj))
             old = self._all_pods.get(p.name)
             if old is not None and deleted and old.owner_uid == p.owner_uid:
                 p = dataclasses.replace(old, deleted=True)  # keep what the last update said
             self._all_pods[p.name] = p
-            if self.uid and p.owner_uid == self.uid:
+            if self.key and p.owner_uid == self.key:
                 self._track(p, ev.at)
         elif ev.source == "job":
             uid = str((ev.obj.get("metadata") or {}).get("uid", ""))
             if self.uid and uid != self.uid:
                 return
             self.job_deleted = deleted
-            self.conditions = _conditions(ev.obj)
+            self.conditions = self.observer.conditions(ev.obj)
             self._suspend(ev.obj, ev.at)
             if self.running_at is None and "Running" in self.conditions and self.pods:
                 self.running_at = ev.at
@@ -233,7 +258,7 @@ class GangWatch:
                 self.workload = w
 
     def _suspend(self, job: Mapping[str, Any], at: float) -> None:
-        suspended = bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        suspended = self.observer.suspended(job)
         if suspended and not self.suspended:
             self.suspended_at = at
         self.suspended = suspended
@@ -299,10 +324,11 @@ class GangWatch:
         """Start following a new attempt: the job's UID, the gang's nodes, a fresh incident record. ``adopt``: the
         gang is not known before admission (Kueue provisions it); the nodes the attempt's pods bind to become it."""
         self.uid = str(job["metadata"].get("uid", ""))
+        self.key = self.observer.job_key(job)
         self.gang = frozenset(gang)
         self.adopt = adopt
         self.replicas = replicas
-        self.pods, self.incidents, self.conditions = {}, {}, _conditions(job)
+        self.pods, self.incidents, self.conditions = {}, {}, self.observer.conditions(job)
         self.job_deleted = False
         self.created_at = self.clock()
         self.first_pod_at = self.first_bound_at = self.running_at = self.admitted_at = self.suspended_at = None
@@ -311,7 +337,7 @@ class GangWatch:
         self.drain()
         self.workload = next((w for w in self._workloads.values() if w.owner_uid == self.uid), None)
         for p in sorted(self._all_pods.values(), key=lambda p: p.at):  # re-attach: pods seen before
-            if p.owner_uid == self.uid:
+            if p.owner_uid == self.key:
                 self._track(p, p.at)
         for name in gang:  # gone before we (re-)attached: no DELETED event will ever come
             n = self.nodes.get(name)

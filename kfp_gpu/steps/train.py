@@ -1,4 +1,7 @@
-"""The train step: a gang-safe PyTorchJob on the provisioned capacity, seen through to the end.
+"""The train step: a gang-safe training job on the provisioned capacity, seen through to the end.
+
+The job's kind (a Training Operator PyTorchJob or a Trainer v2 TrainJob, the JobTemplate's ``kind``) is one seam,
+:mod:`kfp_gpu.jobkinds`: this module builds, creates, watches and deletes the job only through that contract.
 
 Flow: gate on the whole gang Ready (node watch) -> create the job, or re-attach to the one a previous try
 of this step created -> watch job, pods and nodes -> on preemption (decided in
@@ -24,7 +27,6 @@ from typing import Any
 
 from kubernetes import client
 
-from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.errors import (
     Cancelled,
     GangPlacementFailed,
@@ -33,6 +35,7 @@ from kfp_gpu.errors import (
     TrainingFailed,
 )
 from kfp_gpu.job import JobTemplate
+from kfp_gpu.jobkinds import JobRequest, for_template
 from kfp_gpu.plan.recovery import (
     Action,
     Cause,
@@ -73,7 +76,9 @@ def run(
 
     Raises:
         InvalidSpec: ``capacity_json`` or ``job_json`` is malformed, ``queue_timeout_s`` is not positive, or
-            ``target.queue`` names no LocalQueue of the namespace (or several are there and none is chosen).
+            ``target.queue`` names no LocalQueue of the namespace (or several are there and none is chosen), or a
+            TrainJob's runtime does not exist (or has no trainer ``node`` container).
+        CrdMissing: the cluster does not serve the job kind (Training Operator / Trainer v2 not installed).
         GangPlacementFailed: the gang's nodes never became Ready, the job got no pods, only part of the
             gang was placed within the watchdog bounds, or Kueue did not admit the job within
             ``queue_timeout_s`` (the job is deleted).
@@ -89,7 +94,8 @@ def run(
     template = JobTemplate.from_json(job_json)
     own_api = api is None
     api = api if api is not None else api_client(spec.target)
-    st = TrainState(spec, run_id, api, capacity, pytorchjob.job_name(run_id, template.name))
+    kind = for_template(template)
+    st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
     started = time.time()
     st.heartbeat.start()
     st.load_ledger()
@@ -118,12 +124,13 @@ def _supervise(
     admission_s: float, placement_s: float, gate_s: float, cleanup_s: float, annotations: dict[str, str],
     queue_s: float,
 ) -> str:
-    spec = st.spec
+    spec, kind = st.spec, st.kind
+    st.ledger["job_kind"] = {"kind": kind.NAME, **kind.prepare(st.api, st.namespace)}
     st.use_queue(admission.resolve_queue(st))
     st.watch.start()
-    attach = pytorchjob.get(st.api, st.namespace, st.job)
+    attach = kind.get(st.api, st.namespace, st.job)
     if attach is not None and attach["metadata"].get("deletionTimestamp"):
-        pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s)
+        kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s)
         attach = None
     while True:
         if attach is None:
@@ -132,17 +139,15 @@ def _supervise(
                 _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
-            body = pytorchjob.manifest(
-                st.job, capacity=st.capacity, template=template, labels=st.owner.labels(), nodes=spec.nodes,
-                checkpoint_uri=spec.checkpoint_uri, resume_step=ckpt_step, run_id=st.run_id,
-                dataset_uri=dataset_uri, gang_nodes=st.capacity.nodes,
+            body = kind.build(JobRequest(
+                st.job, template, st.capacity, st.owner.labels(), spec.nodes, st.run_id,
+                checkpoint_uri=spec.checkpoint_uri, resume=ck, dataset_uri=dataset_uri,
                 pod_annotations={**annotations, **st.backend.pod_annotations(st.capacity)},
                 local=spec.target.kind is TargetKind.LOCAL, queue=st.queue,
-            )
-            job, created = pytorchjob.create_or_get(st.api, st.namespace, body)
+            ))
+            job, created = kind.create_or_get(st.api, st.namespace, body)
         else:
-            job, created, ckpt_step = attach, False, int(
-                (attach["metadata"].get("annotations") or {}).get("kfp-gpu.io/resume-step", "0"))
+            job, created, ckpt_step = attach, False, kind.resume_step(attach)
         attach = None
         st.begin_attempt(job, resume_step=ckpt_step, created=created)
         outcome = admission.wait_admitted(st, queue_s) or st.watch_attempt(admission_s=admission_s,
@@ -171,8 +176,8 @@ def _supervise(
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
-        pytorchjob.delete(st.api, st.namespace, st.job)
-        if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
+        kind.delete(st.api, st.namespace, st.job)
+        if not kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
                 f"job {st.job}: old pods still present after {cleanup_s:g}s; refusing to start a second copy",
                 remediation="check for pods stuck Terminating and delete them with --grace-period=0 --force",
@@ -326,11 +331,11 @@ def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision
 def _cleanup(st: TrainState, timeout_s: float) -> None:
     """Delete the job (foreground) and wait for its pods; never raises (we are already failing)."""
     try:
-        pytorchjob.delete(st.api, st.namespace, st.job)
+        st.kind.delete(st.api, st.namespace, st.job)
         st.timeline.event("job-finished", time.time(), job=st.job, status=str(st.ledger.get("status")),
                           attempt=st.attempt)
         st.close_usage(time.time())
-        if not pytorchjob.wait_gone(st.api, st.namespace, st.job, timeout_s=timeout_s):
+        if not st.kind.wait_gone(st.api, st.namespace, st.job, timeout_s=timeout_s):
             log.warning("job %s: pods still present after %.0fs of cleanup", st.job, timeout_s)
         st.save_ledger()
     except Cancelled:

@@ -25,7 +25,7 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
     waits = [float(a["wait_s"]) for a in st.ledger.get("admissions", []) if a.get("wait_s") is not None]
     out = {
-        "job": st.job, "namespace": st.namespace, "status": status, "final_step": final_step,
+        "job": st.job, "job_kind": st.kind.NAME, "namespace": st.namespace, "status": status, "final_step": final_step,
         "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
         "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
         "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
@@ -51,7 +51,7 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
 
 def markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
     lines = [
-        f"# Training job `{out['job']}`: {out['status']}", "",
+        f"# Training job `{out['job']}` ({out.get('job_kind', 'pytorchjob')}): {out['status']}", "",
         f"- attempts: {out['attempts']}, preemptions: {out['preemptions']}, app failures: {out['app_failures']}",
         f"- GPU-hours: {out['gpu_hours']:.4f}; on-demand fallback: {'yes' if out['on_demand'] else 'no'}",
         f"- final step: {out['final_step'] if out['final_step'] is not None else 'unknown'}"

@@ -1,4 +1,4 @@
-"""The train step's state: capacity, budget, ledger, timeline, the Kueue queue, and the gang watch."""
+"""The train step's state: capacity, budget, ledger, timeline, the Kueue queue, the job kind, and the gang watch."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 
 from kubernetes import client
 
-from kfp_gpu.cluster import ledger, pytorchjob
+from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.jobkinds import JobKind, PyTorchJobKind
 from kfp_gpu.plan.recovery import Budget, Usage, Verdict
 from kfp_gpu.providers.base import Owner
 from kfp_gpu.provisioners.base import Provisioner
@@ -29,8 +30,9 @@ class TrainState:
     """Everything one train step knows: capacity, budget, ledger, timeline, and the gang watch."""
 
     def __init__(self, spec: ProvisioningSpec, run_id: str, api: client.ApiClient, capacity: Capacity,
-                 job: str, queue: str = "") -> None:
+                 job: str, queue: str = "", *, kind: JobKind | None = None) -> None:
         self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
+        self.kind: JobKind = kind or PyTorchJobKind()  # the job-kind seam (kfp_gpu.jobkinds)
         self.namespace = spec.target.namespace
         # renews this run's leases while the step lives (a multi-day run outlives any fixed lease_ttl_s)
         self.heartbeat = Heartbeat(api, self.namespace, run_id, STEP, spec.lease_ttl_s)
@@ -51,8 +53,7 @@ class TrainState:
         """Submit the job to Kueue LocalQueue ``queue`` ("" = none): a gang watch that follows its Workload too.
         Call before ``watch.start()``."""
         self.queue = queue
-        self.watch = GangWatch(self.api, self.namespace, self.job, pytorchjob.GROUP, pytorchjob.VERSION,
-                               pytorchjob.PLURAL, f"{pytorchjob.JOB_LABEL}={self.job}", local_queue=queue)
+        self.watch = self.kind.watch(self.api, self.namespace, self.job, local_queue=queue)
         return self.watch
 
     @property

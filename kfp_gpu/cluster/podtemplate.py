@@ -1,0 +1,137 @@
+"""The pod every gang node runs, whatever the job kind: one function so PyTorchJob and TrainJob place alike.
+
+:func:`pod_template` renders the user's :class:`~kfp_gpu.job.JobTemplate` plus kfp-gpu's placement and
+bookkeeping into a pod template (``{"metadata": ..., "spec": ...}``): the container (image, command, args with the
+resume arguments, env with the resume variables, resources with the node's GPUs, volumes and ``/dev/shm``), the
+run's tolerations (GPU taint, the run's claim taint, the target's), the node selector and the gang pin (node
+affinity on the gang's Node names, ANDed with the user's), labels (ownership + job) and annotations (the
+template's, the provisioner's ``pod_annotations``, and the local rehearsal's default duration). A job kind puts
+it where its API wants it (PyTorchJob: every replica spec; TrainJob: the trainer fields plus a runtime patch).
+
+kfp-gpu's parts win where they meet the user's: ownership labels, the node's GPUs, the gang pin, the run's
+tolerations (the user's are added), the checkpoint/resume env and arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kfp_gpu.cluster.capacity import Capacity
+from kfp_gpu.job import JobTemplate
+from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
+
+JOB_LABEL = "kfp-gpu.io/job"
+SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"
+ENV_RESUME_STEP = "KFP_GPU_RESUME_STEP"
+ENV_RESUME_PATH = "KFP_GPU_RESUME_PATH"
+ENV_RESUME_FORMAT = "KFP_GPU_RESUME_FORMAT"
+ENV_RUN_ID = "KFP_GPU_RUN_ID"
+ENV_DATASET_URI = "KFP_GPU_DATASET_URI"
+OWN_ENV = (ENV_CHECKPOINT_URI, ENV_RESUME_STEP, ENV_RESUME_PATH, ENV_RESUME_FORMAT, ENV_RUN_ID, ENV_DATASET_URI)
+
+
+def resume_step(resume: Any) -> int:
+    """The step a job resumes at: ``resume.step`` (a checkpoint record) or 0 for a fresh start (None)."""
+    return int(getattr(resume, "step", 0) or 0) if resume is not None else 0
+
+
+def own_env(*, checkpoint_uri: str, resume: Any, run_id: str, dataset_uri: str) -> list[dict[str, str]]:
+    """kfp-gpu's variables: the checkpoint root, the resume step (0 on a fresh start), the resume path and format
+    (when the checkpoint record ``resume``, e.g. :class:`kfp_gpu.checkpoint.resume.Resume`, names them), the run id
+    and the dataset URI. The same for every job kind."""
+    path = str(getattr(resume, "path", "") or getattr(resume, "uri", "") or "") if resume is not None else ""
+    fmt = str(getattr(resume, "format", "") or "") if resume is not None else ""
+    out = [{"name": ENV_CHECKPOINT_URI, "value": checkpoint_uri},
+           {"name": ENV_RESUME_STEP, "value": str(resume_step(resume))}]
+    if path:  # a checkpoint record that names its path (kfp_gpu.checkpoint.resume.Resume)
+        out += [{"name": ENV_RESUME_PATH, "value": path}, {"name": ENV_RESUME_FORMAT, "value": fmt}]
+    return out + [{"name": ENV_RUN_ID, "value": run_id}, {"name": ENV_DATASET_URI, "value": dataset_uri}]
+
+
+def container_env(template: JobTemplate, own: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The user's env (minus kfp-gpu's names) followed by kfp-gpu's ``own`` variables."""
+    names = {e["name"] for e in own} | set(OWN_ENV)
+    env = [{"name": k, **v} if isinstance(v, dict) else {"name": k, "value": v}
+           for k, v in template.env if k not in names]
+    return env + [dict(e) for e in own]
+
+
+def resume_args(template: JobTemplate, resume: Any) -> list[Any]:
+    """The template's args, plus its ``resume_args`` filled in from the checkpoint record when resuming.
+
+    Raises: InvalidSpec (a ``resume_args`` entry names an unknown field; checked at decoration time too).
+    """
+    extra: list[Any] = []
+    tpl = tuple(getattr(template, "resume_args", ()) or ())
+    if resume is not None and tpl and hasattr(resume, "args"):
+        extra = list(resume.args(tpl))
+    return [*template.args, *extra]
+
+
+def pod_template(
+    template: JobTemplate, capacity: Capacity, *, container: str, labels: Mapping[str, str],
+    env: Sequence[Mapping[str, Any]], args: Sequence[Any], gang_nodes: Sequence[str] = (),
+    pod_annotations: Mapping[str, str] | None = None, local: bool = False,
+) -> dict[str, Any]:
+    """The pod template every gang node runs (see the module docstring). ``container`` names the one container
+    (the job kind's required name); ``labels`` go on the pod (ownership and the job label); ``env`` and ``args``
+    come from :func:`container_env` and :func:`resume_args`; ``local`` (the local rehearsal) adds the default
+    ``kfp-gpu.io/sim-duration`` under the template's and the provisioner's annotations."""
+    resources: dict[str, Any] = {k: dict(v) for k, v in template.resources.items()}
+    resources.setdefault("limits", {})[GPU_RESOURCE] = str(capacity.gpus_per_node)
+    mounts = [dict(m) for m in template.volume_mounts]
+    volumes = [dict(v) for v in template.volumes]
+    if template.shm_size:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": template.shm_size}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM_PATH})
+    c: dict[str, Any] = {
+        **template.container_extra, "name": container, "image": template.image,
+        "command": list(template.command), "args": list(args), "env": [dict(e) for e in env], "resources": resources,
+    }
+    if mounts:
+        c["volumeMounts"] = mounts
+    tolerations = list(capacity.tolerations())
+    tolerations += [t for t in template.tolerations if t not in tolerations]
+    spec: dict[str, Any] = {
+        **template.pod_extra, "restartPolicy": "Never", "nodeSelector": capacity.node_selector(),
+        "tolerations": tolerations, "containers": [c],
+    }
+    if volumes:
+        spec["volumes"] = volumes
+    if template.service_account:
+        spec["serviceAccountName"] = template.service_account
+    if template.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in template.image_pull_secrets]
+    affinity = node_affinity(template.node_affinity, gang_nodes, capacity.node_requirements())
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": affinity}
+    annotations = {**({SIM_DURATION_ANNOTATION: "2s"} if local else {}), **dict(template.annotations),
+                   **(pod_annotations or {})}
+    return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": spec}
+
+
+def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str],
+                  requirements: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The user's node affinity ANDed with the gang pin: the Node's ``metadata.name`` is one of the gang's (a field
+    match, since the ``kubernetes.io/hostname`` label need not equal the Node name and autoscaler-made nodes may
+    lack it). A field match takes one value, so the pin is one term per gang node.
+
+    Node selector terms are ORed, so every user term is repeated with each node's field match; preferred terms
+    are kept. ``requirements`` (the capacity's :meth:`~kfp_gpu.cluster.capacity.Capacity.node_requirements`,
+    e.g. the accelerator's instance types on EKS) are ANDed into every term.
+    """
+    out = {k: v for k, v in user.items() if k != REQUIRED}
+    terms = [dict(t) for t in (user.get(REQUIRED) or {}).get("nodeSelectorTerms") or [{}]]
+    if requirements:
+        terms = [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), *map(dict, requirements)]}
+                 for t in terms]
+    if gang_nodes:
+        terms = [{**t, "matchFields": [*(t.get("matchFields") or []),
+                                       {"key": "metadata.name", "operator": "In", "values": [n]}]}
+                 for t in terms for n in sorted(gang_nodes)]
+    if any(terms):
+        out[REQUIRED] = {"nodeSelectorTerms": terms}
+    return out
