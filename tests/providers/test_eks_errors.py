@@ -54,6 +54,7 @@ EXPECTED: dict[str, tuple[type[KfpGpuError], Scope]] = {
     "ServiceUnavailable": (TransientCloudError, Scope.NONE),
     "ServiceUnavailableException": (TransientCloudError, Scope.NONE),
     "InternalError": (TransientCloudError, Scope.NONE),
+    "ResourceInUseException": (TransientCloudError, Scope.NONE),
     "ResourceNotFoundException": (NotFound, Scope.ZONE),
     "NoSuchResourceException": (NotFound, Scope.REGION),
     "InvalidCapacityReservationId.NotFound": (NotFound, Scope.ZONE),

@@ -49,9 +49,23 @@ def pool_activity(p: EksProvider, ref: PoolRef, since: float = 0.0) -> PoolActiv
     return PoolActivity(ref, target, running, max(0, target - running), tuple(errors))
 
 
+# Auto Scaling words launch failures without the EC2 code; these are its texts for the codes we classify
+# (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ts-as-capacity.html, ts-as-instancelaunchfailure.html)
+_TEXTS = (("We currently do not have sufficient", "InsufficientInstanceCapacity"),
+          ("There is no Spot capacity available", "InsufficientInstanceCapacity"),
+          ("more vCPU capacity than your current vCPU limit", "VcpuLimitExceeded"),
+          ("Max spot instance count exceeded", "MaxSpotInstanceCountExceeded"))
+
+
 def _error(activity: dict[str, Any]) -> PoolError:
     msg = str(activity.get("StatusMessage") or activity.get("Description") or "")
     found = _CODE_RE.search(msg)
+    if found is None:
+        code = next((c for text, c in _TEXTS if text in msg), "")
+        if code:
+            start = activity.get("StartTime")
+            at = start.timestamp() if isinstance(start, datetime.datetime) else 0.0
+            return PoolError(code, msg, action=str(activity.get("Cause", ""))[:200], at=at)
     start = activity.get("StartTime")
     at = start.timestamp() if isinstance(start, datetime.datetime) else 0.0
     return PoolError(found.group(1) if found else "Failed", msg, action=str(activity.get("Cause", ""))[:200], at=at)

@@ -65,6 +65,8 @@ ERROR_TABLE: dict[str, tuple[type[KfpGpuError], Scope, str]] = {
     "ServiceUnavailable": (TransientCloudError, Scope.NONE, "retry with back-off"),
     "ServiceUnavailableException": (TransientCloudError, Scope.NONE, "retry with back-off"),
     "InternalError": (TransientCloudError, Scope.NONE, "retry with back-off"),
+    # EKS: the node group is busy with another update (UPDATING): wait for it, then retry
+    "ResourceInUseException": (TransientCloudError, Scope.NONE, "retry once the node group's update finished"),
     # not found
     "ResourceNotFoundException": (NotFound, Scope.ZONE, "check the EKS cluster and node group names and region"),
     "NoSuchResourceException": (NotFound, Scope.REGION, "check the Service Quotas quota code and region"),
