@@ -52,8 +52,10 @@ class PreemptionGuard:
         exit_code: int | None,
         signals: tuple[signal.Signals, ...],
         save_on_error: bool = False,
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.callback = callback
+        self.agree = agree
         self.grace_s = grace_s
         self.exit_code = exit_code
         self.signals = signals
@@ -93,7 +95,7 @@ class PreemptionGuard:
         process exits; the callback must then save the last *completed* step, not the failed one.
         """
         self._uses_critical = True
-        if self._depth == 0 and self.requested and not self._handled:
+        if self._depth == 0 and self.requested and not self._handled and self.agree is None:
             self._run()  # the signal arrived between blocks: save before starting another step
         self._depth += 1
         try:
@@ -105,8 +107,36 @@ class PreemptionGuard:
                 self._run()
             raise
         self._depth -= 1
-        if self._depth == 0 and self.requested and not self._handled:
-            self._run()
+        if self._depth == 0 and not self._handled and (self.requested or self.agree is not None):
+            if self.agree is None or self._agreed():
+                self._run()
+
+    def _agreed(self) -> bool:
+        """Collective (every rank, at the end of every outermost block): did *any* rank get the signal?"""
+        assert self.agree is not None
+        try:
+            anyone = bool(self.agree(self.requested))
+        except Exception:
+            if not self.requested:
+                raise  # a peer died and we were not preempted: a failure, not a preemption
+            log.warning("ranks could not agree on the emergency step (a peer is gone); saving alone")
+            return True
+        if anyone and not self.requested:
+            self.requested_at = time.monotonic()
+            log.warning("another rank received the preemption signal: emergency checkpoint within %.0f s",
+                        self.grace_s)
+            self._start_watchdog()
+        return anyone
+
+    def remaining_s(self) -> float:
+        """Seconds left of the grace period (minus the watchdog's margin); the full budget before a signal."""
+        budget = self._budget()
+        if self.requested_at is None:
+            return budget
+        return max(0.0, budget - (time.monotonic() - self.requested_at))
+
+    def _budget(self) -> float:
+        return max(0.5, self.grace_s - min(SAFETY_MARGIN_S, self.grace_s * 0.1))
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.requested:
@@ -115,11 +145,11 @@ class PreemptionGuard:
         self.requested_at = time.monotonic()
         log.warning("received signal %d: emergency checkpoint within %.0f s grace", signum, self.grace_s)
         self._start_watchdog()
-        if self._depth == 0 and not self._uses_critical:
+        if self._depth == 0 and not self._uses_critical and self.agree is None:
             self._run()
 
     def _start_watchdog(self) -> None:
-        budget = max(0.5, self.grace_s - min(SAFETY_MARGIN_S, self.grace_s * 0.1))
+        budget = self._budget()
         code = self.exit_code if self.exit_code is not None else EXIT_CODE_PREEMPTED
 
         def expire() -> None:
@@ -159,6 +189,7 @@ def on_preemption(
     exit_code: int | None = EXIT_CODE_PREEMPTED,
     signals: tuple[signal.Signals, ...] = (signal.SIGTERM,),
     save_on_error: bool = False,
+    agree: Callable[[bool], bool] | None = None,
 ) -> PreemptionGuard:
     """Install a SIGTERM handler that runs ``callback`` (the emergency save) and exits with 143.
 
@@ -169,12 +200,19 @@ def on_preemption(
     breaks the collective). Returns the guard; wrap each training step in ``guard.critical()`` so the
     save never sees a half-applied step.
 
+    ``agree`` makes the emergency save collective (torch.distributed): it is called on every rank at the
+    end of every outermost ``critical()`` block with "did this rank get the signal?" and must return
+    whether *any* rank did (an all-reduce MAX, e.g. :func:`kfp_gpu.checkpoint.dcp_io.any_rank`). All
+    ranks then run the callback after the same step, also those the kubelet has not signalled yet (their
+    watchdog starts then). If the agreement itself fails (a peer is gone), a signalled rank saves alone
+    (a multi-rank save then stays uncommitted) and an unsignalled one re-raises.
+
     Raises: ValueError when called off the main thread (Python only delivers signals there).
     """
     if grace_s <= 0:
         raise ValueError(f"grace_s must be > 0, got {grace_s}")
     guard = PreemptionGuard(callback, grace_s, exit_code=exit_code, signals=tuple(signals),
-                            save_on_error=save_on_error)
+                            save_on_error=save_on_error, agree=agree)
     return guard.install()
 
 

@@ -45,6 +45,7 @@ log = logging.getLogger("kfp_gpu.checkpoint")
 MARKER = "COMMITTED"
 FORMAT_VERSION = 1
 _NAME_RE = re.compile(r"^step-(\d{9,})(?:\.tmp-([0-9a-f]+))?$")
+_RANK_DONE_RE = re.compile(r"^rank-\d+\.done$")  # kfp_gpu.checkpoint.sharded's per-rank manifests
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class CheckpointStore:
             json.dumps(meta_obj)  # fail before writing anything
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint meta must be JSON-serialisable: {exc}") from None
-        attempt = f"step-{step:09d}.tmp-{uuid.uuid4().hex[:8]}"
+        attempt = attempt_name(step)
         writer = PayloadWriter(self.backend, attempt)
         try:
             if callable(payload):
@@ -156,24 +157,41 @@ class CheckpointStore:
             else:
                 for name, data in payload.items():
                     writer.put(name, data)
-            now = time.time()
-            marker = {
-                "format": FORMAT_VERSION,
-                "step": step,
-                "files": {n: {"sha256": writer.files[n], "size": writer.sizes[n]} for n in writer.files},
-                "time": now,
-                "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-                "writer": {"host": socket.gethostname(), "pid": os.getpid()},
-                "meta": meta_obj,
-            }
-            with self._io(f"committing step {step}"):
-                self.backend.put(f"{attempt}/{MARKER}", json.dumps(marker, sort_keys=True, indent=1).encode())
-                final = f"step-{step:09d}"
-                name = final if self.backend.rename_prefix(attempt, final) else attempt
+            return self.commit_attempt(
+                attempt, step, {n: (writer.files[n], writer.sizes[n]) for n in writer.files}, meta_obj
+            )
         except Exception:
             self._discard(attempt)
             raise
-        ckpt = Checkpoint(step, name, self._uri(name), dict(writer.files), dict(writer.sizes), now, meta_obj)
+
+    def commit_attempt(
+        self, attempt: str, step: int, files: Mapping[str, tuple[str, int]], meta: Mapping[str, Any],
+        *, ranks: int | None = None,
+    ) -> Checkpoint:
+        """Write the ``COMMITTED`` marker of an attempt whose payload is already in the store, then (local
+        filesystems) rename it to ``step-N``. ``files`` maps payload name -> (sha256, size). This is the
+        commit point; :mod:`kfp_gpu.checkpoint.sharded` calls it once every rank's part is verified present.
+
+        Raises: StorageError when the marker write or the rename fails (the attempt stays uncommitted).
+        """
+        now = time.time()
+        marker: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "files": {n: {"sha256": d, "size": z} for n, (d, z) in sorted(files.items())},
+            "time": now,
+            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "writer": {"host": socket.gethostname(), "pid": os.getpid()},
+            "meta": dict(meta),
+        }
+        if ranks is not None:
+            marker["ranks"] = ranks
+        with self._io(f"committing step {step}"):
+            self.backend.put(f"{attempt}/{MARKER}", json.dumps(marker, sort_keys=True, indent=1).encode())
+            final = f"step-{step:09d}"
+            name = final if self.backend.rename_prefix(attempt, final) else attempt
+        ckpt = Checkpoint(step, name, self._uri(name), {n: d for n, (d, _) in files.items()},
+                          {n: z for n, (_, z) in files.items()}, now, dict(meta))
         log.info("checkpoint step %d committed at %s (%d files, %d bytes)",
                  step, ckpt.uri, len(ckpt.files), sum(ckpt.sizes.values()))
         return ckpt
@@ -204,7 +222,9 @@ class CheckpointStore:
         for name, files in groups.items():
             step = int(_NAME_RE.match(name).group(1))  # type: ignore[union-attr]
             if MARKER not in files:
-                partial.append(Incomplete(step, name, "no COMMITTED marker (partial write)"))
+                done_ranks = sum(1 for f in files if _RANK_DONE_RE.match(f))
+                ranks = f"; {done_ranks} rank(s) finished their part" if done_ranks else ""
+                partial.append(Incomplete(step, name, f"no COMMITTED marker (partial write{ranks})"))
                 continue
             with self._io(f"reading {name}/{MARKER}"):
                 try:
@@ -363,6 +383,17 @@ class CheckpointStore:
             raise
         except Exception as exc:
             raise _storage_error(self.uri, what, exc) from exc
+
+
+def attempt_name(step: int, nonce: str | None = None) -> str:
+    """The prefix of a fresh save attempt for ``step``: ``step-N.tmp-<nonce>`` (8 random hex digits by default).
+
+    Raises: ValueError for a negative step or a nonce that is not lowercase hex.
+    """
+    nonce = uuid.uuid4().hex[:8] if nonce is None else nonce
+    if step < 0 or not re.fullmatch(r"[0-9a-f]+", nonce):
+        raise ValueError(f"bad attempt step/nonce {step!r}/{nonce!r}: need step >= 0 and a lowercase hex nonce")
+    return f"step-{step:09d}.tmp-{nonce}"
 
 
 def _storage_error(uri: str, what: str, exc: BaseException) -> StorageError:

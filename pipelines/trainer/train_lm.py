@@ -3,10 +3,16 @@
 Run as ``python -m pipelines.trainer.train_lm`` (what the example pipeline's PyTorchJob runs) or as a
 script. CPU only, no downloads: the corpus is generated in code.
 
-Determinism contract (tested in tests/trainer): the batch of step ``s`` is a pure function of
-``(seed, s, rank)``, there is no dropout, and a checkpoint holds weights, optimizer state, RNG state
-and the loss curve so far. So a run killed at any point and resumed from its newest complete checkpoint
-ends with bitwise-identical weights and an identical loss curve to an uninterrupted run.
+Determinism contract (tested in tests/trainer): by default the batch of step ``s`` is a pure function of
+``(seed, s, rank)`` and there is no dropout; with ``--data-order rng --dropout P`` both the data order
+and the dropout masks are drawn from each rank's torch RNG, whose state the checkpoint carries. A
+checkpoint holds weights, optimizer state, RNG state and the loss curve so far. So a run killed at any
+point and resumed from its newest complete checkpoint ends with bitwise-identical weights and an
+identical loss curve to an uninterrupted run.
+
+``--sharded`` saves through torch.distributed.checkpoint (DCP): every rank writes its shard, and the
+checkpoint is committed only once every rank's part is in the store (kfp_gpu.checkpoint.dcp_io). The
+emergency save on SIGTERM is then collective: the ranks agree on the step after which to save.
 
 Progress goes to stdout as JSON lines (``{"event": "step", ...}``), one per step, flushed, so a launcher
 or a test can follow it. Exit codes: 0 done, 143 preempted (emergency checkpoint saved), 2 bad arguments.
@@ -53,14 +59,15 @@ def build_corpus(sentences: int = 600, seed: int = 1234) -> str:
 class TinyLM(nn.Module):
     """Embedding -> 2-layer GRU -> linear head. No dropout, so the forward pass is deterministic."""
 
-    def __init__(self, vocab: int, dim: int = 32, hidden: int = 64, layers: int = 2) -> None:
+    def __init__(self, vocab: int, dim: int = 32, hidden: int = 64, layers: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
+        self.drop = nn.Dropout(dropout)
         self.rnn = nn.GRU(dim, hidden, num_layers=layers, batch_first=True)
         self.head = nn.Linear(hidden, vocab)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(self.embed(x))
+        out, _ = self.rnn(self.drop(self.embed(x)))
         logits: torch.Tensor = self.head(out)
         return logits
 
@@ -70,6 +77,14 @@ def batch_for_step(data: torch.Tensor, step: int, seed: int, batch: int, seq_len
     """The (inputs, targets) of ``step`` on ``rank``: a pure function of its arguments."""
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 131 + rank)
     starts = torch.randint(0, data.numel() - seq_len - 1, (batch,), generator=gen)
+    idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
+    window = data[idx]
+    return window[:, :-1], window[:, 1:]
+
+
+def batch_from_rng(data: torch.Tensor, batch: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch whose windows are drawn from the global torch RNG (its state is part of the checkpoint)."""
+    starts = torch.randint(0, data.numel() - seq_len - 1, (batch,))
     idx = starts[:, None] + torch.arange(seq_len + 1)[None, :]
     window = data[idx]
     return window[:, :-1], window[:, 1:]
@@ -93,6 +108,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grace-s", type=float, default=ckpt.DEFAULT_GRACE_S,
                    help="preemption grace period (30 GCE spot, 120 AWS spot)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep per step (demos and tests)")
+    p.add_argument("--sharded", action="store_true",
+                   help="save/load through torch.distributed.checkpoint, every rank writing its shard")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout after the embedding")
+    p.add_argument("--data-order", choices=("step", "rng"), default="step",
+                   help="step: batch = f(seed, step, rank); rng: drawn from the rank's torch RNG")
+    p.add_argument("--save-sleep", type=float, default=0.0,
+                   help="sharded: sleep after this rank's files are written, before its manifest (tests)")
+    p.add_argument("--no-rng-restore", action="store_true",
+                   help="do not restore RNG state on resume (only to show that resume then diverges)")
     p.add_argument("--dataset", default=None, help="accepted for pipeline compatibility; the corpus is built in")
     args = p.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1 or args.keep < 1:
@@ -125,25 +149,41 @@ def train(args: argparse.Namespace) -> int:
     # CPU kernels with a fixed thread count are deterministic; torch.use_deterministic_algorithms()
     # is not needed for that and costs ~1.5 s of imports (it pulls in torch._inductor).
     rank, world, distributed = init_distributed()
+    if args.sharded and world > 1 and not distributed:
+        print(f"error: --sharded with WORLD_SIZE={world} needs torch.distributed (gloo) and MASTER_ADDR; "
+              "fix: run under torchrun or a PyTorchJob, or drop --sharded", file=sys.stderr)
+        return 2
     hint = ckpt.resume_step_from_env()
     uri = args.checkpoint_uri or hint.uri
     store = ckpt.CheckpointStore(uri) if uri else None
-    writer = rank == 0
+    writer = rank == 0 or args.sharded  # sharded: every rank writes its part
 
     text = build_corpus()
     vocab = sorted(set(text))
     data = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    model: nn.Module = TinyLM(len(vocab), hidden=args.hidden, layers=args.layers)
+    model: nn.Module = TinyLM(len(vocab), hidden=args.hidden, layers=args.layers, dropout=args.dropout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    torch.manual_seed(args.seed + 7919 * (rank + 1))  # same init everywhere; per-rank dropout and data order
     config = {"seed": args.seed, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
-              "hidden": args.hidden, "layers": args.layers, "vocab": len(vocab), "world_size": world}
+              "hidden": args.hidden, "layers": args.layers, "vocab": len(vocab), "world_size": world,
+              "dropout": args.dropout, "data_order": args.data_order, "sharded": args.sharded}
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
 
     losses: list[float] = []
     resumes: list[int] = []
     start = 1
-    resumed = ckpt.load_torch(store, model, optimizer) if store else None
+    resumed = None
+    if store is not None and args.sharded:
+        from kfp_gpu.checkpoint import dcp_io
+
+        resumed = dcp_io.load_sharded(store, model, optimizer, restore_rng=not args.no_rng_restore)
+    elif store is not None:
+        resumed = ckpt.load_torch(store, model, optimizer, restore_rng=not args.no_rng_restore)
     if resumed is not None:
         extra = dict(resumed.extra or {})
         losses = [float(x) for x in extra.get("losses", [])][: resumed.step]
@@ -156,34 +196,56 @@ def train(args: argparse.Namespace) -> int:
     if hint.step is not None and hint.step != (resumed.step if resumed else None):
         log.warning("launcher said resume from step %s; newest complete checkpoint is %s", hint.step,
                     resumed.step if resumed else None)
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model)
 
     state = {"step": start - 1, "saved": resumed.step if resumed else -1}
+    guard: ckpt.PreemptionGuard | None = None
+
+    def on_rank_written(attempt: str) -> None:
+        emit("saving", step=state["step"], rank=rank, attempt=attempt)
+        if args.save_sleep:
+            time.sleep(args.save_sleep)
 
     def save(step: int) -> None:
         if store is None or not writer or state["saved"] == step:
             return
         extra = {"losses": losses[:step], "resumes": resumes}
-        c = ckpt.save_torch(store, step, model, optimizer, extra, meta={"config": config})
+        meta = {"config": config}
+        if args.sharded:
+            from kfp_gpu.checkpoint import dcp_io
+
+            timeout = guard.remaining_s() if guard is not None else 60.0
+            c = dcp_io.save_sharded(store, step, model, optimizer, extra, meta=meta, timeout_s=timeout,
+                                    on_rank_written=on_rank_written)
+        else:
+            c = ckpt.save_torch(store, step, model, optimizer, extra, meta=meta)
         state["saved"] = step
-        emit("checkpoint", step=step, uri=c.uri)
-        store.prune(keep=args.keep)
+        emit("checkpoint", step=step, uri=c.uri, rank=rank)
+        if rank == 0:
+            store.prune(keep=args.keep)
 
     def emergency() -> None:
-        save(state["step"])
-        emit("preempted", saved_step=state["step"] if (store and writer) else None, rank=rank)
+        try:
+            save(state["step"])
+        finally:
+            saved = state["step"] if state["saved"] == state["step"] and writer else None
+            emit("preempted", saved_step=saved, rank=rank)
 
+    agree = None
+    if args.sharded and distributed:
+        from kfp_gpu.checkpoint import dcp_io
+
+        agree = dcp_io.any_rank  # every rank saves after the same step
     # Distributed: a peer preempted first breaks the all-reduce of the current step; the weights and
     # optimizer state are still those of the last completed step, so save them anyway.
-    guard = ckpt.on_preemption(emergency, args.grace_s, save_on_error=distributed)
+    guard = ckpt.on_preemption(emergency, args.grace_s, save_on_error=distributed, agree=agree)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     for step in range(start, args.steps + 1):
         with guard.critical():
-            x, y = batch_for_step(data, step, args.seed, args.batch_size, args.seq_len, rank)
+            if args.data_order == "rng":
+                x, y = batch_from_rng(data, args.batch_size, args.seq_len)
+            else:
+                x, y = batch_for_step(data, step, args.seed, args.batch_size, args.seq_len, rank)
             logits = model(x)
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
             optimizer.zero_grad(set_to_none=True)
@@ -199,7 +261,7 @@ def train(args: argparse.Namespace) -> int:
                 time.sleep(args.step_sleep)
 
     with guard.critical():
-        if writer and args.out:
+        if rank == 0 and args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
             torch.save(getattr(model, "module", model).state_dict(), out / "model.pt")
