@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ def scenario(**over: Any) -> dict[str, Any]:
     return raw
 
 
+@contextlib.contextmanager
 def _make(raw: dict[str, Any]) -> Iterator[tuple[AwsSimServer, EksProvider, Timeline]]:
     tl = Timeline(virtual=True)
     sim = AwsSimServer(from_dict(raw), timeline=tl)
@@ -48,7 +50,8 @@ def _make(raw: dict[str, Any]) -> Iterator[tuple[AwsSimServer, EksProvider, Time
 
 @pytest.fixture
 def env() -> Iterator[tuple[AwsSimServer, EksProvider, Timeline]]:
-    yield from _make(scenario())
+    with _make(scenario()) as made:
+        yield made
 
 
 def advance(sim: AwsSimServer, tl: Timeline, real_s: float) -> None:
@@ -80,7 +83,7 @@ def test_resize_runs_until_the_update_is_done(env: Any) -> None:
 
 
 def test_stockout_fails_the_operation_in_that_zone_and_shows_in_activity() -> None:
-    for sim, p, tl in _make(scenario(stockouts=[{"zone": "us-east-1a"}])):
+    with _make(scenario(stockouts=[{"zone": "us-east-1a"}])) as (sim, p, tl):
         ref = PoolRef("spot-a", "us-east-1a", "us-east-1")
         op = p.resize(ref, 1, OWNER)
         advance(sim, tl, 41)
@@ -122,7 +125,7 @@ def test_delete_nodes_falls_back_to_private_dns_names(env: Any) -> None:
 
 
 def test_throttled_calls_are_rate_limited() -> None:
-    for _sim, p, _tl in _make(scenario(throttle={"read_burst": 1, "read_refill_per_s": 0.0001})):
+    with _make(scenario(throttle={"read_burst": 1, "read_refill_per_s": 0.0001})) as (_sim, p, _tl):
         p._nodegroup("spot-a", "us-east-1")
         with pytest.raises(RateLimited):
             p._nodegroup("spot-a", "us-east-1")

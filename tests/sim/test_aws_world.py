@@ -3,6 +3,7 @@ One test per modelled behaviour of docs/sim.md, "AWS stand-in"."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,9 +37,11 @@ def scenario(**over: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def world() -> Iterator[tuple[AwsSimServer, dict[str, Any], Timeline]]:
-    yield from _sim(scenario())
+    with _sim(scenario()) as made:
+        yield made
 
 
+@contextlib.contextmanager
 def _sim(raw: dict[str, Any]) -> Iterator[tuple[AwsSimServer, dict[str, Any], Timeline]]:
     tl = Timeline(virtual=True)
     sim = AwsSimServer(from_dict(raw), timeline=tl)
@@ -113,7 +116,7 @@ def test_instances_boot_for_minutes_then_register_eks_labelled_nodes(world: Any)
 
 def test_a_stockout_fails_launches_in_the_asg_and_the_nodegroup_health_then_retries() -> None:
     raw = scenario(stockouts=[{"zone": "us-east-1a", "instance_type": "p4d.24xlarge", "end_s": 90}])
-    for sim, c, tl in _sim(raw):
+    with _sim(raw) as (sim, c, tl):
         grow(c, "spot-a", 1)
         grow(c, "od-b", 1)
         advance(sim, tl, 40)
@@ -130,7 +133,7 @@ def test_a_stockout_fails_launches_in_the_asg_and_the_nodegroup_health_then_retr
 
 
 def test_vcpu_quota_is_enforced_at_launch() -> None:
-    for sim, c, tl in _sim(scenario(quotas={"L-417A185B": 96})):
+    with _sim(scenario(quotas={"L-417A185B": 96})) as (sim, c, tl):
         assert c["service-quotas"].get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]["Value"] == 96
         grow(c, "od-b", 2)
         advance(sim, tl, 40)
@@ -179,7 +182,7 @@ def test_spot_interruption_drains_then_terminates_after_two_minutes_and_is_repla
 def test_throttling_answers_each_service_in_its_own_shape() -> None:
     raw = scenario(throttle={"read_burst": 2, "read_refill_per_s": 0.001, "write_burst": 1,
                              "write_refill_per_s": 0.001})
-    for _sim_, c, _tl in _sim(raw):
+    with _sim(raw) as (_unused, c, _tl):
         calls = {
             "ec2": (lambda: c["ec2"].describe_instances(), "RequestLimitExceeded", 503),
             "autoscaling": (lambda: c["autoscaling"].describe_auto_scaling_groups(), "Throttling", 400),
