@@ -48,6 +48,9 @@ EXTRAS: tuple[Extra, ...] = (
     Extra("trainer", "trainer:build", "trainer_profile",
           "the real JobSet and Kubeflow Trainer v2 controllers, their CRDs and webhooks, and the torch-distributed "
           "ClusterTrainingRuntime (sigs.k8s.io/jobset, github.com/kubeflow/trainer/v2)"),
+    Extra("karpenter", "karpenter:build", "karpenter_profile",
+          "Karpenter with its kwok cloud provider, AWS GPU instance types and stockouts, no default NodePool "
+          "(sigs.k8s.io/karpenter/kwok)"),
 )
 
 

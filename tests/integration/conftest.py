@@ -20,6 +20,13 @@
 ``kueue``      session fixture: the Kueue profile running (``devcluster up --kueue``, idempotent; leaves the
                cluster-autoscaler profile as it is); a :class:`kfp_gpu.devcluster.kueue_profile.Profile`
                (kubeconfig, log, pid, api_version). FAILS (never skips) when Kueue cannot run.
+``trainer``    session fixture: the Trainer profile running (``devcluster up --with trainer``, idempotent): the real
+               JobSet and Kubeflow Trainer v2 controllers, their webhooks and the torch-distributed
+               ClusterTrainingRuntime; a :class:`kfp_gpu.devcluster.trainer_profile.Profile`. FAILS (never skips).
+``karpenter``  session fixture: the Karpenter profile running (``devcluster up --autoscaler karpenter``, idempotent;
+               leaves the cluster-autoscaler profile as it is): Karpenter's kwok provider with AWS GPU instance types
+               and no NodePool; a :class:`kfp_gpu.devcluster.karpenter_profile.Profile` (kubeconfig, log, pid,
+               node_class). FAILS (never skips) when the binary is missing or Karpenter cannot run.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import ca_profile, kueue_profile
+from kfp_gpu.devcluster import ca_profile, karpenter_profile, kueue_profile, trainer_profile
 from kfp_gpu.devcluster.client import Kube, ensure_up
 from kfp_gpu.devcluster.nodes import make_gpu_node
 from tests.integration.rbac_support import (
@@ -74,6 +81,22 @@ def kueue(kube: Kube) -> kueue_profile.Profile:
         return kueue_profile.ensure_up()
     except Exception as e:  # noqa: BLE001 - Kueue that cannot run must fail loudly, never skip
         pytest.fail(f"Kueue profile failed (make cluster-up KUEUE=1): {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def trainer(kube: Kube) -> trainer_profile.Profile:
+    try:
+        return trainer_profile.ensure_up()
+    except Exception as e:  # noqa: BLE001 - a Trainer that cannot run must fail loudly, never skip
+        pytest.fail(f"Trainer profile failed (make cluster-up TRAINER=1): {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def karpenter(kube: Kube) -> karpenter_profile.Profile:
+    try:
+        return karpenter_profile.ensure_up()
+    except Exception as e:  # noqa: BLE001 - a Karpenter that cannot run must fail loudly, never skip
+        pytest.fail(f"Karpenter profile failed (make cluster-up AUTOSCALER=karpenter): {e}", pytrace=False)
 
 
 def _slug(nodeid: str, n: int = 30) -> str:
