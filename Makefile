@@ -28,6 +28,9 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
   nvidia-nccl-cu13==2.30.7 nvidia-nvshmem-cu13==3.7.2 nvidia-cublas==13.4.1.3 nvidia-cusparse==12.7.10.12 \
   nvidia-cufft==12.2.0.57 nvidia-cuda-runtime==13.2.86 nvidia-cuda-cupti==13.2.86 \
   nvidia-cuda-nvrtc==13.2.86 nvidia-nvjitlink==13.5.37 nvidia-cufile==1.17.1.22
+# checkpoint-format tests: the libraries that require torch (pyproject's frameworks extra), --no-deps so they keep
+# TORCH_CPU; their other requirements are in the line after (psutil) or in dev (transformers' hub stack)
+FRAMEWORKS := accelerate==1.15.0 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3
 
 .PHONY: sysdeps venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
 
@@ -40,8 +43,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev]'
-	$(BIN)/pip install -q --no-deps $(TORCH_CPU)
-	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy 'setuptools>=77.0.3'
+	$(BIN)/pip install -q --no-deps $(TORCH_CPU) $(FRAMEWORKS)
+	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy 'setuptools>=77.0.3' psutil
 	$(BIN)/python -c "import torch; torch.ones(1)"  # fail fast: a broken torch install must stop here
 	touch $(STAMP)
 
