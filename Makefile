@@ -73,6 +73,7 @@ cluster-status: venv
 # cluster-autoscaler and Kueue profiles (the ProvisioningRequest and Kueue tests run against the real controllers).
 test: AUTOSCALER = cluster-autoscaler
 test: KUEUE = 1
+test: GCS = 1
 test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

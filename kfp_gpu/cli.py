@@ -55,7 +55,7 @@ def cmd_preflight(a: argparse.Namespace) -> int:
     from kfp_gpu.compile import load_pipeline
     from kfp_gpu.dsl import spec_of
     from kfp_gpu.providers import for_target
-    from kfp_gpu.steps.preflight import check, run_preflight
+    from kfp_gpu.steps.preflight import check, run_preflight, store_probe
 
     spec = spec_of(load_pipeline(a.pipeline_file, a.pipeline))
     assert spec is not None
@@ -72,7 +72,8 @@ def cmd_preflight(a: argparse.Namespace) -> int:
 
         if not pytorchjob.served(api):
             raise pytorchjob.crd_missing()
-    result = run_preflight(spec, for_target(spec.target), api, regions=a.regions or None)
+    result = run_preflight(spec, for_target(spec.target), api, regions=a.regions or None,
+                           checkpoint_probe=store_probe(""))
     print(result.to_markdown())
     check(result, strict=a.strict)
     return 0

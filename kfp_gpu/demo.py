@@ -189,7 +189,7 @@ def _teardown_output(root: str) -> dict[str, object]:
 
 def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str] = (),
               timeout_s: float = 20.0) -> dict[str, list[str]]:
-    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs and run
+    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs and run
     Leases in ``namespace`` (Nodes cluster-wide), plus any of ``deleted_nodes`` (the Nodes teardown deleted
     through the cloud) still registered. Polls until nothing is left or ``timeout_s`` (deletions finish
     asynchronously). Empty means clean.
@@ -198,7 +198,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
     """
     from kfp_gpu.cluster import owned
 
-    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, owned.JOB, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE)
+    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE)
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[str]] = {}
@@ -243,8 +243,13 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     say(f"kfp-gpu run: pipeline {graph.name} from {pipeline_file} ({shown})")
     say("booting (or reusing) the local GKE: etcd, kube-apiserver, scheduler, controller-manager, KWOK, "
         "Training Operator...")
-    ctx = boot.up()
+    gcs = spec.checkpoint_uri.startswith("gs://")  # gs:// checkpoints go to the fake-gcs-server emulator
+    ctx = boot.up(extras=("gcs",) if gcs else ())
     os.environ["KUBECONFIG"] = str(ctx.kubeconfig)
+    if gcs:
+        from kfp_gpu.devcluster import gcs_profile
+
+        os.environ.update(gcs_profile.env())  # STORAGE_EMULATOR_HOST for the steps (kfp.local subprocesses)
     sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
     os.environ["KFP_GPU_SIM_ENDPOINT"] = url
@@ -287,7 +292,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
 
         left = leftovers(api_client(spec.target), spec.target.namespace, run_id,
                          list(out.get("nodes_deleted") or []))  # type: ignore[call-overload]
-    what = "ledgers, balloons, node claims, PyTorchJobs, leases, deleted nodes"
+    what = "ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, deleted nodes"
     say(f"leak check (run {run_id or '?'}: {what}): " +
         ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")
