@@ -331,6 +331,11 @@ def job_kind(t: Any) -> tuple[str, str, str]:
         raise InvalidSpec("train.runtime_kind", runtime_kind, f"allowed: {', '.join(RUNTIME_KINDS)}")
     if not _DNS_LABEL.match(t.name) or not t.name[0].isalpha():
         raise InvalidSpec("train.name", t.name, "a TrainJob name part must start with a letter (RFC 1035 label)")
+    reserved = [k for k, _ in t.env if k.startswith("PET_")]
+    if reserved:
+        raise InvalidSpec(f"train.env.{reserved[0]}", reserved[0], "PET_* variables are set by the Trainer's torch "
+                          "runtime and refused in a TrainJob", remediation="drop it; set nproc_per_node for "
+                          "PET_NPROC_PER_NODE")
     if t.nproc_per_node == "cpu":
         raise InvalidSpec("train.nproc_per_node", "cpu", "a TrainJob's numProcPerNode takes an integer, 'auto' or "
                           "'gpu' (the node's GPUs)")

@@ -94,7 +94,7 @@ def trainjob_fields(job: Any) -> dict[str, Any]:
 def _plain(job: Any) -> Any:
     if isinstance(job, Mapping):
         return job
-    if hasattr(job, "to_dict") and hasattr(job, "model_fields"):  # the kubeflow SDK's pydantic models
+    if hasattr(job, "to_dict") and hasattr(type(job), "model_fields"):  # the kubeflow SDK's pydantic models
         return _quantities(job.to_dict())
     return job
 

@@ -16,7 +16,7 @@ from urllib.parse import quote
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.cluster import pytorchjob
+from kfp_gpu.cluster import pytorchjob, trainjob
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
 from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.ledger import LEDGER_LABEL
@@ -46,11 +46,13 @@ LEDGER = Kind("configmap", "/api/v1", "configmaps", True, f"{LEDGER_LABEL}=true"
 BALLOON = Kind("pod", "/api/v1", "pods", True, f"{BALLOON_LABEL}=true")
 NODE = Kind("node-claim", "/api/v1", "nodes", False, LABEL_RUN_ID)
 JOB = Kind("pytorchjob", f"/apis/{pytorchjob.GROUP}/{pytorchjob.VERSION}", pytorchjob.PLURAL, True, LABEL_RUN_ID)
+TRAINJOB = Kind("trainjob", f"/apis/{trainjob.RESOURCE.api_version}", trainjob.RESOURCE.plural, True, LABEL_RUN_ID)
+JOBS = (JOB, TRAINJOB)  # every job kind (kfp_gpu.jobkinds): the janitor sweeps each
 LEASE = Kind("lease", "/apis/coordination.k8s.io/v1", "leases", True, f"{RUN_LEASE_LABEL}=true")
 PROVREQ = Kind("provisioningrequest", "/apis/autoscaling.x-k8s.io/v1", "provisioningrequests", True, LABEL_RUN_ID)
 PODTEMPLATE = Kind("podtemplate", "/api/v1", "podtemplates", True, LABEL_RUN_ID)
 NODEPOOL = Kind("nodepool", "/apis/karpenter.sh/v1", "nodepools", False, LABEL_RUN_ID)  # the karpenter backend's
-LABELLED = (LEDGER, BALLOON, NODE, JOB)  # kinds whose kfp-gpu.io/lease-expires label is a lease
+LABELLED = (LEDGER, BALLOON, NODE, *JOBS)  # kinds whose kfp-gpu.io/lease-expires label is a lease
 
 
 def request(api: client.ApiClient, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
@@ -145,7 +147,7 @@ def delete(api: client.ApiClient, kind: Kind, obj: Obj) -> bool:
     body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
     if kind is BALLOON:
         body["gracePeriodSeconds"] = 0
-    if kind is JOB:
+    if kind in JOBS:
         body["propagationPolicy"] = "Foreground"
     try:
         request(api, "DELETE", kind.path(m.get("namespace"), str(m.get("name", ""))), body=body)

@@ -176,7 +176,7 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
         run.run_id = run.run_id or str(raw or "")
         return run
 
-    for kind in (owned.LEDGER, owned.BALLOON, owned.JOB, owned.PROVREQ, owned.PODTEMPLATE):
+    for kind in (owned.LEDGER, owned.BALLOON, *owned.JOBS, owned.PROVREQ, owned.PODTEMPLATE):
         sel = kind.selector
         for obj in owned.list_objects(api, kind, scope, sel):
             run = run_of(obj)
@@ -220,7 +220,7 @@ def _release(api: client.ApiClient, run: _Run, scope: str | None, provider: Capa
     else:
         rep.reasons[run.label] += "; no ledger with a spec: pool sizes left as they are"
     for ns in sorted(run.namespaces) if scope is None else [scope]:
-        for kind, obj in owned.run_objects(api, ns, run.run_id, (owned.JOB, owned.PROVREQ, owned.PODTEMPLATE,
+        for kind, obj in owned.run_objects(api, ns, run.run_id, (*owned.JOBS, owned.PROVREQ, owned.PODTEMPLATE,
                                                                      owned.BALLOON, owned.LEDGER)):
             if owned.delete(api, kind, obj):
                 rep.orphans.append(owned.ident(kind, obj))

@@ -1,6 +1,6 @@
 """teardown (the ExitHandler): release everything a run owns, found by its run-id label.
 
-Order: PyTorchJobs -> balloons -> what every provisioner backend holds (node-pool: pool sizes back to what
+Order: training jobs (every job kind of :mod:`kfp_gpu.jobkinds`: PyTorchJobs, TrainJobs) -> balloons -> what every provisioner backend holds (node-pool: pool sizes back to what
 the run found, or minus what it added when another run grew the same pool; provisioning-request: the run's
 ProvisioningRequests and PodTemplates) -> node claims -> cloud reservations -> ledgers -> leases. Every action is
 idempotent: a second or concurrent teardown finds nothing left and is a no-op. It writes the cost report
@@ -18,7 +18,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import provisioners
+from kfp_gpu import jobkinds, provisioners
 from kfp_gpu.cluster import balloons, lease, ledger
 from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
@@ -29,7 +29,6 @@ from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import NodeState, Timeline
 
 STEP = "teardown"
-PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs")
 
 
 @dataclass
@@ -86,17 +85,11 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         data = ledger.data_of(cm)
         if data.get("timeline"):
             timeline.merge(Timeline.from_json(data["timeline"]))
-    custom = client.CustomObjectsApi(api)
-    try:
-        jobs = custom.list_namespaced_custom_object(*PYTORCHJOB[:2], ns, PYTORCHJOB[2], label_selector=selector)
-        for job in jobs.get("items", []):
-            name = job["metadata"]["name"]
-            ignore_404(functools.partial(custom.delete_namespaced_custom_object, *PYTORCHJOB[:2], ns, PYTORCHJOB[2],
-                                         name, propagation_policy="Foreground"))
-            rep.jobs.append(name)
-    except ApiException as exc:
-        if exc.status != 404:  # CRD absent: nothing to delete
-            rep.errors.append(f"list pytorchjobs: {exc.reason}")
+    for kind in jobkinds.every():  # a kind whose CRD is absent has nothing to delete
+        try:
+            rep.jobs += kind.delete_for_run(api, ns, run_id)
+        except ApiException as exc:
+            rep.errors.append(f"delete {kind.resource.plural}: {exc.reason}")
     rep.balloons = balloons.delete_balloons(api, ns, run_id)
     nodes, _ = list_nodes(api, selector)  # before the release: a backend may delete the run's own nodes
     for backend in provisioners.backends(api, provider):

@@ -12,6 +12,7 @@ from kfp_gpu.steps.preflight import KUEUE_CRD
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
+_TR = "trainer.kubeflow.org"
 _KS = "karpenter.sh"
 NS, CLUSTER = "namespace", "cluster"
 
@@ -43,6 +44,14 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
     ("kubeflow.org", "pytorchjobs", "create"): (NS, "train: the gang job"),
     ("kubeflow.org", "pytorchjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
     ("kubeflow.org", "pytorchjobs", "patch"): (NS, "heartbeat: raise the job's lease label"),
+    (_TR, "trainjobs", "get"): (NS, "train: re-attach to the run's TrainJob"),
+    (_TR, "trainjobs", "list"): (NS, "train: watch the TrainJob; teardown/heartbeat: the run's TrainJobs"),
+    (_TR, "trainjobs", "watch"): (NS, "train: the TrainJob's conditions"),
+    (_TR, "trainjobs", "create"): (NS, "train: the gang job as a TrainJob"),
+    (_TR, "trainjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
+    (_TR, "trainjobs", "patch"): (NS, "heartbeat: raise the TrainJob's lease label"),
+    (_TR, "trainingruntimes", "get"): (NS, "train: a TrainJob's namespaced runtime"),
+    (_TR, "clustertrainingruntimes", "get"): (CLUSTER, "train: a TrainJob's runtime"),
     ("coordination.k8s.io", "leases", "get"): (NS, "heartbeat: the step's ownership Lease"),
     ("coordination.k8s.io", "leases", "list"): (NS, "teardown: the run's Leases"),
     ("coordination.k8s.io", "leases", "create"): (NS, "heartbeat: the step's ownership Lease"),
@@ -87,6 +96,8 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "nodes", "patch"): (CLUSTER, "release node claims"),
     ("kubeflow.org", "pytorchjobs", "list"): (CLUSTER, "the job of a released run"),
     ("kubeflow.org", "pytorchjobs", "delete"): (CLUSTER, "the job of a released run"),
+    (_TR, "trainjobs", "list"): (CLUSTER, "the TrainJob of a released run"),
+    (_TR, "trainjobs", "delete"): (CLUSTER, "the TrainJob of a released run"),
     ("coordination.k8s.io", "leases", "list"): (CLUSTER, "the runs' ownership Leases"),
     ("coordination.k8s.io", "leases", "delete"): (CLUSTER, "the Leases of a released run"),
     ("argoproj.io", "workflows", "get"): (CLUSTER, "is a run's Argo Workflow (its lease owner) still running"),
@@ -105,6 +116,7 @@ NAMED = {("apiextensions.k8s.io", "customresourcedefinitions", "get"): KUEUE_CRD
 
 _PODS, _CMS, _NODES = "pods", "configmaps", "nodes"
 _JOBS = ("kubeflow.org", "pytorchjobs")
+_TJOBS = (_TR, "trainjobs")
 _LEASES = ("coordination.k8s.io", "leases")
 # Kubernetes client method -> the permissions it (or the watch built on it) needs.
 CODE_CALLS: dict[str, set[Need]] = {
@@ -124,16 +136,17 @@ CODE_CALLS: dict[str, set[Need]] = {
     "replace_namespaced_config_map": {("", _CMS, "update")},
     "delete_namespaced_config_map": {("", _CMS, "delete")},
     "list_namespaced_resource_quota": {("", "resourcequotas", "list")},
-    "get_namespaced_custom_object": {(*_JOBS, "get"), (_PR, "provisioningrequests", "get")},
-    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), ("kueue.x-k8s.io", "localqueues", "list"),
+    "get_namespaced_custom_object": {(*_JOBS, "get"), (*_TJOBS, "get"), (_TR, "trainingruntimes", "get"), (_PR, "provisioningrequests", "get")},
+    "list_namespaced_custom_object": {(*_JOBS, "list"), (*_JOBS, "watch"), (*_TJOBS, "list"), (*_TJOBS, "watch"),
+                                      ("kueue.x-k8s.io", "localqueues", "list"),
                                       ("kueue.x-k8s.io", "workloads", "list"), ("kueue.x-k8s.io", "workloads", "watch"),
                                       (_PR, "provisioningrequests", "list"), (_PR, "provisioningrequests", "watch")},
-    "create_namespaced_custom_object": {(*_JOBS, "create"), (_PR, "provisioningrequests", "create")},
-    "delete_namespaced_custom_object": {(*_JOBS, "delete"), (_PR, "provisioningrequests", "delete")},
+    "create_namespaced_custom_object": {(*_JOBS, "create"), (*_TJOBS, "create"), (_PR, "provisioningrequests", "create")},
+    "delete_namespaced_custom_object": {(*_JOBS, "delete"), (*_TJOBS, "delete"), (_PR, "provisioningrequests", "delete")},
     "create_namespaced_pod_template": {("", "podtemplates", "create")},
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
     "list_namespaced_pod_template": {("", "podtemplates", "list")},
-    "get_cluster_custom_object": {("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get"),
+    "get_cluster_custom_object": {(_TR, "clustertrainingruntimes", "get"), ("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get"),
                                   (_KS, "nodepools", "get")},
     "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list"), (_KS, "nodepools", "list"),
                                    (_KS, "nodeclaims", "list"), (_KS, "nodeclaims", "watch"),
@@ -151,8 +164,8 @@ CODE_CALLS: dict[str, set[Need]] = {
 # Functions that hold client calls but never run as a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
-OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
-_LABELLED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS}  # owned.LABELLED: the heartbeat raises their lease
+OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
+_LABELLED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS}  # owned.LABELLED: the heartbeat raises their lease
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
 RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
@@ -162,7 +175,7 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/owned.py", "raise_lease_label", "GET"): {(g, r, "get") for g, r in _LABELLED},
     ("cluster/owned.py", "reread", "GET"): {(g, r, "get") for g, r in _LABELLED},  # the same call, nested function
     ("cluster/owned.py", "delete", "DELETE"): {(g, r, "delete") for g, r in OWNED_KINDS - {("", _NODES)}},
-    ("cluster/pytorchjob.py", "served", "GET"): set(),  # discovery
+    ("cluster/customjob.py", "served", "GET"): set(),  # discovery (every job kind)
     ("cluster/lease.py", "detect_identity", "GET"): {("", _PODS, "get")},
     ("cluster/lease.py", "_write_lease", "GET"): {(*_LEASES, "get")},
     ("cluster/lease.py", "_write_lease", "POST"): {(*_LEASES, "create")},
