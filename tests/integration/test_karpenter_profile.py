@@ -123,7 +123,7 @@ def _events(kube: Kube, reason: str, name_prefix: str) -> list[Any]:
     return [e for e in evs if e.involved_object.name.startswith(name_prefix)]
 
 
-def test_nodepool_launches_a_labelled_gpu_node_and_its_deletion_removes_it(
+def test_nodepool_launches_a_labelled_gpu_node_within_its_limits_and_its_deletion_removes_it(
         kube: Kube, namespace: str, pools: Pools) -> None:
     t0 = time.monotonic()
     pool = pools.create("p4d.24xlarge", "us-east-1a", "spot")
@@ -151,6 +151,16 @@ def test_nodepool_launches_a_labelled_gpu_node_and_its_deletion_removes_it(
     t_init = time.monotonic() - t0
     print(f"[timing] NodePool -> NodeClaim {t_claim:.1f}s, -> pod Running on a Ready node {t_running:.1f}s, "
           f"-> NodeClaim Initialized {t_init:.1f}s")
+
+    # the NodePool's limits (8 GPUs) are the other stockout: a second 8-GPU pod gets no NodeClaim
+    kube.core.create_namespaced_pod(namespace, pod("w1", pool, 8))
+
+    def limit_events() -> list[Any]:
+        evs = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=w1,reason=FailedScheduling")
+        return [e for e in evs.items if e.source.component == "karpenter" and "exceed limits" in (e.message or "")]
+    [ev] = wait_until("Karpenter's FailedScheduling event for the NodePool's limits", limit_events, timeout=30)
+    assert f"NodePool={pool}" in ev.message, ev.message
+    assert len(pools.claims(pool)) == 1
 
     t1 = time.monotonic()
     pools.delete(pool)
