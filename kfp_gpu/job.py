@@ -142,6 +142,8 @@ class JobTemplate:
         for key, default in f.KIND_DEFAULTS.items():  # compiled PyTorchJob pipelines stay as they were
             if d[key] == default:
                 del d[key]
+        if not d["resume_args"]:  # only when set: compiled pipelines without it stay as they were
+            del d["resume_args"]
         return d
 
     def to_json(self) -> str:
