@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import copy
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -200,6 +199,18 @@ def runtime_object(trainer_share: Path) -> dict[str, Any]:
     return obj
 
 
+def _install_file(src: Path, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` unless equal, by rename: a running manager's cert watcher never reads a half file."""
+    data = src.read_bytes()
+    if dst.exists() and dst.read_bytes() == data:
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o600)
+    os.replace(tmp, dst)
+
+
 def _jobset_argv(c: Ctx) -> list[str]:
     return [str(c.bins[JOBSET]), f"--config={state_dir(c) / 'jobset.yaml'}", "--zap-log-level=info"]
 
@@ -248,9 +259,8 @@ def prepare(c: Ctx) -> Ctx:
     finally:
         api.close()
     for d in (jobset_cert_dir(cx), trainer_cert_dir(cx)):
-        d.mkdir(parents=True, exist_ok=True)
         for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
-            shutil.copyfile(c.pki / src, d / dst)
+            _install_file(c.pki / src, d / dst)
     (state_dir(cx) / "jobset.yaml").write_text(yaml.safe_dump(jobset_config(cx.ports, jobset_cert_dir(cx))))
     (state_dir(cx) / "trainer.yaml").write_text(yaml.safe_dump(trainer_config(cx.ports)))
     return cx
