@@ -110,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep per step (demos and tests)")
     p.add_argument("--sharded", action="store_true",
                    help="save/load through torch.distributed.checkpoint, every rank writing its shard")
+    p.add_argument("--fsdp", action="store_true",
+                   help="with --sharded under torch.distributed: shard parameters with FSDP2 instead of DDP")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout after the embedding")
     p.add_argument("--data-order", choices=("step", "rng"), default="step",
                    help="step: batch = f(seed, step, rank); rng: drawn from the rank's torch RNG")
@@ -121,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1 or args.keep < 1:
         p.error("--steps, --checkpoint-every and --keep must be >= 1")
+    if args.fsdp and not args.sharded:
+        p.error("--fsdp needs --sharded (FSDP parameters are saved shard by shard, through DCP)")
     return args
 
 
@@ -164,15 +168,23 @@ def train(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     model: nn.Module = TinyLM(len(vocab), hidden=args.hidden, layers=args.layers, dropout=args.dropout)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # same init everywhere; per-rank dropout and data order
     config = {"seed": args.seed, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
               "hidden": args.hidden, "layers": args.layers, "vocab": len(vocab), "world_size": world,
-              "dropout": args.dropout, "data_order": args.data_order, "sharded": args.sharded}
-    if distributed:
+              "dropout": args.dropout, "data_order": args.data_order, "sharded": args.sharded, "fsdp": args.fsdp}
+    if distributed and args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for sub in (model.embed, model.head):  # type: ignore[union-attr]
+            fully_shard(sub, mesh=mesh)
+        fully_shard(model, mesh=mesh)  # the GRU's parameters are in the root group
+    elif distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)  # after FSDP's swap
 
     losses: list[float] = []
     resumes: list[int] = []
@@ -261,10 +273,17 @@ def train(args: argparse.Namespace) -> int:
                 time.sleep(args.step_sleep)
 
     with guard.critical():
+        if distributed and args.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            # Collective: the full (unsharded) weights, on rank 0 only.
+            final = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            final = getattr(model, "module", model).state_dict()
         if rank == 0 and args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            torch.save(getattr(model, "module", model).state_dict(), out / "model.pt")
+            torch.save(final, out / "model.pt")
             (out / "losses.json").write_text(json.dumps({
                 "losses": losses, "steps": args.steps, "final_loss": losses[-1] if losses else None,
                 "resumed_from": resumes, "config": config,

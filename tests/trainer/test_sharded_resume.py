@@ -1,5 +1,5 @@
-"""Proof for multi-rank (sharded, DCP) checkpoints at CPU scale: 2 real processes, gloo, DDP, dropout on and
-the data order drawn from each rank's torch RNG.
+"""Proof for multi-rank (sharded, DCP) checkpoints at CPU scale: 2 real processes, gloo, DDP (and one FSDP2
+case), dropout on and the data order drawn from each rank's torch RNG.
 
 A job killed mid-training (SIGKILL of one rank), killed mid-save (SIGKILL of one rank after its shard is
 written, before its manifest), or preempted (SIGTERM to one rank only) and restarted ends with every weight
@@ -121,8 +121,9 @@ def _finish(job: Job) -> list[int]:
         job.kill()
 
 
-def _resume_and_check(root: Path, uri: str, env: dict[str, str], expect_step: int, baseline: Path) -> None:
-    job = Job(root, uri, env=env)
+def _resume_and_check(root: Path, uri: str, env: dict[str, str], expect_step: int, baseline: Path,
+                      args: tuple[str, ...] = ()) -> None:
+    job = Job(root, uri, env=env, args=args)
     codes = _finish(job)
     assert codes == [0, 0], job.logs()
     for rank in (0, 1):
@@ -268,6 +269,19 @@ def test_sigkill_one_rank_mid_save_gs(baseline: _Baseline, tmp_path: Path, gcs: 
     _resume_and_check(tmp_path / "run2", uri, gcs.env, step, baseline.out())
 
 
+def test_fsdp_sigkill_one_rank_mid_save_resumes_bitwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FSDP2 (fully_shard) on CPU with gloo: parameters and AdamW state are DTensor shards, one per rank."""
+    fsdp_baseline = Job(tmp_path / "baseline", str(tmp_path / "ckpt-baseline"), args=("--fsdp",))
+    try:
+        uri = str(tmp_path / "ckpt")
+        job = Job(tmp_path / "run1", uri, args=("--fsdp", "--save-sleep", "1.0"))
+        step = _kill_mid_save(job, uri, {}, monkeypatch)
+        assert _finish(fsdp_baseline) == [0, 0], fsdp_baseline.logs()
+        _resume_and_check(tmp_path / "run2", uri, {}, step, fsdp_baseline.out, args=("--fsdp",))
+    finally:
+        fsdp_baseline.kill()
+
+
 def test_sigterm_to_one_rank_both_save_the_same_step(baseline: _Baseline, tmp_path: Path) -> None:
     uri = str(tmp_path / "ckpt")
     job = Job(tmp_path / "run1", uri, step_sleep=0.05)
@@ -282,3 +296,24 @@ def test_sigterm_to_one_rank_both_save_the_same_step(baseline: _Baseline, tmp_pa
     latest = CheckpointStore(uri).latest()
     assert latest is not None and latest.step == step
     _resume_and_check(tmp_path / "run2", uri, {}, step, baseline.out())
+
+
+def test_emergency_save_that_outlasts_the_grace_period_stays_uncommitted(tmp_path: Path) -> None:
+    uri = str(tmp_path / "ckpt")
+    # Every save takes > 5 s, the grace period is 3 s: the watchdogs end both ranks mid-save with 143.
+    job = Job(tmp_path / "run1", uri, step_sleep=0.05, args=("--grace-s", "3", "--save-sleep", "5"))
+    job.wait_for(1, lambda e: e["event"] == "step" and e["step"] >= 2)
+    t0 = time.monotonic()
+    job.procs[1].send_signal(signal.SIGTERM)
+    codes = _finish(job)
+    elapsed = time.monotonic() - t0
+    assert codes == [143, 143], job.logs()
+    assert elapsed < 3 + 2.5, f"the ranks outlived the grace period: {elapsed:.1f} s"
+    saving = [e for r in (0, 1) for e in job.events(r) if e["event"] == "saving"]
+    assert {e["rank"] for e in saving} == {0, 1} and len({e["attempt"] for e in saving}) == 1
+    store = CheckpointStore(uri)
+    done, partial = store.scan()
+    assert done == [] and store.latest() is None
+    assert [i.name for i in partial] == [saving[0]["attempt"]]
+    keys = {k.partition("/")[2] for k in store.backend.list(saving[0]["attempt"] + "/")}
+    assert DCP_METADATA in keys and MARKER not in keys, keys  # DCP's part finished; ours never did
