@@ -60,7 +60,7 @@ class JobTemplate:
     container_extra: dict[str, Any] = field(default_factory=dict)  # workingDir, imagePullPolicy, securityContext...
     pod_extra: dict[str, Any] = field(default_factory=dict)  # priorityClassName, securityContext...
     # appended to args only when the job resumes: e.g. ("--resume_from_checkpoint", "{path}"); {path}, {step},
-    # {format} are the chosen checkpoint's (kfp_gpu.checkpoint.resume.Resume.args)
+    # {format}, {name} are the chosen checkpoint's (kfp_gpu.checkpoint.resume.Resume.args)
     resume_args: tuple[str, ...] = ()
     # the job kind (kfp_gpu.jobkinds): "pytorchjob" (Training Operator v1) or "trainjob" (Trainer v2, with the
     # runtime it references: a ClusterTrainingRuntime by default, or a TrainingRuntime of the namespace)

@@ -33,8 +33,9 @@ log = logging.getLogger("kfp_gpu.checkpoint")
 
 RESUME_PATH_ENV = "KFP_GPU_RESUME_PATH"
 RESUME_FORMAT_ENV = "KFP_GPU_RESUME_FORMAT"
-#: what a ``resume_args`` entry may name: ``"{path}"`` (the checkpoint's path / URI), ``"{step}"``, ``"{format}"``
-ARG_FIELDS = ("path", "step", "format")
+#: what a ``resume_args`` entry may name: ``"{path}"`` (the checkpoint's path / URI), ``"{step}"``, ``"{format}"``,
+#: ``"{name}"`` (its key under the root: ``"/mnt/ckpt/{name}"`` where the pod mounts the bucket, e.g. GCS FUSE)
+ARG_FIELDS = ("path", "step", "format", "name")
 
 
 @dataclass(frozen=True)
@@ -71,21 +72,21 @@ class Resume:
                 RESUME_FORMAT_ENV: self.format}
 
     def args(self, template: Sequence[str]) -> list[str]:
-        """``template`` (a JobTemplate's ``resume_args``) with ``{path}``, ``{step}`` and ``{format}`` filled in.
+        """``template`` (a JobTemplate's ``resume_args``) with ``{path}``, ``{step}``, ``{format}``, ``{name}`` filled in.
 
         Raises: InvalidSpec when an entry names another field (``check_args`` catches that at decoration time).
         """
         check_args("train.resume_args", template)
-        return [a.format(path=self.path, step=self.step, format=self.format) for a in template]
+        return [a.format(path=self.path, step=self.step, format=self.format, name=self.name) for a in template]
 
 
 def fresh_env(root: str) -> dict[str, str]:
-    """The variables of a job that starts from scratch (no checkpoint yet): the same names, step 0, no path."""
-    return {CHECKPOINT_URI_ENV: root, RESUME_STEP_ENV: "0", RESUME_PATH_ENV: "", RESUME_FORMAT_ENV: ""}
+    """The variables of a job that starts from scratch (no checkpoint yet): the root and step 0 (no path, no format)."""
+    return {CHECKPOINT_URI_ENV: root, RESUME_STEP_ENV: "0"}
 
 
 def check_args(where: str, template: Sequence[Any]) -> None:
-    """Validate a ``resume_args`` template: strings whose ``{...}`` fields are ``path``, ``step`` or ``format``.
+    """Validate a ``resume_args`` template: strings whose ``{...}`` fields are ``path``, ``step``, ``format``, ``name``.
 
     Raises: InvalidSpec naming the entry, its value and the fields allowed.
     """

@@ -183,6 +183,7 @@ def test_dcp_checkpoints(written: Path, caplog: pytest.LogCaptureFixture) -> Non
     assert any(str(d / "step_15") in w and "no .metadata" in w for w in _warnings(caplog)), _warnings(caplog)
 
 
+@pytest.mark.integration  # the GCS emulator
 def test_real_checkpoints_over_s3_and_gs(written: Path, tmp_path: Path, request: pytest.FixtureRequest,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The same trees uploaded to s3:// (moto server) and gs:// (the GCS emulator): same choice, same skips."""

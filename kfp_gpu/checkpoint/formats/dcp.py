@@ -6,8 +6,9 @@ rename): torch/distributed/checkpoint/state_dict_saver.py ``_save_state_dict`` (
 ``finish_checkpoint`` under ``all_reduce``) and filesystem.py ``_FileSystemWriter.finish``. Completeness rule:
 ``.metadata`` is present. A directory with data files or ``.metadata.tmp`` but no ``.metadata`` is partial.
 The step is the last number in the directory's name (``step_120``, ``global_step120``, ``epoch=1-step=120.ckpt``);
-a DCP directory whose name has no number is skipped with a warning. (Saving again into an existing directory
-removes the old ``.metadata`` first, so the rule holds there too.)
+a DCP directory whose name has no number is skipped with a warning. The rule needs one directory per save: saving
+again into an existing directory overwrites its shards while the old ``.metadata`` is still there (``finish`` replaces
+it only at the end), so a save killed midway there leaves a directory that looks complete.
 """
 
 from __future__ import annotations
