@@ -109,8 +109,7 @@ def test_unknown_instance_type_names_the_choices() -> None:
 
 
 def _ctx(tmp_path: Path) -> Ctx:
-    v = Versions("v1", "v1", "v1", "v1", "")
-    c = Ctx(state=tmp_path, pki=tmp_path / "pki", bins={}, ports={}, versions=v)
+    c = Ctx(state=tmp_path, pki=tmp_path / "pki", bins={}, ports={}, versions=Versions.load())
     return karpenter_profile.context(c)
 
 
