@@ -57,7 +57,9 @@ cluster-build: venv
 	$(BIN)/python -m kfp_gpu.devcluster build $(BUILD_FLAGS)
 
 # Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
-# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile, KUEUE=1 Kueue.
+# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile (karpenter, or
+# cluster-autoscaler,karpenter, Karpenter's kwok provider), KUEUE=1 Kueue, TRAINER=1 JobSet + Trainer v2, GCS=1
+# fake-gcs-server.
 cluster-up: cluster-build
 	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(EXTRA_FLAGS)
 	$(BIN)/python -m kfp_gpu.sim.daemon start
@@ -69,11 +71,13 @@ cluster-down: venv
 cluster-status: venv
 	$(BIN)/python -m kfp_gpu.devcluster status
 
-# The whole suite, integration tier included: it boots (or reuses) the local control plane first, with the
-# cluster-autoscaler and Kueue profiles (the ProvisioningRequest and Kueue tests run against the real controllers).
-test: AUTOSCALER = cluster-autoscaler
+# The whole suite, integration tier included: it boots (or reuses) the local control plane first, with every
+# optional component: cluster-autoscaler and Karpenter (kwok providers), Kueue, JobSet + Trainer v2 and
+# fake-gcs-server (the ProvisioningRequest, Karpenter, Kueue, TrainJob and gs:// tests run against the real ones).
+test: AUTOSCALER = cluster-autoscaler,karpenter
 test: KUEUE = 1
 test: GCS = 1
+test: TRAINER = 1
 test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
