@@ -60,7 +60,7 @@ class Run:
         return "".join(self.lines)
 
     def sim_url(self) -> str:
-        m = re.search(r"stand-in on (http://\S+)", self.out)
+        m = re.search(r"stand-in on (http://[^;\s]+)", self.out)
         return m.group(1) if m else ""
 
 
@@ -129,8 +129,14 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
         assert env2[ENV_RESUME_STEP] == "15" and env2[ENV_RESUME_PATH].endswith("15"), env2
         assert run.proc.wait(timeout=300) == 0, run.out[-4000:]
     finally:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        if run.proc.poll() is None:  # a failed assertion: stop the run and drop the stand-in's nodes
+            run.proc.terminate()
+            try:
+                run.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.proc.kill()
+            for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
+                core.delete_node(n.metadata.name)
         run.reader.join(timeout=10)
     out = run.out
     assert "=== pipeline llm-finetune-trainjob SUCCEEDED" in out and "nothing left" in out, out[-3000:]
