@@ -169,21 +169,32 @@ def _event_time(event: Mapping[str, Any]) -> float:
     return 0.0
 
 
+PLACEHOLDER_SET = "kfp-gpu.io/placeholder-set"
+
+
 def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str], *, labels: Mapping[str, str],
-                        nodepool: str, gpus_per_node: int, tolerations: Sequence[Mapping[str, str]]) -> None:
-    """One whole-node GPU pod per name, selecting ``nodepool`` (existing ones are kept). Raises: ApiException."""
+                        nodepool: str, gpus_per_node: int, tolerations: Sequence[Mapping[str, str]],
+                        one_zone: bool = False) -> None:
+    """One whole-node GPU pod per name, selecting ``nodepool`` (existing ones are kept). ``one_zone``: the pods
+    require each other's zone (pod affinity), so Karpenter launches the whole gang in one zone when the NodePool
+    allows several. Raises: ApiException."""
     ensure_priority_class(api)
     core = client.CoreV1Api(api)
     gpus = str(gpus_per_node)
+    group = {PLACEHOLDER_SET: str(names[0]).rsplit("-", 1)[0]} if names else {}
+    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": group}, "topologyKey": plan.ZONE_LABEL}]}} if one_zone and names else None
 
     def create(name: str) -> None:
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "labels": {**labels, BALLOON_LABEL: "true"}},
-               "spec": {"priorityClassName": PRIORITY_CLASS, "terminationGracePeriodSeconds": 0,
-                        "nodeSelector": {plan.NODEPOOL_LABEL: nodepool},
-                        "tolerations": [dict(t) for t in tolerations],
-                        "containers": [{"name": "placeholder", "image": PAUSE_IMAGE,
-                                        "resources": {"requests": {GPU: gpus}, "limits": {GPU: gpus}}}]}}
+        pod: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {**labels, **group, BALLOON_LABEL: "true"}},
+            "spec": {"priorityClassName": PRIORITY_CLASS, "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {plan.NODEPOOL_LABEL: nodepool}, "tolerations": [dict(t) for t in tolerations],
+                     "containers": [{"name": "placeholder", "image": PAUSE_IMAGE,
+                                     "resources": {"requests": {GPU: gpus}, "limits": {GPU: gpus}}}]}}
+        if affinity is not None:
+            pod["spec"]["affinity"] = affinity
         try:
             core.create_namespaced_pod(namespace, pod)
         except ApiException as exc:

@@ -43,7 +43,8 @@ ICE_REASON = "InsufficientCapacityError"  # the NodeClaim event Karpenter publis
 KARPENTER_SCHEDULE_PREFIX = "Failed to schedule pod, "  # Karpenter's FailedScheduling events (not the scheduler's)
 GPU = "nvidia.com/gpu"
 NO_OFFERING_GRACE_S = 10.0  # Karpenter says "no offering" this long with no NodeClaim: the candidate is blocked
-LAUNCH_STUCK_S = 120.0  # a NodeClaim whose launch keeps failing (Launched=Unknown + reason) this long: blocked
+LAUNCH_STUCK_S = 120.0
+ICE_RETRIES_ANY_ZONE = 3  # ICEs Karpenter may route around before a candidate with no zone is given up  # a NodeClaim whose launch keeps failing (Launched=Unknown + reason) this long: blocked
 
 # spec.capacity -> karpenter.sh/capacity-type
 CAPACITY_TYPES = {"on-demand": "on-demand", "spot": "spot", "reservation": "reserved"}
@@ -236,22 +237,25 @@ class Assessment:
 
 
 def assess(*, ready: int, wanted: int, claims: Iterable[ClaimView], signals: Iterable[Signal], asked_at: float,
-           now: float, deadline: float, no_offering_grace_s: float = NO_OFFERING_GRACE_S,
+           now: float, deadline: float, pinned: bool = True, no_offering_grace_s: float = NO_OFFERING_GRACE_S,
            launch_stuck_s: float = LAUNCH_STUCK_S) -> Assessment:
     """What to do with the current candidate.
 
     READY when ``wanted`` nodes are Ready. BLOCKED on an ICE (a NodeClaim deleted before it launched, or its
     ``InsufficientCapacityError`` event), on ``Launched=False``, on a launch still failing after
     ``launch_stuck_s``, or when Karpenter kept saying "no offering" (pod events since ``asked_at``) for
-    ``no_offering_grace_s`` while no live NodeClaim is on the way. TIMEOUT past the deadline; else WAIT.
+    ``no_offering_grace_s`` while no live NodeClaim is on the way. A candidate not ``pinned`` to one zone lets
+    Karpenter choose among zones: an ICE there is Karpenter's to route around (AWS marks the offering unavailable
+    and launches elsewhere), so it blocks only after :data:`ICE_RETRIES_ANY_ZONE` of them. TIMEOUT past the
+    deadline; else WAIT.
     """
     if ready >= wanted:
         return Assessment(Verdict.READY)
     live = [c for c in claims if c.state is not ClaimState.DELETING]
     recent = [s for s in signals if s.at >= asked_at]
-    for s in recent:
-        if s.kind in ("ice", "failed"):
-            return Assessment(Verdict.BLOCKED, s.reason, s.message)
+    ices = [s for s in recent if s.kind in ("ice", "failed")]
+    if ices and (pinned or len(ices) >= ICE_RETRIES_ANY_ZONE):
+        return Assessment(Verdict.BLOCKED, ices[-1].reason, ices[-1].message)
     for c in live:
         if c.state is ClaimState.FAILED:
             return Assessment(Verdict.BLOCKED, c.reason or "LaunchFailed", c.message)

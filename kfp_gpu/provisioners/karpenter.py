@@ -93,7 +93,8 @@ class KarpenterProvisioner(NothingExtra):
             try:
                 self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
                 api_k.create_placeholders(self.api, ns, names, labels=owner.labels(), nodepool=pool,
-                                          gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label))
+                                          gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label),
+                                          one_zone=not cand.zone and not spec.allow_zone_spread)
             except ApiException as exc:
                 raise _api_error(exc) from None
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
@@ -170,7 +171,7 @@ class KarpenterProvisioner(NothingExtra):
                             if tl.state is not NodeState.READY:
                                 tl.advance(st, time.time())
                 verdict = plan.assess(ready=len(mine), wanted=count, claims=claims, signals=signals, asked_at=asked_at,
-                                      now=time.time(), deadline=deadline)
+                                      now=time.time(), deadline=deadline, pinned=bool(cand.zone))
                 if verdict.verdict is not plan.Verdict.WAIT:
                     return verdict, mine
                 watch.wait(0.5)

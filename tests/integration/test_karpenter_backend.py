@@ -27,7 +27,7 @@ from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.provisioners import GangRequest, detect
 from kfp_gpu.provisioners.karpenter import KarpenterProvisioner
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
-from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps import janitor, scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until
@@ -37,12 +37,24 @@ STOCKED, STOCKOUT = "us-east-1a", "us-east-1c"  # p4d.24xlarge spot: in stock / 
 
 
 def _spec(ns: str, nodes: int = 2, *, zones: tuple[str, ...] = (STOCKED,), deadline: float = 90.0,
-          provisioner: str = "karpenter", ckpt: str = "", recovery: Recovery | None = None) -> ProvisioningSpec:
+          provisioner: str = "karpenter", ckpt: str = "", recovery: Recovery | None = None,
+          endpoint: str = "") -> ProvisioningSpec:
     return ProvisioningSpec(
         "a100-40gb", nodes, gpus_per_node=8, capacity=CapacityType.SPOT, zones=zones, scale_up_deadline_s=deadline,
         checkpoint_uri=ckpt, recovery=recovery or Recovery(max_preemptions=2),
         target=Target(kind="eks", cluster="kfp-gpu-karpenter", region="us-east-1", namespace=ns,
-                      provisioner=provisioner))
+                      provisioner=provisioner, endpoint=endpoint))
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The AWS stand-in's URL (EKS/EC2/Auto Scaling), as an EKS target's endpoint: teardown's EKS provider calls
+    (reservations, node groups) go there instead of to AWS."""
+    from kfp_gpu.sim import daemon
+
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(k, "testing")
+    return daemon.start_aws()
 
 
 def _custom(api: client.ApiClient, plural: str, selector: str) -> list[dict[str, Any]]:
@@ -67,9 +79,10 @@ def _nothing_left(api: client.ApiClient, ns: str, run: str) -> dict[str, list[st
     return _left(api, ns, run) if any(_left(api, ns, run).values()) else {}
 
 
-def test_gang_interrupted_recovered_from_checkpoint_and_nothing_left(kube, karpenter, namespace, step_api, tmp_path):
+def test_gang_interrupted_recovered_from_checkpoint_and_nothing_left(kube, karpenter, aws, namespace, step_api,
+                                                                      tmp_path):
     ckpt = tmp_path / "ckpt"
-    spec = _spec(namespace, ckpt=str(ckpt))
+    spec = _spec(namespace, ckpt=str(ckpt), endpoint=aws)
     run = f"run-{uuid.uuid4().hex[:6]}"
     pool = plan.nodepool_name(run)
     try:
@@ -117,7 +130,7 @@ def test_gang_interrupted_recovered_from_checkpoint_and_nothing_left(kube, karpe
               f"-> resumed gang running {p['time_to_resume_s']:.2f} s")
     finally:
         rep = json.loads(teardown.run(spec, run, "", api=step_api).output_json)
-    assert f"nodepool {pool}" in rep["requests"], rep
+    assert f"nodepool {pool}" in rep["requests"] and rep["errors"] == [], rep
     assert _nothing_left(kube.api, namespace, run) == {}
 
 
@@ -136,6 +149,19 @@ def test_an_insufficient_capacity_zone_fails_over_to_the_next(kube, karpenter, n
         out = backend.release(spec, run)
         teardown.release_run(spec, run, step_api, None)
     assert out.errors == [] and _nothing_left(kube.api, namespace, run) == {}
+
+
+def test_without_zones_the_gang_still_forms_in_one_zone(kube, karpenter, namespace, step_api):
+    spec = _spec(namespace, nodes=3, zones=())
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    try:
+        cap = KarpenterProvisioner(step_api).acquire(spec, run, GangRequest(step="scale_up"))
+        zones = {kube.core.read_node(n).metadata.labels[plan.ZONE_LABEL] for n in cap.nodes}
+        assert len(cap.nodes) == 3 and len(zones) == 1, zones
+        assert [p.zone for p in cap.placements] == list(zones)
+    finally:
+        teardown.release_run(spec, run, step_api, None)
+    assert _nothing_left(kube.api, namespace, run) == {}
 
 
 def test_every_zone_out_of_stock_is_one_clear_error_and_rolls_back(kube, karpenter, namespace, step_api):
@@ -160,6 +186,17 @@ def test_spot_out_of_stock_falls_back_to_on_demand_when_the_spec_allows(kube, ka
         assert kube.core.read_node(cap.nodes[0]).metadata.labels[plan.CAPACITY_TYPE_LABEL] == "on-demand"
     finally:
         teardown.release_run(spec, run, step_api, None)
+    assert _nothing_left(kube.api, namespace, run) == {}
+
+
+def test_the_janitor_sweeps_the_nodepool_of_a_run_whose_lease_expired(kube, karpenter, aws, namespace, step_api,
+                                                                          janitor_api):
+    spec = _spec(namespace, nodes=1, endpoint=aws)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    KarpenterProvisioner(step_api).acquire(spec, run, GangRequest(step="scale_up", lease_ttl_s=60))
+    assert _left(kube.api, namespace, run)["nodepools"] == [plan.nodepool_name(run)]
+    rep = janitor.collect(namespace, api=janitor_api, runs=[run], lock_namespace=namespace, now=time.time() + 3600)
+    assert rep.runs == {label_safe(run): "released"} and rep.errors == [], str(rep)
     assert _nothing_left(kube.api, namespace, run) == {}
 
 

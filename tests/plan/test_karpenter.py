@@ -63,6 +63,14 @@ def test_a_nodeclaim_deleted_before_launch_blocks_the_candidate_at_once() -> Non
     assert assess(signals=[k.Signal("ice", 99.0, k.ICE_REASON)]).verdict is k.Verdict.WAIT
 
 
+def test_an_unpinned_candidate_lets_karpenter_route_around_a_few_ices() -> None:
+    ices = [k.Signal("ice", 100.0 + i, k.ICE_REASON, f"claim {i}") for i in range(k.ICE_RETRIES_ANY_ZONE)]
+    assert assess(signals=ices[:-1], pinned=False).verdict is k.Verdict.WAIT
+    got = assess(signals=ices, pinned=False)
+    assert (got.verdict, got.message) == (k.Verdict.BLOCKED, f"claim {k.ICE_RETRIES_ANY_ZONE - 1}")
+    assert assess(signals=ices[:1], pinned=True).verdict is k.Verdict.BLOCKED
+
+
 def test_launched_false_blocks_and_a_retried_launch_blocks_only_after_it_stuck() -> None:
     assert assess(claims=[view(k.ClaimState.FAILED, reason="X")]).reason == "X"
     stuck = view(k.ClaimState.LAUNCHING, since=100.0, reason="LaunchFailed")
