@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import podtemplate
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.customjob import Resource
+from kfp_gpu.cluster.customjob import Resource, served
 from kfp_gpu.errors import CrdMissing, InvalidSpec
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan.kueue import QUEUE_LABEL
@@ -47,6 +47,9 @@ ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 NODE_CONTAINER = "node"
 RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
 SUCCEEDED, FAILED = "Complete", "Failed"
+#: the PodGroup API a runtime's podGroupPolicy needs served (scheduler-plugins' coscheduling, Volcano)
+POD_GROUP_APIS = {"coscheduling": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
+                  "volcano": ("scheduling.volcano.sh", "v1beta1", "podgroups")}
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ def read_runtime(api: client.ApiClient, namespace: str, name: str, kind: str) ->
 
     Raises:
         InvalidSpec: the runtime does not exist, or has no replicated job with a ``node`` container for the trainer.
-        CrdMissing: the cluster does not serve the Trainer's runtimes (Trainer v2 not installed).
+        CrdMissing: the cluster does not serve the Trainer's runtimes (Trainer v2 not installed), or the PodGroup
+            API the runtime's ``podGroupPolicy`` needs (scheduler-plugins' coscheduling, Volcano).
         ApiException: any other API error.
     """
     plural = RUNTIME_PLURALS[kind]
@@ -83,13 +87,26 @@ def read_runtime(api: client.ApiClient, namespace: str, name: str, kind: str) ->
     except ApiException as exc:
         if exc.status != 404:
             raise
-        from kfp_gpu.cluster.customjob import served
-
         if not served(api, RESOURCE.group, RESOURCE.version, plural):
             raise crd_missing() from None
         where = "the cluster" if kind == "ClusterTrainingRuntime" else f"namespace {namespace}"
         raise InvalidSpec("train.runtime", name, f"names no {kind} in {where}",
                           remediation=f"kubectl get {plural} -A lists them; pass runtime= (and runtime_kind=)") from None
+    out = runtime_of(rt, name, kind)
+    api_group = POD_GROUP_APIS.get(out.gang_scheduler)
+    if api_group is not None and not served(api, *api_group):
+        g, v, plural = api_group
+        raise CrdMissing(f"{kind} {name} declares podGroupPolicy {out.gang_scheduler}, but the cluster has no "
+                         f"{plural}.{g} ({g}/{v})", remediation=f"install the {out.gang_scheduler} scheduler and its "
+                         "PodGroup CRD, or use a runtime without podGroupPolicy", crd=f"{plural}.{g}")
+    return out
+
+
+def runtime_of(rt: Mapping[str, Any], name: str, kind: str) -> Runtime:
+    """A runtime object (ClusterTrainingRuntime / TrainingRuntime, as the API returns it) as a :class:`Runtime`.
+
+    Raises: InvalidSpec when it has no trainer replicated job with a ``node`` container.
+    """
     spec = rt.get("spec") or {}
     jobs = ((spec.get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     trainer = next((j for j in jobs if ((j.get("template") or {}).get("metadata") or {}).get("labels", {}).get(

@@ -157,9 +157,10 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
         assert owned.list_objects(kube.api, kind, ns, f"{LABEL_RUN_ID}={run_label}") == [], kind.name
 
 
-def test_a_missing_runtime_is_named_by_the_train_step_in_one_line(kube, trainer, namespace, step_api):
-    """A TrainJob naming no runtime fails before anything is created, with the runtime and how to list them."""
-    from kfp_gpu.errors import InvalidSpec
+def test_the_runtime_is_read_first_and_a_missing_one_or_its_gang_scheduler_is_named(kube, trainer, namespace, step_api):
+    """The train step reads the TrainJob's runtime (as the step's ServiceAccount) before it creates anything: a missing
+    runtime is named with how to list them; a runtime's podGroupPolicy whose PodGroup API is missing is named too."""
+    from kfp_gpu.errors import CrdMissing, InvalidSpec
     from kfp_gpu.jobkinds import TrainJobKind
 
     with pytest.raises(InvalidSpec) as err:
@@ -167,4 +168,17 @@ def test_a_missing_runtime_is_named_by_the_train_step_in_one_line(kube, trainer,
     assert "no-such-runtime" in str(err.value) and "ClusterTrainingRuntime" in str(err.value)
     rt = TrainJobKind().prepare(step_api, namespace)
     assert rt["replicated_job"] == "node" and rt["runtime"] == "torch-distributed"
-    assert _trainjobs(client.CustomObjectsApi(kube.api), namespace) == []
+    assert rt["gang_scheduler"].startswith("none")
+
+    # a namespaced runtime that gang-schedules with coscheduling (admitted by the Trainer's runtime webhook):
+    # the PodGroup API it needs is not served here, which the step says before creating anything
+    custom = client.CustomObjectsApi(kube.api)
+    base = custom.get_cluster_custom_object(TJ.group, TJ.version, "clustertrainingruntimes", "torch-distributed")
+    custom.create_namespaced_custom_object(TJ.group, TJ.version, namespace, "trainingruntimes", {
+        "apiVersion": TJ.api_version, "kind": "TrainingRuntime", "metadata": {"name": "gang-torch"},
+        "spec": {**base["spec"], "podGroupPolicy": {"coscheduling": {"scheduleTimeoutSeconds": 60}}}})
+    with pytest.raises(CrdMissing) as missing:
+        TrainJobKind("gang-torch", "TrainingRuntime").prepare(step_api, namespace)
+    assert "podGroupPolicy coscheduling" in str(missing.value) and missing.value.fields["crd"] == (
+        "podgroups.scheduling.x-k8s.io")
+    assert _trainjobs(custom, namespace) == []

@@ -216,3 +216,35 @@ def test_job_kinds_never_import_the_steps() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith("kfp_gpu.steps"), f"jobkinds/{path.name} imports {node.module}"
+
+
+def _runtime(pod_group: dict[str, Any] | None = None, job: str = "node", container: str = "node") -> dict[str, Any]:
+    spec: dict[str, Any] = {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+        {"name": "dataset-initializer", "template": {"spec": {"template": {"spec": {"containers": [
+            {"name": "dataset-initializer"}]}}}}},
+        {"name": job, "template": {"metadata": {"labels": {trainjob.ANCESTOR_LABEL: "trainer"}},
+                                   "spec": {"template": {"spec": {"containers": [{"name": container}]}}}}}]}}}
+    if pod_group is not None:
+        spec["podGroupPolicy"] = pod_group
+    return {"spec": spec}
+
+
+def test_a_runtime_that_gang_schedules_gets_nothing_of_kfp_gpus_scheduling_on_top() -> None:
+    rt = trainjob.runtime_of(_runtime({"coscheduling": {"scheduleTimeoutSeconds": 120}}, job="trainer"),
+                             "gang-torch", "TrainingRuntime")
+    assert rt.gang_scheduler == "coscheduling" and rt.replicated_job == "trainer"
+    kind = TrainJobKind("gang-torch", "TrainingRuntime")
+    kind.runtime = rt
+    body = kind.build(_req(JobTemplate(**TPL, kind="trainjob")))
+    patch = body["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    assert patch["name"] == "trainer"  # the runtime's trainer job, found by its ancestor label
+    text = str(body)
+    for ours in ("schedulerName", "minAvailable", "minMember", "pod-group", "schedulingPolicy"):
+        assert ours not in text, ours  # the Trainer makes the PodGroup; kfp-gpu adds no gang scheduling of its own
+    assert trainjob.runtime_of(_runtime(), "torch-distributed", "ClusterTrainingRuntime").gang_scheduler == ""
+
+
+def test_a_runtime_without_a_node_container_is_refused_by_name() -> None:
+    with pytest.raises(InvalidSpec) as err:
+        trainjob.runtime_of(_runtime(container="launcher"), "mpi", "ClusterTrainingRuntime")
+    assert err.value.fields["field"] == "train.runtime" and "'node' container" in str(err.value)
