@@ -96,18 +96,22 @@ def train(
     queue_timeout_s: float | None = None,
     **job_fields: Any,
 ) -> dsl.PipelineTask:
-    """Create the PyTorchJob step inside a ``@kfp_gpu.provisioned`` pipeline.
+    """Create the training step inside a ``@kfp_gpu.provisioned`` pipeline: a PyTorchJob, or with
+    ``kind="trainjob"`` a Kubeflow Trainer v2 TrainJob on ``runtime`` (default ``torch-distributed``, a
+    ClusterTrainingRuntime; ``runtime_kind="TrainingRuntime"`` for a namespaced one). See :mod:`kfp_gpu.jobkinds`.
 
     It depends on burst scale-up and on its data inputs (``dataset`` artifact, ``after`` tasks) only. Every
     job field (``image``, ``command``, ``args``, ``env`` values and the other ``job_fields``) may hold pipeline
     parameters and upstream task outputs, or strings built from them (``f"--steps={steps}"``): they are
     resolved when the step runs, never serialised at compile time (:mod:`kfp_gpu.channels`). Fields without
     them are validated here; fields with them are validated by the train step once the values are known.
-    ``job`` takes a ``kubeflow.training`` PyTorchJob model; the other fields apply over it.
+    ``job`` takes a ``kubeflow.training`` PyTorchJob model or a ``kubeflow`` SDK TrainJob model
+    (``kubeflow_trainer_api.models.TrainerV1alpha1TrainJob``); the other fields apply over it.
     ``queue_timeout_s``: how long the job may wait for admission in its Kueue queue (default 3600 s).
 
     Raises:
-        InvalidSpec: called outside a provisioned pipeline, a bad job template field, a value that is neither
+        InvalidSpec: called outside a provisioned pipeline, a bad job template field (incl. ``kind``, ``runtime``,
+            ``runtime_kind`` and fields a TrainJob cannot carry), a value that is neither
             JSON nor a pipeline parameter/task output, a channel in ``name`` (it names the task), or a
             ``queue_timeout_s`` that is not a positive number.
     """

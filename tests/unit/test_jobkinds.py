@@ -248,3 +248,35 @@ def test_a_runtime_without_a_node_container_is_refused_by_name() -> None:
     with pytest.raises(InvalidSpec) as err:
         trainjob.runtime_of(_runtime(container="launcher"), "mpi", "ClusterTrainingRuntime")
     assert err.value.fields["field"] == "train.runtime" and "'node' container" in str(err.value)
+
+
+def _strings(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [x for v in node.values() for x in _strings(v)]
+    if isinstance(node, list):
+        return [x for v in node for x in _strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_kfp_gpu_train_takes_the_kind_at_decoration_time(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+    from kfp import compiler
+
+    import kfp_gpu
+    from kfp_gpu.spec import ProvisioningSpec
+
+    @kfp_gpu.provisioned(ProvisioningSpec("a100-80gb", 2))
+    def tj():  # type: ignore[no-untyped-def]  # (a string "None" return annotation reads as an output)
+        kfp_gpu.train(name="finetune", kind="trainjob", runtime="torch-distributed", nproc_per_node=8)
+
+    compiler.Compiler().compile(tj, str(tmp_path / "tj.yaml"))
+    texts = [x for d in yaml.safe_load_all((tmp_path / "tj.yaml").read_text()) for x in _strings(d)]
+    job = next(json.loads(x) for x in texts if x.startswith("{") and '"kind": "trainjob"' in x)
+    assert (job["kind"], job["runtime"], job["runtime_kind"], job["nproc_per_node"]) == (
+        "trainjob", "torch-distributed", "ClusterTrainingRuntime", "8")
+    with pytest.raises(InvalidSpec, match="train.pod_extra.priorityClassName"):
+        @kfp_gpu.provisioned(ProvisioningSpec("a100-80gb", 2))
+        def bad():  # type: ignore[no-untyped-def]
+            kfp_gpu.train(name="finetune", kind="trainjob", pod_extra={"priorityClassName": "high"})
