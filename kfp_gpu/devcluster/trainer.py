@@ -15,11 +15,15 @@ no Go toolchain; nothing is committed): JobSet's CRD (``config/components/crd/ba
 ``patch_{mutating,validating}.yaml``) and the ``torch-distributed`` ClusterTrainingRuntime
 (``manifests/base/runtimes/torch_distributed.yaml``).
 
+The manifest helpers (:func:`crd_objects`, :func:`webhook_objects` with upstream's kustomize patches applied,
+:func:`runtime_object`) read those copies; :mod:`kfp_gpu.devcluster.trainer_profile` installs them.
+
     python -m kfp_gpu.devcluster.trainer build      # build both into the cache (skips when present)
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import sys
@@ -27,8 +31,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import gobuild
+import yaml
+
+from . import gobuild, procs
 from .versions import binary_path, cache_dir, load_versions, share_dir
 
 
@@ -58,14 +65,27 @@ class Component:
         return share_dir(self.name, self.version())
 
 
+RUNTIME_FILE = "manifests/base/runtimes/torch_distributed.yaml"
+JOBSET_CRD_DIR = "config/components/crd/bases"
+JOBSET_WEBHOOKS = "config/components/webhook/manifests.yaml"
+JOBSET_WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": "config/components/webhook/patches/mutating-patch.yaml",
+                          "ValidatingWebhookConfiguration": "config/components/webhook/patches/validating-patch.yaml"}
+TRAINER_CRD_DIR = "manifests/base/crds"
+TRAINER_WEBHOOKS = "manifests/base/webhook/manifests.yaml"
+TRAINER_WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": "manifests/base/webhook/patch_mutating.yaml",
+                           "ValidatingWebhookConfiguration": "manifests/base/webhook/patch_validating.yaml"}
+# upstream's kustomize namePrefix "jobset-" (config/default); the Trainer's names come from its patches
+JOBSET_CONFIG_NAMES = {"MutatingWebhookConfiguration": "jobset-mutating-webhook-configuration",
+                       "ValidatingWebhookConfiguration": "jobset-validating-webhook-configuration"}
+TRAINER_CONFIG_NAMES = {"MutatingWebhookConfiguration": "defaulter.trainer.kubeflow.org",
+                        "ValidatingWebhookConfiguration": "validator.trainer.kubeflow.org"}
+
 JOBSET = Component("jobset", "JOBSET_VERSION", "sigs.k8s.io/jobset", "",
-                   ("config/components/crd/bases", "config/components/webhook/manifests.yaml",
-                    "config/components/webhook/patches"))
+                   (JOBSET_CRD_DIR, JOBSET_WEBHOOKS, *JOBSET_WEBHOOK_PATCHES.values()))
 TRAINER = Component("trainer", "TRAINER_VERSION", "github.com/kubeflow/trainer/v2", "cmd/trainer-controller-manager",
-                    ("manifests/base/crds", "manifests/base/webhook/manifests.yaml",
-                     "manifests/base/webhook/patch_mutating.yaml", "manifests/base/webhook/patch_validating.yaml",
-                     "manifests/base/runtimes/torch_distributed.yaml"))
+                    (TRAINER_CRD_DIR, TRAINER_WEBHOOKS, *TRAINER_WEBHOOK_PATCHES.values(), RUNTIME_FILE))
 COMPONENTS = (JOBSET, TRAINER)
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def copy_shared(comp: Component, src: Path, dst: Path) -> None:
@@ -136,6 +156,80 @@ def build(*, wait_for_others: bool = True) -> Path:
     """
     build_one(JOBSET, wait_for_others=wait_for_others)
     return build_one(TRAINER, wait_for_others=wait_for_others)
+
+
+def _load(path: Path) -> Any:
+    return yaml.load(path.read_text(), Loader=_LOADER)  # noqa: S506 - a safe loader
+
+
+def crd_objects(jobset_share: Path, trainer_share: Path) -> list[dict[str, Any]]:
+    """JobSet's and the Trainer's CRDs as upstream ships them.
+
+    Raises: procs.BootError when the shared files are missing (names the build command).
+    """
+    files = sorted((jobset_share / JOBSET_CRD_DIR).glob("*.yaml")) + sorted(
+        f for f in (trainer_share / TRAINER_CRD_DIR).glob("*.yaml") if f.name != "kustomization.yaml")
+    if not any(f.name.startswith("jobset") for f in files) or not any(f.name.startswith("trainer") for f in files):
+        raise procs.BootError(f"JobSet/Trainer CRDs missing under {jobset_share} / {trainer_share}: run "
+                              "`python -m kfp_gpu.devcluster build --with trainer`")
+    return [_load(f) for f in files]
+
+
+def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """A copy of ``doc`` with the JSON-patch ``ops`` (``add``/``replace``, as upstream's kustomize patches use) applied.
+
+    Raises: procs.BootError for another op or a path that does not resolve (the pinned version changed).
+    """
+    out = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+        if op.get("op") not in ("add", "replace"):
+            raise procs.BootError(f"webhook patch: unsupported op {op.get('op')!r} at {op['path']}")
+        parent: Any = out
+        try:
+            for p in parts[:-1]:
+                parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+            last = parts[-1]
+            if isinstance(parent, list):
+                parent[int(last)] = copy.deepcopy(op["value"])
+            else:
+                if op["op"] == "replace" and last not in parent:
+                    raise KeyError(last)
+                parent[last] = copy.deepcopy(op["value"])
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise procs.BootError(f"webhook patch: path {op['path']} does not resolve ({e})") from None
+    return out
+
+
+def webhook_objects(manifest: Path, patches: dict[str, Path], names: dict[str, str], port: int,
+                    ca_bundle: str) -> list[dict[str, Any]]:
+    """Upstream's webhook configurations with upstream's patches, named as upstream deploys them, each
+    ``clientConfig`` an URL on 127.0.0.1:``port``.
+
+    Raises: procs.BootError when a manifest or patch is missing.
+    """
+    for f in (manifest, *patches.values()):
+        if not f.exists():
+            raise procs.BootError(f"{f} is missing: run `python -m kfp_gpu.devcluster build --with trainer`")
+    out = []
+    for doc in (d for d in yaml.safe_load_all(manifest.read_text()) if d):
+        doc = apply_patch(doc, yaml.safe_load(patches[doc["kind"]].read_text()))
+        for h in doc["webhooks"]:
+            h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{h['clientConfig']['service']['path']}",
+                                 "caBundle": ca_bundle}
+            h["timeoutSeconds"] = 10
+        out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": names[doc["kind"]]},
+                    "webhooks": doc["webhooks"]})
+    return out
+
+
+def runtime_object(trainer_share: Path) -> dict[str, Any]:
+    """The ``torch-distributed`` ClusterTrainingRuntime, unchanged. Raises: procs.BootError when missing."""
+    f = trainer_share / RUNTIME_FILE
+    if not f.exists():
+        raise procs.BootError(f"{f} is missing: run `python -m kfp_gpu.devcluster build --with trainer`")
+    obj: dict[str, Any] = _load(f)
+    return obj
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,7 +32,6 @@ status server is behind the ``TrainJobStatus`` gate (off by default) and is not 
 from __future__ import annotations
 
 import base64
-import copy
 import os
 import time
 from collections.abc import Callable
@@ -51,27 +50,12 @@ JOBSET = build.JOBSET.name
 TRAINER = build.TRAINER.name
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 RUNTIME = "torch-distributed"
-RUNTIME_FILE = "manifests/base/runtimes/torch_distributed.yaml"
-JOBSET_CRD_DIR = "config/components/crd/bases"
-JOBSET_WEBHOOKS = "config/components/webhook/manifests.yaml"
-JOBSET_WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": "config/components/webhook/patches/mutating-patch.yaml",
-                          "ValidatingWebhookConfiguration": "config/components/webhook/patches/validating-patch.yaml"}
-TRAINER_CRD_DIR = "manifests/base/crds"
-TRAINER_WEBHOOKS = "manifests/base/webhook/manifests.yaml"
-TRAINER_WEBHOOK_PATCHES = {"MutatingWebhookConfiguration": "manifests/base/webhook/patch_mutating.yaml",
-                           "ValidatingWebhookConfiguration": "manifests/base/webhook/patch_validating.yaml"}
-# upstream's kustomize namePrefix "jobset-" (config/default); the Trainer's names come from its patches
-JOBSET_CONFIG_NAMES = {"MutatingWebhookConfiguration": "jobset-mutating-webhook-configuration",
-                       "ValidatingWebhookConfiguration": "jobset-validating-webhook-configuration"}
-TRAINER_CONFIG_NAMES = {"MutatingWebhookConfiguration": "defaulter.trainer.kubeflow.org",
-                        "ValidatingWebhookConfiguration": "validator.trainer.kubeflow.org"}
 PORTS: dict[str, tuple[str, int]] = {
     "jobset-webhook": ("KFP_GPU_JOBSET_WEBHOOK_PORT", 19451),
     "jobset-health": ("KFP_GPU_JOBSET_HEALTH_PORT", 18091),
     "trainer-webhook": ("KFP_GPU_TRAINER_WEBHOOK_PORT", 19452),
     "trainer-health": ("KFP_GPU_TRAINER_HEALTH_PORT", 18092),
 }
-_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def ports() -> dict[str, int]:
@@ -123,80 +107,6 @@ def trainer_config(p: dict[str, int]) -> dict[str, Any]:
 
 def _b64(p: Path) -> str:
     return base64.b64encode(p.read_bytes()).decode()
-
-
-def _load(path: Path) -> Any:
-    return yaml.load(path.read_text(), Loader=_LOADER)  # noqa: S506 - a safe loader
-
-
-def crd_objects(jobset_share: Path, trainer_share: Path) -> list[dict[str, Any]]:
-    """JobSet's and the Trainer's CRDs as upstream ships them.
-
-    Raises: procs.BootError when the shared files are missing (names the build command).
-    """
-    files = sorted((jobset_share / JOBSET_CRD_DIR).glob("*.yaml")) + sorted(
-        f for f in (trainer_share / TRAINER_CRD_DIR).glob("*.yaml") if f.name != "kustomization.yaml")
-    if not any(f.name.startswith("jobset") for f in files) or not any(f.name.startswith("trainer") for f in files):
-        raise procs.BootError(f"JobSet/Trainer CRDs missing under {jobset_share} / {trainer_share}: run "
-                              "`python -m kfp_gpu.devcluster build --with trainer`")
-    return [_load(f) for f in files]
-
-
-def apply_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """A copy of ``doc`` with the JSON-patch ``ops`` (``add``/``replace``, as upstream's kustomize patches use) applied.
-
-    Raises: procs.BootError for another op or a path that does not resolve (the pinned version changed).
-    """
-    out = copy.deepcopy(doc)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
-        if op.get("op") not in ("add", "replace"):
-            raise procs.BootError(f"webhook patch: unsupported op {op.get('op')!r} at {op['path']}")
-        parent: Any = out
-        try:
-            for p in parts[:-1]:
-                parent = parent[int(p)] if isinstance(parent, list) else parent[p]
-            last = parts[-1]
-            if isinstance(parent, list):
-                parent[int(last)] = copy.deepcopy(op["value"])
-            else:
-                if op["op"] == "replace" and last not in parent:
-                    raise KeyError(last)
-                parent[last] = copy.deepcopy(op["value"])
-        except (KeyError, IndexError, ValueError, TypeError) as e:
-            raise procs.BootError(f"webhook patch: path {op['path']} does not resolve ({e})") from None
-    return out
-
-
-def webhook_objects(manifest: Path, patches: dict[str, Path], names: dict[str, str], port: int,
-                    ca_bundle: str) -> list[dict[str, Any]]:
-    """Upstream's webhook configurations with upstream's patches, named as upstream deploys them, each
-    ``clientConfig`` an URL on 127.0.0.1:``port``.
-
-    Raises: procs.BootError when a manifest or patch is missing.
-    """
-    for f in (manifest, *patches.values()):
-        if not f.exists():
-            raise procs.BootError(f"{f} is missing: run `python -m kfp_gpu.devcluster build --with trainer`")
-    out = []
-    for doc in (d for d in yaml.safe_load_all(manifest.read_text()) if d):
-        doc = apply_patch(doc, yaml.safe_load(patches[doc["kind"]].read_text()))
-        for h in doc["webhooks"]:
-            h["clientConfig"] = {"url": f"https://127.0.0.1:{port}{h['clientConfig']['service']['path']}",
-                                 "caBundle": ca_bundle}
-            h["timeoutSeconds"] = 10
-        out.append({"apiVersion": doc["apiVersion"], "kind": doc["kind"], "metadata": {"name": names[doc["kind"]]},
-                    "webhooks": doc["webhooks"]})
-    return out
-
-
-def runtime_object(trainer_share: Path) -> dict[str, Any]:
-    """The ``torch-distributed`` ClusterTrainingRuntime, unchanged. Raises: procs.BootError when missing."""
-    f = trainer_share / RUNTIME_FILE
-    if not f.exists():
-        raise procs.BootError(f"{f} is missing: run `python -m kfp_gpu.devcluster build --with trainer`")
-    obj: dict[str, Any] = _load(f)
-    return obj
 
 
 def _install_file(src: Path, dst: Path) -> None:
@@ -251,7 +161,7 @@ def prepare(c: Ctx) -> Ctx:
                               "(python -m kfp_gpu.devcluster build --with trainer)")
     api = crds.api_client(c.kubeconfig)
     try:
-        objs = crd_objects(build.JOBSET.share(), build.TRAINER.share())
+        objs = build.crd_objects(build.JOBSET.share(), build.TRAINER.share())
         for crd in objs:
             crds.apply(api, crd)
         for crd in objs:
@@ -267,15 +177,14 @@ def prepare(c: Ctx) -> Ctx:
 
 
 def _webhooks(c: Ctx, which: str) -> list[dict[str, Any]]:
-    cx = context(c)
-    ca = _b64(c.pki / "webhook-ca.crt")
-    if which == JOBSET:
-        s = build.JOBSET.share()
-        return webhook_objects(s / JOBSET_WEBHOOKS, {k: s / v for k, v in JOBSET_WEBHOOK_PATCHES.items()},
-                               JOBSET_CONFIG_NAMES, cx.ports["jobset-webhook"], ca)
-    s = build.TRAINER.share()
-    return webhook_objects(s / TRAINER_WEBHOOKS, {k: s / v for k, v in TRAINER_WEBHOOK_PATCHES.items()},
-                           TRAINER_CONFIG_NAMES, cx.ports["trainer-webhook"], ca)
+    comp, manifest, patches, names, port = (
+        (build.JOBSET, build.JOBSET_WEBHOOKS, build.JOBSET_WEBHOOK_PATCHES, build.JOBSET_CONFIG_NAMES, "jobset-webhook")
+        if which == JOBSET else
+        (build.TRAINER, build.TRAINER_WEBHOOKS, build.TRAINER_WEBHOOK_PATCHES, build.TRAINER_CONFIG_NAMES,
+         "trainer-webhook"))
+    s = comp.share()
+    return build.webhook_objects(s / manifest, {k: s / v for k, v in patches.items()}, names, context(c).ports[port],
+                                 _b64(c.pki / "webhook-ca.crt"))
 
 
 def install_webhooks(c: Ctx, which: str) -> None:
@@ -300,7 +209,7 @@ def install_runtime(c: Ctx) -> None:
 
     from . import crds
 
-    obj = runtime_object(build.TRAINER.share())
+    obj = build.runtime_object(build.TRAINER.share())
     api = crds.api_client(c.kubeconfig)
     custom = client.CustomObjectsApi(api)
     try:
@@ -329,7 +238,7 @@ def remove_webhooks(c: Ctx) -> list[str]:
     adm = client.AdmissionregistrationV1Api(api)
     gone = []
     try:
-        for names in (TRAINER_CONFIG_NAMES, JOBSET_CONFIG_NAMES):
+        for names in (build.TRAINER_CONFIG_NAMES, build.JOBSET_CONFIG_NAMES):
             for kind, name in names.items():
                 delete = (adm.delete_mutating_webhook_configuration if kind.startswith("Mutating")
                           else adm.delete_validating_webhook_configuration)

@@ -65,7 +65,7 @@ def test_jobset_pod_webhooks_get_upstreams_object_selector(tmp_path: Path) -> No
         patches[kind] = tmp_path / f"{kind}.yaml"
         patches[kind].write_text(yaml.safe_dump([{"op": "replace", "path": "/webhooks/1",
                                                   "value": {**_hook(name, path), "objectSelector": selector}}]))
-    mut, val = trainer_profile.webhook_objects(manifest, patches, trainer_profile.JOBSET_CONFIG_NAMES, 19451, "Q0E=")
+    mut, val = trainer.webhook_objects(manifest, patches, trainer.JOBSET_CONFIG_NAMES, 19451, "Q0E=")
     assert mut["metadata"]["name"] == "jobset-mutating-webhook-configuration"
     assert val["metadata"]["name"] == "jobset-validating-webhook-configuration"
     for doc in (mut, val):
@@ -79,20 +79,20 @@ def test_jobset_pod_webhooks_get_upstreams_object_selector(tmp_path: Path) -> No
 
 def test_apply_patch_refuses_what_it_cannot_apply() -> None:
     doc = {"metadata": {"name": "x"}, "webhooks": [{"name": "a"}]}
-    out = trainer_profile.apply_patch(doc, [{"op": "add", "path": "/webhooks/0/objectSelector", "value": {"k": 1}},
+    out = trainer.apply_patch(doc, [{"op": "add", "path": "/webhooks/0/objectSelector", "value": {"k": 1}},
                                             {"op": "replace", "path": "/metadata/name", "value": "y"}])
     assert out == {"metadata": {"name": "y"}, "webhooks": [{"name": "a", "objectSelector": {"k": 1}}]}
     assert doc["metadata"]["name"] == "x"  # the input is left alone
     with pytest.raises(BootError, match="does not resolve"):
-        trainer_profile.apply_patch(doc, [{"op": "replace", "path": "/webhooks/3/name", "value": "z"}])
+        trainer.apply_patch(doc, [{"op": "replace", "path": "/webhooks/3/name", "value": "z"}])
     with pytest.raises(BootError, match="unsupported op 'remove'"):
-        trainer_profile.apply_patch(doc, [{"op": "remove", "path": "/metadata/name"}])
+        trainer.apply_patch(doc, [{"op": "remove", "path": "/metadata/name"}])
 
 
 def test_missing_shared_files_name_the_build_command(tmp_path: Path) -> None:
     with pytest.raises(BootError, match="build --with trainer"):
-        trainer_profile.crd_objects(tmp_path / "jobset", tmp_path / "trainer")
+        trainer.crd_objects(tmp_path / "jobset", tmp_path / "trainer")
     with pytest.raises(BootError, match="build --with trainer"):
-        trainer_profile.runtime_object(tmp_path)
+        trainer.runtime_object(tmp_path)
     with pytest.raises(BootError, match="build --with trainer"):
-        trainer_profile.webhook_objects(tmp_path / "m.yaml", {}, {}, 1, "")
+        trainer.webhook_objects(tmp_path / "m.yaml", {}, {}, 1, "")
