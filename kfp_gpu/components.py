@@ -81,7 +81,8 @@ def train_pytorchjob(
     job_runtime_json: str = "",
     queue_timeout_s: float = 3600.0,
 ) -> str:
-    """Launch a gang-safe Training Operator PyTorchJob on the provisioned capacity and see it through.
+    """Launch a gang-safe training job (a Training Operator PyTorchJob, or a Kubeflow Trainer v2 TrainJob when the
+    job template's kind is trainjob) on the provisioned capacity and see it through.
 
     Recovers from spot preemption from the newest complete checkpoint within the spec's restart budget.
     Job fields holding pipeline parameters or task outputs are filled in from this task's run-time inputs.
