@@ -29,6 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim, unclaim
 from kfp_gpu.errors import KfpGpuError
@@ -100,7 +101,7 @@ class KarpenterProvisioner(NothingExtra):
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
             api_k.delete_placeholders(self.api, ns, names)
             if verdict.verdict is plan.Verdict.READY:
-                api_k.delete_placeholders(self.api, ns, api_k.placeholder_names(pool, "warm_pool", 0, spec.nodes))
+                delete_balloons(self.api, ns, run_id)  # the warm pool's placeholders too: the gang is whole
                 cap = self._capacity(spec, run_id, {**keep, **mine}, timeline, pool, cand)
                 ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(),
                                                    "started": started, "attempt": attempt, "history": history,

@@ -164,6 +164,32 @@ def test_without_zones_the_gang_still_forms_in_one_zone(kube, karpenter, namespa
     assert _nothing_left(kube.api, namespace, run) == {}
 
 
+def test_the_warm_pool_s_nodes_become_the_gang(kube, karpenter, namespace, step_api):
+    spec = _spec(namespace)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    pool = plan.nodepool_name(run)
+    backend = KarpenterProvisioner(step_api)
+    try:
+        backend.acquire(spec, run, GangRequest(nodes=2, step="warm_pool", wait=False))
+
+        def ready() -> list[str]:
+            nodes = kube.core.list_node(label_selector=f"{plan.NODEPOOL_LABEL}={pool}").items
+            return [n.metadata.name for n in nodes
+                    if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
+
+        warm = wait_until("2 warm nodes Ready", lambda: ready() if len(ready()) == 2 else [], timeout=60)
+        claims = {c["metadata"]["name"] for c in _custom(kube.api, plan.NODECLAIMS, f"{plan.NODEPOOL_LABEL}={pool}")}
+        cap = backend.acquire(spec, run, GangRequest(step="scale_up"))
+        assert sorted(cap.nodes) == sorted(warm)  # scale-up claimed the warm nodes, launched nothing more
+        assert {c["metadata"]["name"] for c in _custom(kube.api, plan.NODECLAIMS,
+                                                       f"{plan.NODEPOOL_LABEL}={pool}")} == claims
+        left = kube.core.list_namespaced_pod(namespace, label_selector=f"{BALLOON_LABEL}=true").items
+        assert [p.metadata.name for p in left if p.metadata.deletion_timestamp is None] == []
+    finally:
+        teardown.release_run(spec, run, step_api, None)
+    assert _nothing_left(kube.api, namespace, run) == {}
+
+
 def test_every_zone_out_of_stock_is_one_clear_error_and_rolls_back(kube, karpenter, namespace, step_api):
     spec = _spec(namespace, zones=(STOCKOUT,), deadline=45.0)
     run = f"run-{uuid.uuid4().hex[:6]}"
