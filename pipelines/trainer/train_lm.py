@@ -167,7 +167,8 @@ def train(args: argparse.Namespace) -> int:
     data = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    model: nn.Module = TinyLM(len(vocab), hidden=args.hidden, layers=args.layers, dropout=args.dropout)
+    lm = TinyLM(len(vocab), hidden=args.hidden, layers=args.layers, dropout=args.dropout)
+    model: nn.Module = lm
     torch.manual_seed(args.seed + 7919 * (rank + 1))  # same init everywhere; per-rank dropout and data order
     config = {"seed": args.seed, "batch_size": args.batch_size, "seq_len": args.seq_len, "lr": args.lr,
               "hidden": args.hidden, "layers": args.layers, "vocab": len(vocab), "world_size": world,
@@ -177,7 +178,7 @@ def train(args: argparse.Namespace) -> int:
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh("cpu", (world,))
-        for sub in (model.embed, model.head):  # type: ignore[union-attr]
+        for sub in (lm.embed, lm.head):
             fully_shard(sub, mesh=mesh)
         fully_shard(model, mesh=mesh)  # the GRU's parameters are in the root group
     elif distributed:
