@@ -33,6 +33,7 @@ log = logging.getLogger("kfp_gpu.checkpoint")
 
 RESUME_PATH_ENV = "KFP_GPU_RESUME_PATH"
 RESUME_FORMAT_ENV = "KFP_GPU_RESUME_FORMAT"
+_warned: set[tuple[str, str]] = set()  # (path, missing) already logged at WARNING by this process
 #: what a ``resume_args`` entry may name: ``"{path}"`` (the checkpoint's path / URI), ``"{step}"``, ``"{format}"``,
 #: ``"{name}"`` (its key under the root: ``"/mnt/ckpt/{name}"`` where the pod mounts the bucket, e.g. GCS FUSE)
 ARG_FIELDS = ("path", "step", "format", "name")
@@ -135,7 +136,7 @@ def find(uri: str, *, backend: Backend | None = None) -> Resume | None:
 
     Walks candidates newest first and runs each one's check (small reads); logs a ``WARNING`` on the
     ``kfp_gpu.checkpoint`` logger for each checkpoint newer than the one chosen that it skipped, naming its
-    path, format and the missing piece.
+    path, format and the missing piece (once per process for the same path and piece; later at DEBUG).
 
     Raises: StorageUnavailable (SDK missing), StorageError (listing or a read failed).
     """
@@ -159,7 +160,12 @@ def find(uri: str, *, backend: Backend | None = None) -> Resume | None:
     floor = chosen.step if chosen else -1
     for step, name, fmt, missing in sorted(skipped):
         if step >= floor and not (chosen and name == chosen.name):
-            log.warning("skipping partial %s checkpoint %s: %s", fmt, _join(root, name), missing)
+            seen = (_join(root, name), missing)
+            if len(_warned) > 10_000:
+                _warned.clear()
+            level = logging.DEBUG if seen in _warned else logging.WARNING  # the train step asks again and again
+            _warned.add(seen)
+            log.log(level, "skipping partial %s checkpoint %s: %s", fmt, seen[0], missing)
     if chosen is None:
         return None
     return Resume(chosen.step, _join(root, chosen.name), chosen.format, chosen.created, root, chosen.name,

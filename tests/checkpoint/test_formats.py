@@ -133,6 +133,10 @@ def test_newest_complete_checkpoint_of_any_format_wins_and_partials_are_named(
     caplog.set_level(logging.WARNING, "kfp_gpu.checkpoint")
     again = find(root)
     assert again == found
+    warned = [r for r in caplog.records if r.name == "kfp_gpu.checkpoint" and r.levelno == logging.WARNING]
+    assert len(warned) == 4, [r.getMessage() for r in warned]
+    assert find(root) == found  # asked again (the train step does, per attempt): the same skips are not warned twice
+    assert len([r for r in caplog.records if r.name == "kfp_gpu.checkpoint" and r.levelno == logging.WARNING]) == 4
     lines = [r.getMessage() for r in caplog.records if r.name == "kfp_gpu.checkpoint"]
     for name, piece in [("step-000000010.tmp-0badf00d", "COMMITTED"), ("dcp/step_11", "no .metadata"),
                         ("out/checkpoint-12", "no trainer_state.json"),
