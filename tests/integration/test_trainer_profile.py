@@ -107,15 +107,65 @@ def test_trainjob_becomes_a_jobset_whose_pods_run_and_complete(
         assert c.resources.limits[GPU_RESOURCE] == "8"
         env = {e.name: e.value for e in c.env or []}
         assert env["PET_NNODES"] == "2" and env["PET_MASTER_ADDR"] == f"{name}-node-0-0.{name}"
-    jobs = kube.api.call_api(f"/apis/batch/v1/namespaces/{namespace}/jobs", "GET", response_type="object",
-                             auth_settings=["BearerToken"], _return_http_data_only=True)["items"]
-    assert [j["spec"].get("suspend") for j in jobs] == [False]  # Kueue left the unlabelled Job alone
+    assert [j["spec"].get("suspend") for j in _jobs(kube, namespace)] == [False]  # Kueue left the Job alone
 
     done = wait_until("TrainJob Complete", lambda: _conds(_get(kube, namespace, name)).get("Complete") == "True",
                       timeout=60)
     assert done
     print(f"\n[trainer] TrainJob -> 2 pods Running {t_running:.1f}s; -> Complete {time.monotonic() - t0:.1f}s")
     assert _conds(_get(kube, namespace, name)).get("Failed") != "True"
+
+
+def test_suspend_repatch_resume_moves_the_pods_and_delete_leaves_nothing(
+        trainer: Profile, kube: Kube, namespace: str, kwok_nodes: NodeFactory) -> None:
+    """The re-placement a recovery needs: suspend (pods go), change the placement patch, resume (pods come back on
+    the new nodes); deleting the TrainJob removes everything the controllers made."""
+    pool_a, _ = kwok_nodes(2, gpus=8)
+    pool_b, nodes_b = kwok_nodes(2, gpus=8)
+    run_id = uuid.uuid4().hex[:8]
+    name = f"tj-{run_id}"
+    tol = [{**GPU_TAINT, "operator": "Equal"}]
+    _create(kube, namespace, _trainjob(name, pod_meta={"labels": {RUN_LABEL: run_id},
+                                                       "annotations": {SIM_DURATION_ANNOTATION: "600s"}},
+                                       pod_spec={"nodeSelector": {POOL_LABEL: pool_a}, "tolerations": tol}))
+
+    def pods() -> list[Any]:
+        return list(kube.core.list_namespaced_pod(namespace, label_selector=f"{RUN_LABEL}={run_id}").items)
+
+    def running_on(pool: str) -> bool:
+        ps = pods()
+        return len(ps) == 2 and all(p.status.phase == "Running" and p.spec.node_name.startswith(pool) for p in ps)
+
+    wait_until(f"2 pods Running on {pool_a}", lambda: running_on(pool_a), timeout=60)
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name, {"spec": {"suspend": True}})
+    wait_until("pods gone after suspend", lambda: not pods(), timeout=60)
+    assert _conds(_get(kube, namespace, name)).get("Suspended") == "True"
+    tj = _get(kube, namespace, name)
+    tmpl = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    tmpl["template"]["spec"]["template"]["spec"]["nodeSelector"] = {POOL_LABEL: pool_b}
+    tj["spec"]["suspend"] = False  # one update: the webhook allows patch changes when suspended before or after
+    kube.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name, tj)
+    wait_until(f"2 pods Running on {pool_b}", lambda: running_on(pool_b), timeout=60)
+    assert sorted(p.spec.node_name for p in pods()) == sorted(nodes_b)
+    assert _conds(_get(kube, namespace, name)).get("Suspended") == "False"
+
+    kube.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
+                                                propagation_policy="Foreground")
+
+    def leftovers() -> list[str]:
+        out = [f"pod/{p.metadata.name}" for p in pods()]
+        out += [f"jobset/{name}"] if _jobset(kube, namespace, name) else []
+        out += [f"configmap/{c.metadata.name}" for c in kube.core.list_namespaced_config_map(namespace).items
+                if c.metadata.name.startswith(name)]
+        out += [f"service/{v.metadata.name}" for v in kube.core.list_namespaced_service(namespace).items]
+        return out + [f"job/{j['metadata']['name']}" for j in _jobs(kube, namespace)]
+
+    wait_until("nothing left of the TrainJob", lambda: not leftovers() and _absent(kube, namespace, name), timeout=60)
+
+
+def _jobs(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    return list(kube.api.call_api(f"/apis/batch/v1/namespaces/{namespace}/jobs", "GET", response_type="object",
+                                  auth_settings=["BearerToken"], _return_http_data_only=True)["items"])
 
 
 def _jobset(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
