@@ -245,3 +245,14 @@ def test_fresh_env_and_resume_args_validation() -> None:
         with pytest.raises(InvalidSpec) as ei:
             JobTemplate(resume_args=bad)
         assert ei.value.field == field and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_resume_args_fail_at_decoration_time() -> None:
+    import kfp_gpu
+    from kfp_gpu.spec import ProvisioningSpec
+
+    with pytest.raises(InvalidSpec, match=r"train.resume_args\[1\]='\{pth\}': names \{pth\}") as ei:
+        @kfp_gpu.provisioned(ProvisioningSpec("a100-80gb", 2))
+        def bad():  # type: ignore[no-untyped-def]
+            kfp_gpu.train(resume_args=["--resume_from_checkpoint", "{pth}"])
+    assert "\n" not in str(ei.value)
