@@ -2,8 +2,8 @@
 by :mod:`kfp_gpu.devcluster.trainer`), their CRDs, their webhooks served by processes outside the cluster, and the
 ``torch-distributed`` ClusterTrainingRuntime.
 
-``python -m kfp_gpu.devcluster up --trainer`` (``make cluster-up TRAINER=1``, ``kfp-gpu dev-cluster up --trainer``)
-runs both as managed processes of the dev cluster (``jobset.{pid,args,log}`` and ``trainer.{pid,args,log}`` in the
+``python -m kfp_gpu.devcluster up --with trainer`` (``make cluster-up TRAINER=1``,
+``kfp-gpu dev-cluster up --with trainer``) runs both as managed processes of the dev cluster (``jobset.{pid,args,log}`` and ``trainer.{pid,args,log}`` in the
 state dir, Configurations in ``trainer/``), shown by ``status``, stopped by ``down`` (``down --only trainer``),
 re-used by a later ``up`` while healthy with the same flags (else restarted). A plain ``up`` leaves them running, and
 removes their webhook configurations when they are not running (JobSet's pod webhooks refuse every pod carrying a
@@ -272,8 +272,8 @@ def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
         print(f"[up] {TRAINER}: {status[TRAINER]}, ClusterTrainingRuntime {RUNTIME} installed "
               f"({time.monotonic() - t0:.1f}s)", flush=True)
     elif running_pids(c):
-        print(f"[up] {NAME}: left running (started by an earlier up --trainer; `down --only trainer` stops it)",
-              flush=True)
+        print(f"[up] {NAME}: left running (started by an earlier up --with trainer; `down --only trainer` stops "
+              "it)", flush=True)
     elif remove_webhooks(c):
         print(f"[up] {NAME}: not running; removed its stale webhook configurations", flush=True)
 
@@ -302,7 +302,7 @@ def stop(c: Ctx) -> bool:
 def status_line(c: Ctx) -> str:
     pids = running_pids(c)
     if not pids:
-        return "stopped (profile off; up --trainer starts it)"
+        return "stopped (profile off; up --with trainer starts it)"
     cx = context(c)
     parts = []
     for comp in (JOBSET_COMPONENT, TRAINER_COMPONENT):
@@ -325,7 +325,7 @@ class Profile:
 
 
 def ensure_up() -> Profile:
-    """Boot (or re-use) the dev cluster with JobSet and the Trainer running: ``up --trainer``.
+    """Boot (or re-use) the dev cluster with JobSet and the Trainer running: ``up --with trainer``.
 
     Raises: procs.BootError, certs.CertError, trainer.TrainerError (the caller decides how to fail).
     """
