@@ -137,7 +137,8 @@ def test_suspend_repatch_resume_moves_the_pods_and_delete_leaves_nothing(
         return len(ps) == 2 and all(p.status.phase == "Running" and p.spec.node_name.startswith(pool) for p in ps)
 
     wait_until(f"2 pods Running on {pool_a}", lambda: running_on(pool_a), timeout=60)
-    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name, {"spec": {"suspend": True}})
+    kube.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "trainjobs", name,
+                                               {"spec": {"suspend": True}})
     wait_until("pods gone after suspend", lambda: not pods(), timeout=60)
     assert _conds(_get(kube, namespace, name)).get("Suspended") == "True"
     tj = _get(kube, namespace, name)
