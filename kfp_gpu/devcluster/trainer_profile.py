@@ -4,8 +4,8 @@ by :mod:`kfp_gpu.devcluster.trainer`), their CRDs, their webhooks served by proc
 
 ``python -m kfp_gpu.devcluster up --with trainer`` (``make cluster-up TRAINER=1``,
 ``kfp-gpu dev-cluster up --with trainer``) runs both as managed processes of the dev cluster
-(``jobset.{pid,args,log}`` and ``trainer.{pid,args,log}`` in the state dir, Configurations in ``trainer/``), shown by ``status``, stopped by ``down`` (``down --only trainer``),
-re-used by a later ``up`` while healthy with the same flags (else restarted). A plain ``up`` leaves them running, and
+(``jobset.{pid,args,log}`` and ``trainer.{pid,args,log}`` in the state dir, Configurations in ``trainer/``),
+shown by ``status``, stopped by ``down`` (``down --only trainer``), re-used by a later ``up`` while healthy with the same flags (else restarted). A plain ``up`` leaves them running, and
 removes their webhook configurations when they are not running (JobSet's pod webhooks refuse every pod carrying a
 ``jobset.sigs.k8s.io/jobset-name`` label while nobody serves them).
 
