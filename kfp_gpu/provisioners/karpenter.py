@@ -202,12 +202,9 @@ class KarpenterProvisioner(NothingExtra):
         extra: dict[str, Any] = {"provisioner": NAME, "scheme": SCHEME, "nodepool": pool,
                                  "capacity_type": cand.capacity_type,
                                  "tolerations": [*spec.target.tolerations, plan.pool_toleration(label_safe(run_id))]}
-        fields = {f.name for f in dataclasses.fields(Capacity)}  # scheme/accelerator: the cloud-neutral placement
-        kwargs = {k: v for k, v in (("scheme", SCHEME), ("accelerator", accelerators.get(spec.accelerator).name))
-                  if k in fields}
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, cand.capacity_type == "spot",
-                        timeline.to_json(), extra, **kwargs)
+                        timeline.to_json(), extra, scheme=SCHEME, accelerator=accelerators.get(spec.accelerator).name)
 
     # ---- the rest of the contract ---------------------------------------------------------------------------
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Any, *,
