@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
                    "webhooks (build it with `build --with-kueue`); without it a running Kueue is left alone")
     u.add_argument("--with", dest="extras", action="append", default=[], metavar="NAME",
                    help=f"also run an optional component: one of {', '.join(extras.names())} (repeatable)")
+    u.add_argument("--trainer", dest="extras", action="append_const", const="trainer",
+                   help="same as --with trainer: JobSet + Kubeflow Trainer v2 and the torch-distributed runtime")
+    u.add_argument("--gcs", dest="extras", action="append_const", const="gcs",
+                   help="same as --with gcs: the fake-gcs-server emulator for gs:// checkpoints")
     d = sub.add_parser("down", help="stop the processes started by 'up' (by pid file)")
     d.add_argument("--purge", action="store_true", help="also delete the etcd data (cluster state)")
     d.add_argument("--only-autoscaler", action="store_true", help="stop only the cluster-autoscaler profile")
