@@ -289,9 +289,23 @@ def test_fsdp_sigkill_one_rank_mid_save_resumes_bitwise(tmp_path: Path, monkeypa
         fsdp_baseline.kill()
 
 
-def test_sigterm_to_one_rank_both_save_the_same_step(baseline: _Baseline, tmp_path: Path) -> None:
-    uri = str(tmp_path / "ckpt")
-    job = Job(tmp_path / "run1", uri, step_sleep=0.05)
+@pytest.fixture(params=["local", "s3", "gs"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """(uri, env for the trainer) on a local path, s3:// (moto) or gs:// (fake-gcs-server)."""
+    if request.param == "s3":
+        env: dict[str, str] = request.getfixturevalue("s3_env")
+        return f"s3://sharded/{tmp_path.name}", env
+    if request.param == "gs":
+        bucket = request.getfixturevalue("gcs")
+        return bucket.uri(tmp_path.name), dict(bucket.env)
+    return str(tmp_path / "ckpt"), {}
+
+
+def test_sigterm_to_one_rank_both_save_the_same_step(baseline: _Baseline, tmp_path: Path,
+                                                     any_store: tuple[str, dict[str, str]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    uri, env = any_store
+    job = Job(tmp_path / "run1", uri, env=env, step_sleep=0.05)
     job.wait_for(1, lambda e: e["event"] == "step" and e["step"] >= 12)
     job.procs[1].send_signal(signal.SIGTERM)  # the kubelet of one node only; rank 0 is never signalled
     codes = _finish(job)
@@ -300,9 +314,9 @@ def test_sigterm_to_one_rank_both_save_the_same_step(baseline: _Baseline, tmp_pa
     assert saved[0] == saved[1] and len(saved[0]) == 1 and saved[0][0] is not None, saved
     step = saved[0][0]
     assert step == max(job.steps(0)) == max(job.steps(1)), "the emergency save must hold the last completed step"
-    latest = CheckpointStore(uri).latest()
+    latest = _store(uri, env, monkeypatch).latest()
     assert latest is not None and latest.step == step
-    _resume_and_check(tmp_path / "run2", uri, {}, step, baseline.out())
+    _resume_and_check(tmp_path / "run2", uri, env, step, baseline.out())
 
 
 def test_emergency_save_that_outlasts_the_grace_period_stays_uncommitted(tmp_path: Path) -> None:
