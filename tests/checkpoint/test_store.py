@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import subprocess
@@ -21,6 +22,7 @@ from kfp_gpu.checkpoint import (
     probe_writable,
 )
 from kfp_gpu.checkpoint.backends import LocalBackend, open_backend
+from kfp_gpu.checkpoint.store import attempt_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,3 +214,20 @@ def test_open_backend_schemes(tmp_path: Path) -> None:
     assert isinstance(open_backend(f"file://{tmp_path}"), LocalBackend)
     with pytest.raises(StorageError):
         open_backend("nosuchproto://x/y")
+
+
+def test_commit_attempt_commits_files_already_in_the_store(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    attempt = attempt_name(7, "abc123")
+    assert attempt == "step-000000007.tmp-abc123"
+    for bad in ("XYZ", "", "../x"):
+        with pytest.raises(ValueError, match="nonce"):
+            attempt_name(7, bad)
+    store.backend.put(f"{attempt}/shard.bin", b"S" * 10)
+    assert store.latest() is None  # written but not committed
+    ckpt = store.commit_attempt(attempt, 7, {"shard.bin": (hashlib.sha256(b"S" * 10).hexdigest(), 10)},
+                                {"k": 1}, ranks=2)
+    assert ckpt.name == "step-000000007" and ckpt.sizes == {"shard.bin": 10}
+    assert json.loads((tmp_path / ckpt.name / MARKER).read_text())["ranks"] == 2
+    found = store.load_latest()
+    assert found is not None and found[1] == {"shard.bin": b"S" * 10} and found[0].meta == {"k": 1}
