@@ -15,6 +15,10 @@ if the interrupted code was inside ``print`` on the same stream). A watchdog end
 shortly before the grace period runs out, so a save that hangs, or a loop that never reaches its next
 block, never turns into a SIGKILL in the middle of some other work
 (a torn save is harmless anyway: without its commit marker it is never used).
+
+Multi-rank jobs pass ``agree`` (e.g. :func:`kfp_gpu.checkpoint.dcp_io.any_rank`): the ranks then vote at the
+end of every step and all run the (collective) save after the same step, though the kubelet signals only
+the pods of the reclaimed node, and not at the same instant.
 """
 
 from __future__ import annotations
