@@ -15,19 +15,25 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlparse
 
-from kfp_gpu.checkpoint.errors import StorageError, StorageUnavailable
+from kfp_gpu.checkpoint.errors import BlobNotFound, StorageError, StorageUnavailable
+from kfp_gpu.checkpoint.object_backends import (  # noqa: F401 - re-exported: where callers have always found them
+    EMULATOR_ENV,
+    EMULATOR_PROJECT,
+    FsspecBackend,
+    GCSBackend,
+    S3Backend,
+    _boto3_client,
+    emulator_host,
+    gcs_client,
+)
 
-EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-EMULATOR_PROJECT = "kfp-gpu-local"  # fake-gcs-server accepts any project id
-
-
-class BlobNotFound(KeyError):
-    """The key does not exist in the backend."""
+__all__ = ["EMULATOR_ENV", "EMULATOR_PROJECT", "Backend", "BlobNotFound", "FsspecBackend", "GCSBackend", "LocalBackend",
+           "S3Backend", "credentials_hint", "emulator_host", "gcs_client", "open_backend"]
 
 
 class Backend(Protocol):
@@ -52,6 +58,14 @@ class Backend(Protocol):
     def delete(self, key: str) -> None: ...
 
     def rename_prefix(self, src: str, dst: str) -> bool: ...
+
+    def stat(self, key: str) -> tuple[int, float]:
+        """(size in bytes, modification time as Unix seconds; 0.0 when unknown). Raises: BlobNotFound."""
+        ...
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``key``, read without fetching the rest. Raises: BlobNotFound."""
+        ...
 
 
 class LocalBackend:
@@ -119,158 +133,22 @@ class LocalBackend:
             shutil.rmtree(trash, ignore_errors=True)
         return True
 
-
-class S3Backend:
-    """An ``s3://bucket/prefix`` location through boto3. The marker object is the commit point."""
-
-    def __init__(self, bucket: str, prefix: str, client: Any = None) -> None:
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        self._client = client if client is not None else _boto3_client()
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def put(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
-        """``metadata`` becomes the object's user metadata (``x-amz-meta-*``)."""
-        extra = {"Metadata": dict(metadata)} if metadata else {}
-        self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
-
-    def get(self, key: str) -> bytes:
-        """Raises: BlobNotFound for a missing key; botocore errors otherwise."""
+    def stat(self, key: str) -> tuple[int, float]:
+        """(size in bytes, modification time as Unix seconds) of ``key``. Raises: BlobNotFound."""
         try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except Exception as exc:
-            if _s3_code(exc) in ("NoSuchKey", "404", "NotFound"):
-                raise BlobNotFound(key) from None
-            raise
-        body: bytes = resp["Body"].read()
-        return body
-
-    def _iter_keys(self, prefix: str) -> Iterator[str]:
-        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
-        strip = len(f"{self.prefix}/") if self.prefix else 0
-        paginator = self._client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
-            for obj in page.get("Contents", []):
-                yield str(obj["Key"])[strip:]
-
-    def list(self, prefix: str = "") -> list[str]:
-        return sorted(self._iter_keys(prefix))
-
-    def delete_prefix(self, prefix: str) -> None:
-        keys = list(self._iter_keys(prefix.rstrip("/") + "/"))
-        for i in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]
-            self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-
-    def delete(self, key: str) -> None:
-        self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-
-    def rename_prefix(self, src: str, dst: str) -> bool:
-        return False
-
-
-class GCSBackend:
-    """A ``gs://bucket/prefix`` location through google-cloud-storage. The marker object is the commit point."""
-
-    def __init__(self, bucket: str, prefix: str, client: Any = None, *, timeout: float | tuple[float, float] = 60.0,
-                 retry: bool = True) -> None:
-        """``timeout`` (seconds, or (connect, read)) bounds each request; ``retry=False`` makes one attempt
-        (the preflight probe), else the SDK's default retries apply."""
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.uri = f"gs://{bucket}/{self.prefix}".rstrip("/")
-        self._bucket = (client if client is not None else gcs_client()).bucket(bucket)
-        self._kw: dict[str, Any] = {"timeout": timeout, **({} if retry else {"retry": None})}
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def put(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
-        """``metadata`` becomes the object's custom metadata."""
-        blob = self._bucket.blob(self._key(key))
-        if metadata:
-            blob.metadata = dict(metadata)
-        blob.upload_from_string(data, content_type="application/octet-stream", **self._kw)
-
-    def get(self, key: str) -> bytes:
-        """Raises: BlobNotFound for a missing object; google.api_core errors otherwise."""
-        try:
-            data: bytes = self._bucket.blob(self._key(key)).download_as_bytes(**self._kw)
-        except Exception as exc:
-            if type(exc).__name__ == "NotFound" or getattr(exc, "code", None) == 404:
-                raise BlobNotFound(key) from None
-            raise
-        return data
-
-    def list(self, prefix: str = "") -> list[str]:
-        full = self._key(prefix) if prefix else (f"{self.prefix}/" if self.prefix else "")
-        strip = len(f"{self.prefix}/") if self.prefix else 0
-        return sorted(str(b.name)[strip:] for b in self._bucket.list_blobs(prefix=full, **self._kw))
-
-    def delete_prefix(self, prefix: str) -> None:
-        for key in self.list(prefix.rstrip("/") + "/"):
-            self.delete(key)
-
-    def delete(self, key: str) -> None:
-        try:
-            self._bucket.blob(self._key(key)).delete(**self._kw)
-        except Exception as exc:
-            if type(exc).__name__ != "NotFound":
-                raise
-
-    def rename_prefix(self, src: str, dst: str) -> bool:
-        return False
-
-
-class FsspecBackend:
-    """Any fsspec URL (``gs://`` via gcsfs when google-cloud-storage is missing, ``memory://`` in tests)."""
-
-    def __init__(self, uri: str) -> None:
-        import fsspec  # lazy: optional dependency
-
-        self.uri = uri.rstrip("/")
-        self._fs, root = fsspec.core.url_to_fs(self.uri)
-        self._root = str(root).rstrip("/")
-
-    def _key(self, key: str) -> str:
-        return f"{self._root}/{key}"
-
-    def put(self, key: str, data: bytes) -> None:
-        self._fs.pipe_file(self._key(key), data)
-
-    def get(self, key: str) -> bytes:
-        """Raises: BlobNotFound for a missing key; filesystem errors otherwise."""
-        try:
-            data: bytes = self._fs.cat_file(self._key(key))
-        except FileNotFoundError:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
             raise BlobNotFound(key) from None
-        return data
+        return st.st_size, st.st_mtime
 
-    def list(self, prefix: str = "") -> list[str]:
-        base = self._key(prefix).rstrip("/") if prefix else self._root
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``key`` (a seek). Raises: BlobNotFound."""
         try:
-            found = self._fs.find(base)
-        except FileNotFoundError:
-            return []
-        strip = len(self._root.lstrip("/")) + 1
-        return sorted(str(p).lstrip("/")[strip:] for p in found)
-
-    def delete_prefix(self, prefix: str) -> None:
-        path = self._key(prefix.rstrip("/"))
-        if self._fs.exists(path):
-            self._fs.rm(path, recursive=True)
-
-    def delete(self, key: str) -> None:
-        try:
-            self._fs.rm_file(self._key(key))
-        except FileNotFoundError:
-            pass
-
-    def rename_prefix(self, src: str, dst: str) -> bool:
-        return False
+            with self._path(key).open("rb") as fh:
+                fh.seek(start)
+                return fh.read(end - start)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise BlobNotFound(key) from None
 
 
 def open_backend(uri: str) -> Backend:
@@ -308,43 +186,6 @@ def _guard(sdk: str, fix: str, build: Callable[[], Backend]) -> Backend:
         raise
     except Exception as exc:
         raise StorageError(f"cannot open storage with {sdk}: {exc}", remediation=fix, sdk=sdk) from exc
-
-
-def _boto3_client(config: Any = None) -> Any:
-    import boto3  # lazy: optional dependency
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    return boto3.client("s3", endpoint_url=endpoint, config=config)
-
-
-def emulator_host(environ: Mapping[str, str] | None = None) -> str | None:
-    """The GCS emulator URL from ``STORAGE_EMULATOR_HOST`` (None when unset or blank)."""
-    env = os.environ if environ is None else environ
-    return (env.get(EMULATOR_ENV) or "").strip() or None
-
-
-def gcs_client() -> Any:
-    """A ``google.cloud.storage.Client``. With ``STORAGE_EMULATOR_HOST`` set: pointed at the emulator with
-    anonymous credentials and the project ``$GOOGLE_CLOUD_PROJECT`` (else :data:`EMULATOR_PROJECT`); otherwise
-    Application Default Credentials (Workload Identity, ``GOOGLE_APPLICATION_CREDENTIALS``).
-
-    Raises: ImportError (google-cloud-storage missing); google.auth errors (no credentials outside the emulator).
-    """
-    import importlib
-
-    storage = importlib.import_module("google.cloud.storage")  # lazy: optional dependency
-    if emulator_host() is None:
-        return storage.Client()
-    anonymous = importlib.import_module("google.auth.credentials").AnonymousCredentials
-    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or EMULATOR_PROJECT
-    return storage.Client(project=project, credentials=anonymous())
-
-
-def _s3_code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""
 
 
 def _creds_hint(scheme: str) -> str:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from kfp_gpu.errors import KfpGpuError, Scope
 
 
+class BlobNotFound(KeyError):
+    """The key does not exist in the backend."""
+
+
 class CheckpointError(KfpGpuError):
     """Base of every checkpoint error. Permanent unless a subclass says otherwise."""
 

@@ -163,7 +163,7 @@ def _open(uri: str) -> Backend:
             raise StorageUnavailable("checkpoint storage needs google-cloud-storage, which is not importable",
                                      remediation="pip install google-cloud-storage", sdk="google-cloud-storage") from None
     if scheme == "s3":
-        from kfp_gpu.checkpoint.backends import S3Backend, _boto3_client
+        from kfp_gpu.checkpoint.object_backends import S3Backend, _boto3_client
 
         try:
             from botocore.config import Config

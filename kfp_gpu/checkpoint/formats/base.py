@@ -10,20 +10,14 @@ imports torch.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Protocol
 
 from kfp_gpu.checkpoint.backends import (
     Backend,
     BlobNotFound,
-    FsspecBackend,
-    GCSBackend,
-    LocalBackend,
-    S3Backend,
 )
 
 Check = Callable[[], "str | None"]  # None = complete; else the missing piece, e.g. "no .metadata"
@@ -112,81 +106,36 @@ def trailing_step(name: str) -> int | None:
 def modified(backend: Backend, key: str) -> float:
     """Best-effort modification time of ``key`` (Unix s), 0.0 when the backend cannot say. Never raises."""
     try:
-        if isinstance(backend, LocalBackend):
-            return os.stat(_local(backend, key)).st_mtime
-        if isinstance(backend, S3Backend):
-            head = backend._client.head_object(Bucket=backend.bucket, Key=backend._key(key))
-            return float(head["LastModified"].timestamp())
-        if isinstance(backend, GCSBackend):
-            blob = backend._bucket.get_blob(backend._key(key))
-            return float(blob.updated.timestamp()) if blob is not None and blob.updated else 0.0
-        if isinstance(backend, FsspecBackend):
-            info = backend._fs.info(backend._key(key))
-            when = info.get("mtime") or info.get("LastModified") or info.get("updated") or info.get("created")
-            return when.timestamp() if isinstance(when, datetime) else float(when or 0.0)
+        return float(backend.stat(key)[1])
     except Exception:  # noqa: BLE001 - a time is nice to have, never a reason to fail
         return 0.0
-    return 0.0
 
 
 def read_range(backend: Backend, key: str, start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of object ``key``: a ranged read (seek, HTTP Range) where the backend is one of
-    ours, else a full read sliced.
+    """Bytes ``[start, end)`` of object ``key`` (the backend's ranged read: seek, HTTP Range).
 
     Raises: BlobNotFound; the backend's own errors.
     """
     try:
-        if isinstance(backend, LocalBackend):
-            with open(_local(backend, key), "rb") as fh:
-                fh.seek(start)
-                return fh.read(end - start)
-        if isinstance(backend, S3Backend):
-            resp = backend._client.get_object(Bucket=backend.bucket, Key=backend._key(key),
-                                              Range=f"bytes={start}-{end - 1}")
-            body: bytes = resp["Body"].read()
-            return body
-        if isinstance(backend, GCSBackend):
-            data: bytes = backend._bucket.blob(backend._key(key)).download_as_bytes(start=start, end=end - 1)
-            return data
-        if isinstance(backend, FsspecBackend):
-            part: bytes = backend._fs.cat_file(backend._key(key), start=start, end=end)
-            return part
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise BlobNotFound(key) from None
-    except Exception as exc:
-        if _missing(exc):
-            raise BlobNotFound(key) from None
-        raise
-    return backend.get(key)[start:end]
-
-
-def size_of(backend: Backend, key: str) -> int:
-    """Size of object ``key`` in bytes. Raises: BlobNotFound; the backend's own errors."""
-    try:
-        if isinstance(backend, LocalBackend):
-            return os.stat(_local(backend, key)).st_size
-        if isinstance(backend, S3Backend):
-            return int(backend._client.head_object(Bucket=backend.bucket, Key=backend._key(key))["ContentLength"])
-        if isinstance(backend, GCSBackend):
-            blob = backend._bucket.get_blob(backend._key(key))
-            if blob is None:
-                raise BlobNotFound(key)
-            return int(blob.size)
-        if isinstance(backend, FsspecBackend):
-            return int(backend._fs.size(backend._key(key)))
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise BlobNotFound(key) from None
+        return backend.read_range(key, start, end)
     except BlobNotFound:
         raise
     except Exception as exc:
         if _missing(exc):
             raise BlobNotFound(key) from None
         raise
-    return len(backend.get(key))
 
 
-def _local(backend: LocalBackend, key: str) -> str:
-    return os.path.join(os.fspath(backend.root), *key.split("/"))
+def size_of(backend: Backend, key: str) -> int:
+    """Size of object ``key`` in bytes. Raises: BlobNotFound; the backend's own errors."""
+    try:
+        return int(backend.stat(key)[0])
+    except BlobNotFound:
+        raise
+    except Exception as exc:
+        if _missing(exc):
+            raise BlobNotFound(key) from None
+        raise
 
 
 def _missing(exc: BaseException) -> bool:
