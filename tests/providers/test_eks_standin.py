@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -129,3 +130,22 @@ def test_throttled_calls_are_rate_limited() -> None:
         p._nodegroup("spot-a", "us-east-1")
         with pytest.raises(RateLimited):
             p._nodegroup("spot-a", "us-east-1")
+
+
+def test_every_aws_action_the_provider_calls_is_documented_in_rbac_iam(env: Any) -> None:
+    """docs/rbac-iam.md section 3 lists each IAM action the node-group backend needs; the stand-in's request log
+    (service:Action as IAM spells them) says which ones the provider really calls."""
+    sim, p, tl = env
+    ref = PoolRef("od-b", "us-east-1b", "us-east-1")
+    p.pools("us-east-1")
+    p.quota("a100-40gb", "us-east-1", spot=False)
+    op = p.resize(ref, 2, OWNER)
+    advance(sim, tl, 300)
+    p.operation(op)
+    p.pool_activity(ref)
+    p.node_lookup = lambda names: {}
+    p.delete_nodes(ref, sorted(sim.backend.bodies)[:1])
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "rbac-iam.md").read_text()
+    called = set(sim.requests)
+    assert {"autoscaling:TerminateInstanceInAutoScalingGroup", "eks:UpdateNodegroupConfig"} <= called
+    assert not [a for a in called if f"`{a}`" not in doc and f'"{a}"' not in doc], called

@@ -64,12 +64,13 @@ class Interruption:
 
 @dataclass(frozen=True)
 class Throttle:
-    """A token bucket per (service, action kind): ``burst`` tokens, ``refill_per_s`` tokens per real-world
-    second (so per compressed second here). 0 burst = unlimited."""
+    """A token bucket per (service, API action): ``burst`` tokens, ``refill_per_s`` tokens per real-world second
+    (so per compressed second here); read = Describe*/List*/Get*, write = the rest. 0 burst = unlimited.
+    Defaults: EC2's documented DescribeHosts bucket (100, 20/s) for reads; 50, 5/s for writes (an assumption)."""
 
     read_burst: int = 100
     read_refill_per_s: float = 20.0
-    write_burst: int = 200
+    write_burst: int = 50
     write_refill_per_s: float = 5.0
 
 

@@ -29,12 +29,13 @@ _READ = ("Describe", "List", "Get")
 
 
 class Buckets:
-    """Token buckets per (service, "read"|"write"), refilled per stand-in second at the real-world rate
-    times TIME_SCALE (one real-world second of refill lasts 1/TIME_SCALE here)."""
+    """One token bucket per (service, API action), as EC2 evaluates "each API individually"; its size and refill
+    rate are the scenario's read (Describe/List/Get) or write figures. Refilled at the real-world rate per
+    stand-in second times TIME_SCALE (a real-world second of refill lasts 1/TIME_SCALE here)."""
 
     def __init__(self, scenario: AwsScenario, timeline: Timeline) -> None:
         self.t, self.timeline = scenario.throttle, timeline
-        self.level: dict[tuple[str, str], tuple[float, float]] = {}
+        self.level: dict[tuple[str, str], tuple[float, float]] = {}  # (service, action) -> (tokens, at)
         self.lock = threading.Lock()
         self.refused = 0
 
@@ -46,13 +47,13 @@ class Buckets:
             return True
         now = self.timeline.now() * TIME_SCALE
         with self.lock:
-            tokens, at = self.level.get((service, kind), (float(burst), now))
+            tokens, at = self.level.get((service, action), (float(burst), now))
             tokens = min(float(burst), tokens + (now - at) * rate)
             if tokens < 1.0:
-                self.level[(service, kind)] = (tokens, now)
+                self.level[(service, action)] = (tokens, now)
                 self.refused += 1
                 return False
-            self.level[(service, kind)] = (tokens - 1.0, now)
+            self.level[(service, action)] = (tokens - 1.0, now)
             return True
 
 
