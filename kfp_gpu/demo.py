@@ -189,16 +189,18 @@ def _teardown_output(root: str) -> dict[str, object]:
 
 def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str] = (),
               timeout_s: float = 20.0) -> dict[str, list[str]]:
-    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs and run
-    Leases in ``namespace`` (Nodes cluster-wide), plus any of ``deleted_nodes`` (the Nodes teardown deleted
-    through the cloud) still registered. Polls until nothing is left or ``timeout_s`` (deletions finish
+    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs, run
+    Leases, ProvisioningRequests and PodTemplates in ``namespace`` (Nodes and Karpenter NodePools cluster-wide),
+    plus any of ``deleted_nodes`` (the Nodes teardown deleted through the cloud or with the run's NodePool) still
+    registered. Polls until nothing is left or ``timeout_s`` (deletions finish
     asynchronously). Empty means clean.
 
     Raises: kubernetes ApiException (refused or failed listing).
     """
     from kfp_gpu.cluster import owned
 
-    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE)
+    kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE,
+             owned.NODEPOOL)
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[str]] = {}
@@ -214,6 +216,16 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
 
 
 # ---- the rehearsal ---------------------------------------------------------------------------------------
+def extras_for(spec: ProvisioningSpec) -> tuple[str, ...]:
+    """The optional local-cluster components (:mod:`kfp_gpu.devcluster.extras` names) a rehearsal of ``spec``
+    needs: ``gcs`` (fake-gcs-server) for a ``gs://`` checkpoint_uri, ``karpenter`` (Karpenter's kwok provider) for
+    ``target.provisioner="karpenter"``. Pure; raises nothing."""
+    return tuple(name for name, needed in (
+        ("gcs", spec.checkpoint_uri.startswith("gs://")),
+        ("karpenter", spec.target.provisioner == "karpenter"),
+    ) if needed)
+
+
 def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | None = None,
         scenario: str | None = None, keep: bool = True, terminal: TextIO | None = None) -> int:
     """Rehearse the provisioned pipeline of ``pipeline_file`` locally; returns the process exit code
@@ -243,10 +255,12 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     say(f"kfp-gpu run: pipeline {graph.name} from {pipeline_file} ({shown})")
     say("booting (or reusing) the local GKE: etcd, kube-apiserver, scheduler, controller-manager, KWOK, "
         "Training Operator...")
-    gcs = spec.checkpoint_uri.startswith("gs://")  # gs:// checkpoints go to the fake-gcs-server emulator
-    ctx = boot.up(extras=("gcs",) if gcs else ())
+    extras = extras_for(spec)
+    if extras:
+        say(f"  with {', '.join(extras)} (the spec needs them: see kfp_gpu.demo.extras_for)")
+    ctx = boot.up(extras=extras)
     os.environ["KUBECONFIG"] = str(ctx.kubeconfig)
-    if gcs:
+    if "gcs" in extras:
         from kfp_gpu.devcluster import gcs_profile
 
         os.environ.update(gcs_profile.env())  # STORAGE_EMULATOR_HOST for the steps (kfp.local subprocesses)
@@ -292,7 +306,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
 
         left = leftovers(api_client(spec.target), spec.target.namespace, run_id,
                          list(out.get("nodes_deleted") or []))  # type: ignore[call-overload]
-    what = "ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, deleted nodes"
+    what = "ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
     say(f"leak check (run {run_id or '?'}: {what}): " +
         ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")

@@ -32,6 +32,12 @@ kueue-admission backends):
 * **release(spec, run_id) -> Released**: give back everything the backend holds for the run (teardown and the
   janitor). Idempotent; a second call finds nothing. Never raises for objects already gone; errors are
   reported in ``Released.errors``.
+* **holds_placeholders: bool** (attribute; False on :class:`NothingExtra`, read through
+  :func:`holds_placeholders`): True when ``acquire(wait=False)`` itself places the pods that keep the warm pool's
+  capacity (Karpenter launches nodes only for pending pods, so the karpenter backend's placeholders, which
+  tolerate its NodePool's taint, *are* the warm pool). The warm-pool step then creates no generic balloons
+  (:mod:`kfp_gpu.cluster.balloons`): they would not fit the backend's nodes and could make the platform launch
+  other capacity for them.
 """
 
 from __future__ import annotations
@@ -102,7 +108,10 @@ class Provisioner(Protocol):
 
 class NothingExtra:
     """Defaults for a backend whose platform needs nothing before the job, on the pods or about revocations:
-    capacity unchanged, no annotations, nothing revoked (node losses show on the Nodes)."""
+    capacity unchanged, no annotations, nothing revoked (node losses show on the Nodes), and the warm pool's
+    balloons are the generic ones (``holds_placeholders = False``)."""
+
+    holds_placeholders: bool = False
 
     def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
         return capacity
@@ -112,3 +121,9 @@ class NothingExtra:
 
     def revoked(self, spec: ProvisioningSpec, capacity: Capacity) -> list[str]:
         return []
+
+
+def holds_placeholders(backend: Provisioner) -> bool:
+    """Whether ``backend``'s own warm-pool placeholders hold the warm pool (see the module docstring). A backend
+    that does not declare the attribute (one not built on :class:`NothingExtra`) holds none. Raises: nothing."""
+    return bool(getattr(backend, "holds_placeholders", False))

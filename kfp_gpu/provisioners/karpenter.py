@@ -49,6 +49,7 @@ class KarpenterProvisioner(NothingExtra):
     """The karpenter backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
+    holds_placeholders = True  # acquire(wait=False)'s placeholders (tolerating the NodePool's taint) are the warm pool
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -2,7 +2,9 @@
 
 It requests ``warm_pool.nodes`` GPU nodes from the provider (not waiting for boot: scale-up waits),
 places balloon pods on them in a negative-priority PriorityClass so training pods preempt them, and
-optionally creates a cloud reservation. Every object carries the run id and a lease-expiry label, renewed by a
+optionally creates a cloud reservation. A backend that holds its own placeholders
+(:func:`kfp_gpu.provisioners.base.holds_placeholders`, e.g. karpenter: pods tolerating the run NodePool's taint,
+for which Karpenter launches) gets no generic balloons: its placeholders are the warm pool. Every object carries the run id and a lease-expiry label, renewed by a
 :class:`~kfp_gpu.cluster.lease.Heartbeat` while the step runs.
 
 ``warm_pool.cloud_reservation``: the reservation is made *where the resize grows*, after the backend submitted
@@ -26,7 +28,15 @@ from kfp_gpu import provisioners
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
-from kfp_gpu.providers.base import CapacityProvider, PoolState, ReservationRequest, label_safe
+from kfp_gpu.providers.base import (
+    LABEL_RUN_ID,
+    LABEL_STEP,
+    CapacityProvider,
+    PoolState,
+    ReservationRequest,
+    label_safe,
+)
+from kfp_gpu.provisioners.base import holds_placeholders
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import Timeline
@@ -70,14 +80,19 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
     wp = spec.warm_pool
     names: list[str] = []
     if wp.nodes:
-        balloons.ensure_priority_class(api)
-        with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
-            pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, heartbeat.owner, wp.nodes,
-                             spec.gpus_per_node, spec.accelerator, list(spec.target.pools),
-                             provider.scheme)
-            backend = provisioners.select(spec, api, provider)
-            backend.acquire(spec, run_id, provisioners.GangRequest(nodes=wp.nodes, step=STEP, wait=False, lease_ttl_s=ttl))
-            names = pods.result()
+        backend = provisioners.select(spec, api, provider)
+        request = provisioners.GangRequest(nodes=wp.nodes, step=STEP, wait=False, lease_ttl_s=ttl)
+        if holds_placeholders(backend):  # the backend's own placeholders are the warm pool (e.g. karpenter)
+            backend.acquire(spec, run_id, request)
+            names = _placeholders(api, spec.target.namespace, run_id)
+        else:
+            balloons.ensure_priority_class(api)
+            with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
+                pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, heartbeat.owner, wp.nodes,
+                                 spec.gpus_per_node, spec.accelerator, list(spec.target.pools),
+                                 provider.scheme)
+                backend.acquire(spec, run_id, request)
+                names = pods.result()
     led = ledger.read(api, spec.target.namespace, run_id, STEP)
     held: list[ReservationRequest] = []
     timeline = Timeline.from_json(led["timeline"]) if led.get("timeline") else Timeline(run_id)
@@ -96,6 +111,14 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
                      {**led, "balloons": names, "reservation": ", ".join(r.name for r in held),
                       "timeline": timeline.to_json(), "started": led.get("started", time.time())})
     return names, held
+
+
+def _placeholders(api: client.ApiClient, namespace: str, run_id: str) -> list[str]:
+    """The warm pool's pods a backend placed itself (balloon-labelled, of this run and step). Raises: ApiException."""
+    selector = (f"{LABEL_RUN_ID}={label_safe(run_id)},{LABEL_STEP}={label_safe(STEP)},"
+                f"{balloons.BALLOON_LABEL}=true")
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
+    return sorted(str(p.metadata.name) for p in pods)
 
 
 def reservations_for(spec: ProvisioningSpec, run_id: str, pools: list[PoolState], targets: dict[str, int],
