@@ -25,7 +25,7 @@ from kfp_gpu.providers.eks import EksProvider
 from kfp_gpu.sim.aws import AwsSimServer
 from kfp_gpu.sim.aws.scenario import default
 from kfp_gpu.sim.worldspec import BootLatency
-from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
 from pipelines.llm_finetune_eks import SPEC
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until
@@ -93,7 +93,11 @@ def test_eks_example_spot_interruption_recovers_and_leaves_nothing(
     run = f"run-{uuid.uuid4().hex[:6]}"
     provider = EksProvider.from_target(spec.target)
     found = {n: g["desired"] for n, g in aws.world.snapshot()["nodegroups"].items()}
-    cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
+    pre = preflight_step.run(spec, run, "", api=step_api)
+    pre_out = json.loads(pre.output_json)
+    assert pre_out["provisioner"]["name"] == "node-pool", pre.output_json[:2000]
+    warm_pool.run(spec, run, pre.output_json, api=step_api)
+    cap_json = scale_up.run(spec, run, pre.output_json, api=step_api, provider=provider).output_json
     cap = Capacity.from_json(cap_json)
     assert cap.scheme == "eks" and len(cap.nodes) == 2
     core = client.CoreV1Api(kube.api)
@@ -130,5 +134,5 @@ def test_eks_example_spot_interruption_recovers_and_leaves_nothing(
     assert {n: g["desired"] for n, g in aws.world.snapshot()["nodegroups"].items()} == found
     wait_until("no stand-in node left", lambda: not core.list_node(
         label_selector=f"kfp-gpu.io/sim-cluster={aws.scenario.cluster}").items, timeout=30)
-    assert kube.core.list_namespaced_pod(namespace).items == [] or all(
-        pp.status.phase in ("Succeeded", "Failed") for pp in kube.core.list_namespaced_pod(namespace).items)
+    wait_until("no pod left", lambda: not kube.core.list_namespaced_pod(namespace).items, timeout=30)
+    assert {"autoscaling:TerminateInstanceInAutoScalingGroup", "eks:UpdateNodegroupConfig"} <= set(aws.requests)
