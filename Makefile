@@ -96,10 +96,15 @@ components: venv
 cluster-build-ca: venv
 	$(BIN)/python -m kfp_gpu.devcluster build --with-autoscaler
 
-bench: cluster-build-ca cluster-up
+# Benchmarks (docs/benchmarks.md): every side runs on one world, so the cluster comes up with the cluster-autoscaler
+# (ProvisioningRequest sides; the bench starts its own CA for the reactive side from the same binary) and Karpenter
+# (kwok provider) profiles. bench-quick: every side at N=4, < 2 min once the cluster is up; it writes
+# bench/results/quick.json (and the doc only while no full run exists). bench: the full set, latest.json + the doc.
+bench bench-quick: AUTOSCALER = cluster-autoscaler,karpenter
+bench: cluster-up
 	$(BIN)/python -m bench.run --full
 
-bench-quick: cluster-build-ca cluster-up
+bench-quick: cluster-up
 	$(BIN)/python -m bench.run --quick
 
 clean: cluster-down

@@ -1,227 +1,114 @@
-"""Scenario 1 (burst scale-up), 6 (idle GPU-minutes) and 7 (API load) - one measurement loop.
+"""Burst scale-up: every peer RUN on one world (bench/world.py), measured by one external watch (bench/observe.py).
 
-Sides, all against the same local control plane + KWOK, same boot-latency model per repeat:
+For each N, for each repeat, each side in turn (repeats interleaved across sides), with seed = 1000*N + repeat:
+the side's own process (bench/peers.py) sets up, the harness takes t0 and says ``go``; the side obtains capacity
+its own way and starts the gang (N pods x 8 GPUs); the harness's watch sees the whole gang Running (job start),
+holds the job :data:`JOB_S`, says ``release`` (job end) and watches the side's nodes go, up to a cap.
 
-* ``ours``: :func:`kfp_gpu.steps.scale_up.provision` against the GKE stand-in (``bench/scenarios/burst.yaml``,
-  boot lognormal median 1 s, sigma 0.3, seed = f(N, repeat)).
-* ``sequential``: one node at a time: setSize(+1) on the stand-in, then wait until that node is Ready
-  (same stand-in scenario and seed, so the same boot samples).
-* ``cluster_autoscaler``: the real cluster-autoscaler (kwok cloud provider) scaling a node group for N pending
-  pods that request 8 GPUs each. Its nodes come from a template labelled ``kfp-gpu.io/boot-injection=pending``;
-  KWOK's node-initialize stage waits for ``kfp-gpu.io/boot-delay``, which :class:`Injector` sets from the
-  same seeded lognormal sampler the stand-in uses (``BootLatency.sample``), together with
-  ``kfp-gpu.io/ready-at`` = (time the injector saw the node) + sample (absolute RFC3339, as the stand-in's
-  nodes carry it too).
-
-The physical limit of a repeat is the largest boot latency sampled for that repeat's nodes (read back from
-the node annotations).
+Where a side's nodes come from:
+* ``naive``, ``sequential``, ``ours_node_pool``: a fresh stand-in process per side-run (same scenario and seed,
+  so the same boot samples, in creation order).
+* ``cluster_autoscaler``: the bench's own cluster-autoscaler process (same binary and flags as the dev cluster's
+  CA profile, kfp_gpu/devcluster/ca_profile.py FLAGS, minus the ProvisioningRequest ones: two CAs serving the same
+  requests would fight over their status), node group ``bench-ca`` (max 600). Its nodes wait for the bench's
+  boot injector, which draws from the same seeded lognormal as the stand-in (:class:`Injector`).
+* ``cluster_autoscaler_provreq``, ``ours_provisioning_request``: the dev cluster's CA profile (the only CA allowed
+  to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-a`` (max 4 nodes; fixed 240 s boot
+  from its template).
+* ``karpenter``, ``ours_karpenter``: the dev cluster's Karpenter kwok provider (KWOKNodeClass ``kfp-gpu``: fixed
+  240 s registration delay).
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import random
-import resource
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from bench.common import (
-    BOOT_SAMPLE_ANNOTATION,
-    GPU,
-    ReadyWatch,
-    RequestCounter,
-    Result,
-    delete_nodes,
-    kubeconfig,
-    new_api,
-    pool_selector,
-    sampled_boot_s,
-    scenario_dict,
-    uid,
-)
-from kfp_gpu import accelerators
-from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, READY_AT_ANNOTATION, make_gpu_node
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.scenario import BootLatency
-from kfp_gpu.sim.server import SimServer
+from bench.common import BOOT_SAMPLE_ANNOTATION, ROOT, new_api, parse_go_duration, uid
+from bench.observe import Measured, NodeRec, Observer, measure
+from bench.world import GPUS, PENDING_S, StandIn, boot_model, pool_name, scenario
+from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL, READY_AT_ANNOTATION
+from kfp_gpu.sim.clock import TIME_SCALE, compress
 
-POOL = "bench-a100-a"
-ZONE = "us-central1-a"
-ACCEL = "a100-80gb"
-GPUS = 8
+SIDES = ("naive", "sequential", "cluster_autoscaler", "cluster_autoscaler_provreq", "karpenter",
+         "ours_node_pool", "ours_provisioning_request", "ours_karpenter")
+STANDIN_SIDES = ("naive", "sequential", "ours_node_pool")
 CA_POOL = "bench-ca"
+PROFILE_POOL = "ca-a100-a"
+PROFILE_MAX = 4
 INJECT_LABEL = "kfp-gpu.io/boot-injection"
-BENCH_LABEL = "kfp-gpu.io/bench"
-CA_SCAN_INTERVAL = "1s"  # CA default is 10s; 1s is in the baseline's favour
-CA_UNNEEDED_MIN = 10.0  # CA default --scale-down-unneeded-time (reported as configured, not waited out)
-
-
-def boot_model(seed: int) -> BootLatency:
-    d = scenario_dict("burst")["pools"][0]["boot"]
-    return BootLatency(dist=d["dist"], median_s=float(d["median_s"]), sigma=float(d["sigma"]), seed=seed)
-
-
-def seed_for(n: int, repeat: int) -> int:
-    return 1000 * n + repeat
+JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
+GANG_TIMEOUT_S = 150.0
 
 
 @dataclass
-class Sample:
-    seconds: float
-    limit: float
-    idle_gpu_min: float  # Ready GPUs waiting for the rest of the gang, before training can start
-    cloud_requests: int = 0
-    kube_requests: int = 0
-    profile: dict[str, float] = field(default_factory=dict)
+class SideRun:
+    side: str
+    n: int
+    repeat: int
+    seed: int
+    error: str = ""
+    m: Measured | None = None
+    requests: int = 0
+    rss_mib: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
 
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"side": self.side, "n": self.n, "repeat": self.repeat, "seed": self.seed}
+        if self.error:
+            out["error"] = self.error
+        if self.m is not None:
+            to_min = TIME_SCALE / 60.0  # wall GPU-seconds -> world GPU-minutes
+            out.update({"total_s": round(self.m.total_s, 4), "limit_s": round(self.m.limit_s, 4),
+                        "overhead_s": round(self.m.overhead_s, 4), "nodes_ready_s": round(self.m.nodes_ready_s, 4),
+                        "nodes": self.m.nodes,
+                        "idle_before_gpu_min": round(self.m.idle_before_gpu_s * to_min, 3),
+                        "idle_after_gpu_min": round(self.m.idle_after_gpu_s * to_min, 3),
+                        "idle_after_capped": self.m.after_capped,
+                        "api_requests_per_node": round(self.requests / max(1, self.n), 3),
+                        "peak_rss_mib": self.rss_mib, **self.m.detail})
+        out.update(self.extra)
+        return out
 
-def _start_sim(seed: int) -> tuple[SimServer, str]:
-    cluster = uid("bench")
-    data = scenario_dict("burst", cluster=cluster)
-    data["pools"][0]["boot"]["seed"] = seed
-    sim = SimServer(scenario_mod.from_dict(data), kubeconfig())
-    sim.start()
-    return sim, cluster
-
-
-def _limit_and_idle(api: client.ApiClient, selector: str, ready: dict[str, float]) -> tuple[float, float]:
-    nodes = client.CoreV1Api(api).list_node(label_selector=selector).items
-    samples = [s for n in nodes if (s := sampled_boot_s(n)) is not None]
-    t_all = max(ready.values()) if ready else 0.0
-    idle = sum(t_all - t for t in ready.values()) * GPUS / 60.0
-    return (max(samples) if samples else 0.0), idle
-
-
-# ---- ours ----------------------------------------------------------------------------------------
-
-def run_ours(n: int, repeat: int, namespace: str) -> Sample:
-    from kfp_gpu.providers.gke import GkeProvider
-    from kfp_gpu.spec import ProvisioningSpec, Target
-    from kfp_gpu.steps import scale_up
-    from kfp_gpu.timeline import NodeState, Timeline
-
-    sim, cluster = _start_sim(seed_for(n, repeat))
-    api = new_api()
-    counter = RequestCounter(api)
-    sel = f"kfp-gpu.io/sim-cluster={cluster}"
-    try:
-        spec = ProvisioningSpec(ACCEL, n, gpus_per_node=GPUS, target=Target(
-            kind="local", cluster=cluster, region="us-central1", endpoint=sim.url, namespace=namespace),
-            zones=(ZONE,), scale_up_deadline_s=300.0)
-        provider = GkeProvider.from_target(spec.target)
-        run_id = uid("bench-")
-        t0 = time.time()
-        cap = scale_up.provision(spec, run_id, api, provider)
-        took = time.time() - t0
-        kube_n = counter.count
-        cloud_n = sum(sim.request_counts().values())
-        tl = Timeline.from_json(cap.timeline_json)
-        ready = {name: nt.at(NodeState.READY) or 0.0 for name, nt in tl.nodes.items() if nt.at(NodeState.READY)}
-        limit, idle = _limit_and_idle(api, sel, ready)
-        req = [nt.at(NodeState.REQUESTED) for nt in tl.nodes.values() if nt.at(NodeState.REQUESTED)]
-        reg = [nt.at(NodeState.REGISTERED) for nt in tl.nodes.values() if nt.at(NodeState.REGISTERED)]
-        prof = {
-            "first_requested_s": round(min(req) - t0, 3) if req else -1.0,
-            "last_registered_s": round(max(reg) - t0, 3) if reg else -1.0,
-            "last_ready_s": round(max(ready.values()) - t0, 3) if ready else -1.0,
-            "claimed_and_returned_s": round(took, 3),
-        }
-        return Sample(took, limit, idle, cloud_n, kube_n, prof)
-    finally:
-        sim.stop()
-        delete_nodes(api, sel)
-        api.close()
-
-
-def ours_rss_child(n: int, namespace: str) -> dict[str, float]:
-    """Run one ``ours`` repeat in a fresh interpreter; return its peak RSS (MiB) and time."""
-    code = ("import json,resource,sys;from bench import burst;"
-            f"s=burst.run_ours({n}, 99, {namespace!r});"
-            "print(json.dumps({'seconds': s.seconds, "
-            "'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         cwd=str(__import__("bench.common", fromlist=["ROOT"]).ROOT))
-    if out.returncode != 0:
-        raise RuntimeError(f"rss child failed: {out.stderr[-2000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-
-
-def self_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-# ---- sequential ----------------------------------------------------------------------------------
-
-def run_sequential(n: int, repeat: int) -> Sample:
-    sim, cluster = _start_sim(seed_for(n, repeat))
-    api = new_api()
-    counter = RequestCounter(api)
-    sel = f"kfp-gpu.io/sim-cluster={cluster}"
-    url = (f"{sim.url}/v1/projects/{sim.scenario.project}/locations/{ZONE}/clusters/{cluster}"
-           f"/nodePools/{POOL}:setSize")
-    w = ReadyWatch(api, sel)
-    try:
-        t0 = time.time()
-        w.start()
-        for i in range(1, n + 1):
-            body = json.dumps({"nodeCount": i}).encode()
-            req = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=30) as r:
-                r.read()
-            if not w.wait_ready(i, 120.0):
-                raise RuntimeError(f"sequential: node {i} not Ready within 120s")
-        took = time.time() - t0
-        kube_n = counter.count
-        cloud_n = sum(sim.request_counts().values())
-        with w.cond:
-            ready = dict(w.ready)
-        limit, idle = _limit_and_idle(api, sel, ready)
-        return Sample(took, limit, idle, cloud_n, kube_n)
-    finally:
-        w.stop()
-        sim.stop()
-        delete_nodes(api, sel)
-        api.close()
-
-
-# ---- cluster-autoscaler --------------------------------------------------------------------------
 
 class Injector:
-    """Sets the boot latency of cluster-autoscaler's new nodes (label ``kfp-gpu.io/boot-injection=pending``).
+    """Boot latency for the bench CA's nodes (label ``kfp-gpu.io/boot-injection=pending``): the next sample of the
+    run's seeded lognormal (the stand-in's sampler), plus the stand-in's operation PENDING time, as an absolute
+    ready-at from the moment the watch saw the node (so the patch's own latency is not charged to CA)."""
 
-    Samples come from ``BootLatency.sample`` with the repeat's seed, in the order nodes are observed; the
-    annotation is an absolute time (observation + sample) so the injector's own latency is not charged to CA.
-    """
-
-    def __init__(self, api: client.ApiClient, seed: int, watch_: ReadyWatch) -> None:
+    def __init__(self, api: client.ApiClient) -> None:
         self.core = client.CoreV1Api(api)
-        self.model = boot_model(seed)
-        self.rng: random.Random = self.model.sampler()
         self.lock = threading.Lock()
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="inject")
         self.errors: list[str] = []
-        watch_.on_added = self.on_added
+        self.seed(0)
 
-    def on_added(self, node: client.V1Node, seen_at: float) -> None:
-        ann = node.metadata.annotations or {}
-        if BOOT_DELAY_ANNOTATION in ann:
+    def seed(self, seed: int) -> None:
+        with self.lock:
+            self.model = boot_model(seed)
+            self.rng: random.Random = self.model.sampler()
+
+    def on_node(self, obj: dict[str, Any], seen: float) -> None:
+        md = obj.get("metadata") or {}
+        if (md.get("labels") or {}).get(INJECT_LABEL) != "pending" or BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
             return
         with self.lock:
-            s = self.model.sample(self.rng)
-        at = datetime.fromtimestamp(seen_at, tz=timezone.utc) + timedelta(seconds=s)
-        body = {"metadata": {"annotations": {
-            READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), BOOT_DELAY_ANNOTATION: f"{s:.6f}s",
-            BOOT_SAMPLE_ANNOTATION: f"{s:.6f}"}}}
-        self.pool.submit(self._patch, node.metadata.name, body)
+            s = compress(PENDING_S + self.model.sample(self.rng))
+        at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=s)
+        body = {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                                             BOOT_DELAY_ANNOTATION: f"{s:.6f}s", BOOT_SAMPLE_ANNOTATION: f"{s:.6f}"}}}
+        threading.Thread(target=self._patch, args=(md["name"], body), daemon=True).start()
 
     def _patch(self, name: str, body: dict[str, Any]) -> None:
         try:
@@ -229,207 +116,269 @@ class Injector:
         except Exception as exc:  # noqa: BLE001 - reported in the result
             self.errors.append(f"{name}: {exc}")
 
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
 
+class BenchCA:
+    """The bench's own cluster-autoscaler (profile flags minus ProvisioningRequests), node group ``bench-ca``."""
 
-def ca_template() -> dict[str, Any]:
-    acc = accelerators.get(ACCEL)
-    labels = {INJECT_LABEL: "pending", BENCH_LABEL: "ca"}
-    node = make_gpu_node("template", CA_POOL, acc.gke_label, ZONE, GPUS, False, 1.0, labels)
-    node["metadata"]["annotations"].pop(BOOT_DELAY_ANNOTATION, None)
-    node["metadata"]["annotations"].pop(READY_AT_ANNOTATION, None)
-    node["metadata"]["annotations"].update({
-        "cluster-autoscaler.kwok.nodegroup/min-count": "0",
-        "cluster-autoscaler.kwok.nodegroup/max-count": "256",
-    })
-    return node
+    def __init__(self, api: client.ApiClient) -> None:
+        from kfp_gpu import accelerators
+        from kfp_gpu.devcluster import autoscaler, ca_profile
+        from kfp_gpu.devcluster.nodes import make_gpu_node
 
-
-def ca_args() -> list[str]:
-    return [f"--scan-interval={CA_SCAN_INTERVAL}", "--kube-client-qps=1000", "--kube-client-burst=2000",
-            "--max-node-provision-time=5m"]
-
-
-def _pods(core: client.CoreV1Api, namespace: str, n: int, tag: str) -> None:
-    def one(i: int) -> None:
-        core.create_namespaced_pod(namespace, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{tag}-w{i}", "labels": {BENCH_LABEL: "ca", "bench-run": tag}},
-            "spec": {
-                "nodeSelector": {"cloud.google.com/gke-nodepool": CA_POOL},
-                "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "worker", "image": "pytorch/pytorch",
-                                "resources": {"requests": {GPU: str(GPUS), "cpu": "1"}, "limits": {GPU: str(GPUS)}}}],
-            },
-        })
-
-    with ThreadPoolExecutor(max_workers=16) as ex:
-        list(ex.map(one, range(n)))
-
-
-class CaSide:
-    """A running cluster-autoscaler for the whole CA part of the burst scenario."""
-
-    def __init__(self, namespace: str) -> None:
-        from kfp_gpu.devcluster import autoscaler
-
-        self.namespace = namespace
-        self.api = new_api()
-        self.core = client.CoreV1Api(self.api)
-        autoscaler.install_provider_config(self.core, [ca_template()], group_label="cloud.google.com/gke-nodepool",
-                                           gpu_label="cloud.google.com/gke-accelerator",
-                                           gpu_types=[accelerators.get(ACCEL).gke_label])
-        delete_nodes(self.api, pool_selector(CA_POOL))
-        self.proc = autoscaler.Autoscaler(kubeconfig(), extra_args=ca_args())
+        acc = accelerators.get("a100-80gb")
+        node = make_gpu_node("template", CA_POOL, acc.gke_label, "us-central1-a", GPUS, False, 1.0,
+                             {INJECT_LABEL: "pending", "kfp-gpu.io/bench": "ca"})
+        node["metadata"]["annotations"].pop(BOOT_DELAY_ANNOTATION, None)
+        node["metadata"]["annotations"].pop(READY_AT_ANNOTATION, None)
+        node["metadata"]["labels"].pop("kubernetes.io/hostname", None)
+        node["metadata"]["annotations"].update({"cluster-autoscaler.kwok.nodegroup/min-count": "0",
+                                                "cluster-autoscaler.kwok.nodegroup/max-count": "600"})
+        autoscaler.install_provider_config(client.CoreV1Api(api), [node], group_label=POOL_LABEL,
+                                           gpu_label="cloud.google.com/gke-accelerator", gpu_types=[acc.gke_label])
+        skip = ("--enable-provisioning-requests", "--provisioning-request", "--status-config-map-name",
+                "--write-status-configmap")
+        self.flags = [f for f in ca_profile.FLAGS if not f.startswith(skip)]
+        self.proc = autoscaler.Autoscaler(Path(_kubeconfig()), extra_args=self.flags)
         self.proc.start()
 
-    def run(self, n: int, repeat: int) -> Sample:
-        sel = pool_selector(CA_POOL)
-        tag = uid("ca")
-        counter = RequestCounter(self.api)
-        w = ReadyWatch(self.api, sel)
-        inj = Injector(self.api, seed_for(n, repeat), w)
+    def stop(self) -> None:
+        self.proc.stop(timeout_s=30.0)
+
+
+def _kubeconfig() -> str:
+    from bench.common import kubeconfig
+
+    return str(kubeconfig())
+
+
+class _Child:
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.p = subprocess.Popen([sys.executable, "-m", "bench.peers", json.dumps(args)], cwd=str(ROOT),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put("EOF")
+
+    def expect(self, prefix: str, timeout_s: float) -> str:
+        end = time.time() + timeout_s
+        while time.time() < end:
+            try:
+                line = self.lines.get(timeout=max(0.01, end - time.time()))
+            except queue.Empty:
+                break
+            if line.startswith(prefix) or line == "EOF" or line.startswith("FAILED"):
+                return line
+        return "TIMEOUT"
+
+    def say(self, word: str) -> None:
+        assert self.p.stdin is not None
         try:
-            w.start()
-            counter.reset()
-            t0 = time.time()
-            _pods(self.core, self.namespace, n, tag)
-            if not w.wait_ready(n, 180.0):
-                with w.cond:
-                    got = len(w.ready)
-                raise RuntimeError(f"cluster-autoscaler: only {got}/{n} nodes Ready after 180s; "
-                                   f"CA log tail:\n{self.proc.log_tail(15)}")
-            took = time.time() - t0
-            with w.cond:
-                ready, seen = dict(w.ready), dict(w.seen)
-            limit, idle = _limit_and_idle(self.api, sel, ready)
-            prof = {"first_node_created_s": round(min(seen.values()) - t0, 3),
-                    "last_node_created_s": round(max(seen.values()) - t0, 3),
-                    "last_ready_s": round(max(ready.values()) - t0, 3)}
-            if inj.errors:
-                raise RuntimeError(f"injector errors: {inj.errors[:3]}")
-            return Sample(took, limit, idle, 0, counter.count, prof)
-        finally:
-            w.stop()
-            inj.close()
-            self.core.delete_collection_namespaced_pod(self.namespace, label_selector=f"bench-run={tag}",
-                                                       grace_period_seconds=0)
-            end = time.time() + 60
-            while time.time() < end and self.core.list_namespaced_pod(
-                    self.namespace, label_selector=f"bench-run={tag}").items:
-                time.sleep(0.2)
-            delete_nodes(self.api, sel)
-            time.sleep(2.0)  # let CA's next loop see the node group back at 0
+            self.p.stdin.write(word + "\n")
+            self.p.stdin.flush()
+        except OSError:
+            pass
+
+    def stderr_tail(self) -> str:
+        try:
+            self.p.wait(5)
+            assert self.p.stderr is not None
+            return self.p.stderr.read()[-600:]
+        except Exception:  # noqa: BLE001
+            return ""
 
     def close(self) -> None:
-        self.proc.stop()
-        delete_nodes(self.api, pool_selector(CA_POOL))
-        self.api.close()
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
 
 
-# ---- the scenario --------------------------------------------------------------------------------
+class Harness:
+    def __init__(self, namespace: str, *, after_cap_s: float, defer_cleanup: bool = False,
+                 log: Callable[[str], None] = print) -> None:
+        """``defer_cleanup``: wait for the controllers' scale-down of one side-run while the next runs, and for all
+        of them in :meth:`finish` (--quick; the full run waits after each side-run, so none overlaps a measurement).
+        """
+        self.ns, self.after_cap_s, self.log = namespace, after_cap_s, log
+        self.defer_cleanup = defer_cleanup
+        self.pending: list[tuple[str, Callable[[], bool], float, Callable[[], None]]] = []
+        self.api = new_api()
+        self.core = client.CoreV1Api(self.api)
+        self.obs = Observer(new_api()).start()
+        self.injector = Injector(new_api())
+        self.obs.node_hooks.append(self.injector.on_node)
+        self.ca: BenchCA | None = None
+        self.ca_error = ""
+        from kfp_gpu.devcluster import karpenter_profile
 
-def run(ns_list: list[int], repeats: int, seq_ns: list[int], namespace: str, log: Any = print,
-        rss_n: int | None = None, ca_ns: list[int] | None = None) -> dict[str, Result]:
-    """Returns burst results keyed by scenario name, plus "idle_gpu_minutes" and "api_load"."""
-    results: dict[str, Result] = {}
-    idle: dict[str, Result] = {}
-    api_load: dict[str, Result] = {}
-    for n in ns_list:
-        results[f"burst_n{n}"] = Result(
-            f"burst_n{n}", f"Burst scale-up, {n} nodes x {GPUS} GPUs, lognormal boot (median 1 s): "
-            "time until all Ready", baselines=("cluster_autoscaler", "sequential"),
-            target="ours/limit <= 1.10 at N=128; ours < cluster_autoscaler at every N")
-        idle[f"idle_n{n}"] = Result(f"idle_n{n}", f"Idle GPU-minutes per run, {n} nodes", unit="GPU-min",
-                                    baselines=("cluster_autoscaler", "sequential"))
-        api_load[f"api_n{n}"] = Result(f"api_n{n}", f"API requests per provisioned node, {n} nodes",
-                                       unit="requests/node", baselines=("sequential", "cluster_autoscaler"))
-    run_ours(1, 999, namespace)  # warm-up (imports, client construction); not recorded
-    for n in ns_list:
-        r = results[f"burst_n{n}"]
-        r.notes.append("ours is timed until provision() returns (nodes Ready and claimed); one unrecorded "
-                       "N=1 warm-up run first. cluster_autoscaler is timed from the first pending pod's creation.")
-        for rep in range(repeats):
-            s = run_ours(n, rep, namespace)
-            r.add("ours", s.seconds)
-            r.add("limit", s.limit)
-            r.add("ours_over_limit", s.seconds / s.limit if s.limit else 0.0)
-            r.extra.setdefault("profile_ours", []).append(s.profile)
-            idle[f"idle_n{n}"].add("ours", s.idle_gpu_min)
-            a = api_load[f"api_n{n}"]
-            a.add("ours", (s.cloud_requests + s.kube_requests) / n)
-            a.add("ours_cloud", s.cloud_requests / n)
-            a.add("ours_kube", s.kube_requests / n)
-            log(f"  burst N={n} rep={rep}: ours {s.seconds:.2f}s (limit {s.limit:.2f}s) "
-                f"cloud={s.cloud_requests} kube={s.kube_requests}")
-    for n in ns_list:
-        r = results[f"burst_n{n}"]
-        if n not in seq_ns:
-            r.errors["sequential"] = "not run at this N in this mode (see docs/benchmarks.md)"
-            continue
-        for rep in range(repeats):
-            s = run_sequential(n, rep)
-            r.add("sequential", s.seconds)
-            r.add("limit_sequential", s.limit)
-            idle[f"idle_n{n}"].add("sequential", s.idle_gpu_min)
-            a = api_load[f"api_n{n}"]
-            a.add("sequential", (s.cloud_requests + s.kube_requests) / n)
-            a.add("sequential_cloud", s.cloud_requests / n)
-            a.add("sequential_kube", s.kube_requests / n)
-            log(f"  burst N={n} rep={rep}: sequential {s.seconds:.2f}s (limit {s.limit:.2f}s)")
-    ca: CaSide | None = None
-    ca_error = ""
-    try:
-        ca = CaSide(namespace)
-    except Exception as exc:  # noqa: BLE001 - reported loudly in the JSON and table
-        ca_error = f"cluster-autoscaler FAILED to start: {exc}"
-        log("  " + ca_error)
-    for n in ns_list:
-        r = results[f"burst_n{n}"]
-        if ca is None:
-            r.errors["cluster_autoscaler"] = ca_error
-            idle[f"idle_n{n}"].errors["cluster_autoscaler"] = ca_error
-            api_load[f"api_n{n}"].errors["cluster_autoscaler"] = ca_error
-            continue
-        if ca_ns is not None and n not in ca_ns:
-            why = ("not run at this N in --quick: cluster-autoscaler holds GPU pods for its hard-coded 30 s "
-                   "batching buffer before scaling up, so each CA run costs >= 30 s")
-            r.errors["cluster_autoscaler"] = why
-            idle[f"idle_n{n}"].errors["cluster_autoscaler"] = why
-            continue
-        for rep in range(repeats):
-            try:
-                s = ca.run(n, rep)
-            except Exception as exc:  # noqa: BLE001
-                r.errors["cluster_autoscaler"] = f"cluster-autoscaler run FAILED: {exc}"
-                log(f"  burst N={n} rep={rep}: cluster-autoscaler FAILED: {exc}")
-                break
-            r.add("cluster_autoscaler", s.seconds)
-            r.add("limit_cluster_autoscaler", s.limit)
-            r.extra.setdefault("profile_cluster_autoscaler", []).append(s.profile)
-            post = n * GPUS * CA_UNNEEDED_MIN
-            idle[f"idle_n{n}"].add("cluster_autoscaler", s.idle_gpu_min + post)
-            idle[f"idle_n{n}"].add("cluster_autoscaler_before_training", s.idle_gpu_min)
-            api_load[f"api_n{n}"].add("cluster_autoscaler_bench_client", s.kube_requests / n)
-            log(f"  burst N={n} rep={rep}: cluster-autoscaler {s.seconds:.2f}s (limit {s.limit:.2f}s)")
-    if ca is not None:
-        ca.close()
-    for n in ns_list:
-        a = api_load[f"api_n{n}"]
-        a.errors.setdefault("cluster_autoscaler", "CA's own API requests are not counted (separate process; "
-                            "its /metrics has no per-run request counter wired in); only the bench client's")
-        idle[f"idle_n{n}"].notes.append(
-            "ours/sequential: Ready GPUs waiting for the rest of the gang (teardown shrinks the pool right after "
-            "training). cluster_autoscaler: the same wait plus N x 8 GPUs x 10 min of default "
-            "--scale-down-unneeded-time after training (as configured, not waited out).")
-    if rss_n is not None:
+        self.karpenter_delay_s = parse_go_duration(karpenter_profile.REGISTRATION_DELAY)
+
+    def start_ca(self) -> None:
         try:
-            rr = ours_rss_child(rss_n, namespace)
-            results[f"burst_n{rss_n}"].extra["peak_rss_mib_ours_step_process"] = round(rr["peak_rss_mib"], 1)
-            log(f"  peak RSS of a fresh process running provision() at N={rss_n}: {rr['peak_rss_mib']:.1f} MiB")
-        except Exception as exc:  # noqa: BLE001
-            results[f"burst_n{rss_n}"].errors["peak_rss"] = str(exc)
-    out: dict[str, Result] = {**results, **idle, **api_load}
-    return out
+            self.ca = BenchCA(self.api)
+        except Exception as exc:  # noqa: BLE001 - the side is then reported as not run, with the reason
+            self.ca_error = f"the bench's cluster-autoscaler did not start: {exc}"[:600]
+
+    def _gone(self, what: str, done: Callable[[], bool], timeout_s: float, force: Callable[[], None]) -> None:
+        if self.defer_cleanup:
+            self.pending.append((what, done, time.time() + timeout_s, force))
+        elif not self.obs.wait(done, timeout_s):
+            force()
+
+    def finish(self, prefix: str = "") -> list[str]:
+        """Wait for the deferred scale-downs (of sides named ``prefix``...); force what is left. Returns what had
+        to be forced."""
+        forced, keep = [], []
+        for what, done, until, force in self.pending:
+            if not what.startswith(prefix):
+                keep.append((what, done, until, force))
+            elif not self.obs.wait(done, max(0.0, until - time.time())):
+                force()
+                forced.append(what)
+        self.pending = keep
+        return forced
+
+    def close(self) -> None:
+        self.finish()
+        if self.ca is not None:
+            self.ca.stop()
+        self.obs.close()
+
+    def availability(self, side: str, n: int) -> str:
+        """'' when the side can run at this N, else the reason it is not run."""
+        if side == "cluster_autoscaler" and self.ca is None:
+            return self.ca_error or "not started"
+        if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
+            if n > PROFILE_MAX:
+                return (f"the dev cluster's CA profile (the only CA serving ProvisioningRequests here) has node group "
+                        f"{PROFILE_POOL} of max {PROFILE_MAX} nodes (kfp_gpu/devcluster/ca_profile.py NODE_GROUPS)")
+            from kfp_gpu.cluster import provreq
+
+            if provreq.autoscaler_node_groups(self.api) is None:
+                return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
+        if side in ("karpenter", "ours_karpenter"):
+            try:
+                client.CustomObjectsApi(self.api).get_cluster_custom_object(
+                    "karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "kfp-gpu")
+            except Exception as exc:  # noqa: BLE001
+                return f"Karpenter's kwok provider is not installed (make cluster-up AUTOSCALER=karpenter): {exc}"[:300]
+        return ""
+
+    def run(self, side: str, n: int, repeat: int, *, dry_zones: tuple[str, ...] = (),
+            zones: tuple[str, ...] = ("us-central1-a",)) -> SideRun:
+        seed = 1000 * n + repeat
+        r = SideRun(side, n, repeat, seed)
+        for shared in (("cluster_autoscaler_provreq", "ours_provisioning_request"), ("cluster_autoscaler",)):
+            if side in shared:  # the same node group: start from zero nodes
+                forced = [f for other in shared for f in self.finish(other + " ")]
+                if forced:
+                    r.extra["previous_cleanup_forced"] = forced
+        tag = uid(f"b{side[:4].replace('_', '')}-")
+        args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag}
+        sim: StandIn | None = None
+        selector: Callable[[NodeRec], bool] = lambda rec: False  # noqa: E731
+        if side in STANDIN_SIDES:
+            sim = StandIn(scenario(uid("bw"), seed, dry_zones=dry_zones), Path(_kubeconfig())).start()
+            cl = sim.cluster
+            selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
+            args.update(url=sim.url, cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
+                        pools=[pool_name(z) for z in zones])
+        elif side == "cluster_autoscaler":
+            self.injector.seed(seed)
+            args["pool"] = CA_POOL
+            selector = lambda rec: rec.labels.get(POOL_LABEL) == CA_POOL  # noqa: E731
+        elif side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
+            args["pool"] = PROFILE_POOL
+        elif side == "karpenter":
+            selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
+        child = _Child(args)
+        t0 = t_job = time.time()
+        try:
+            line = child.expect("READY", 120.0)
+            if line != "READY":
+                raise RuntimeError(f"side did not start: {line} {child.stderr_tail()}")
+            base_req = sim.requests() if sim else 0
+            t0 = time.time()
+            child.say("go")
+            ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None or not child.lines.empty(),
+                               GANG_TIMEOUT_S)
+            while ok and self.obs.gang_running_at(tag, n) is None:
+                line = child.expect("GANG", GANG_TIMEOUT_S - (time.time() - t0))
+                if line != "GANG":
+                    raise RuntimeError(f"side reported {line}")
+                ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None,
+                                   GANG_TIMEOUT_S - (time.time() - t0))
+            got = self.obs.gang_running_at(tag, n)
+            if got is None:
+                raise RuntimeError(f"gang of {n} not Running within {GANG_TIMEOUT_S:g}s "
+                                   f"({sum(p.running is not None for p in self.obs.gang(tag))} Running)")
+            t_job = got
+            cloud_req = (sim.requests() - base_req) if sim else 0
+            time.sleep(JOB_S)
+            t_end = time.time()
+            child.say("release")
+            res_line = child.expect("RESULT", 120.0)
+            res = json.loads(res_line[len("RESULT "):]) if res_line.startswith("RESULT") else {}
+            if res.get("error"):
+                r.error = str(res["error"])
+            r.rss_mib = float(res.get("peak_rss_mib", 0.0))
+            r.requests = int(res.get("kube_requests", 0)) + cloud_req
+            if res.get("profile_abs"):
+                r.extra["profile_ours_s"] = {k: round(v - t0, 4) for k, v in res["profile_abs"].items()}
+            r.extra.update({"kube_requests": res.get("kube_requests"), "cloud_requests": cloud_req,
+                            "release_kube_requests": res.get("kube_requests_release")})
+            gang_nodes = {p.node for p in self.obs.gang(tag) if p.node}
+            mine = lambda rec: selector(rec) or rec.name in gang_nodes  # noqa: E731
+            nodes = self.obs.matching(mine, t0)
+            self.obs.wait(lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), self.after_cap_s)
+            t_cap = time.time()
+            r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, self.karpenter_delay_s)
+            if len(nodes) < n:
+                r.error = r.error or f"only {len(nodes)} nodes attributed to the side"
+        except Exception as exc:  # noqa: BLE001 - a failed side-run is reported, never dropped
+            r.error = f"{type(exc).__name__}: {exc}"[:800]
+            child.say("release")
+            child.expect("RESULT", 60.0)
+        finally:
+            child.close()
+            self._cleanup(side, tag, sim, selector, t0)
+        if self.injector.errors:
+            r.extra["injector_errors"] = self.injector.errors[:3]
+            self.injector.errors.clear()
+        return r
+
+    def _cleanup(self, side: str, tag: str, sim: StandIn | None, selector: Callable[[NodeRec], bool],
+                 t0: float) -> None:
+        """Everything the side-run created goes: gang pods, its ProvisioningRequest/PodTemplate/NodePool, the
+        stand-in process and its nodes; nodes of the CA profile / Karpenter are left to their controller's
+        scale-down, waited for."""
+        from bench.common import delete_nodes
+
+        self.core.delete_collection_namespaced_pod(self.ns, label_selector=f"kfp-gpu.io/bench-gang={tag}",
+                                                   grace_period_seconds=0)
+        custom = client.CustomObjectsApi(self.api)
+        for fn in (lambda: custom.delete_namespaced_custom_object("autoscaling.x-k8s.io", "v1", self.ns,
+                                                                  "provisioningrequests", tag),
+                   lambda: self.core.delete_namespaced_pod_template(tag, self.ns),
+                   lambda: custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodepools", tag)):
+            try:
+                fn()
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    self.log(f"  cleanup {tag}: {exc.status} {exc.reason}")
+        if sim is not None:
+            sim.stop()
+            delete_nodes(self.api, sim.selector)
+        if side == "cluster_autoscaler":
+            # CA scales its empty nodes down itself (5 s unneeded); any still there are deleted (CA forgets them)
+            self._gone(f"{side} {tag}", lambda: all(x.gone is not None for x in self.obs.matching(selector, t0)),
+                       30.0, lambda: delete_nodes(self.api, f"{POOL_LABEL}={CA_POOL}"))
+        if side in ("karpenter", "ours_karpenter", "cluster_autoscaler_provreq", "ours_provisioning_request"):
+            gang_nodes = {p.node for p in self.obs.gang(tag) if p.node}
+            mine = lambda rec: rec.name in gang_nodes or selector(rec)  # noqa: E731
+            self._gone(f"{side} {tag}", lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), 60.0,
+                       lambda: self.log(f"  cleanup: {side} nodes still there after 60 s (their controller's)"))

@@ -10,8 +10,8 @@ from the same scenario (one spot A100 pool, **fixed** boot latency ``BOOT_S`` fo
   and the node running ``worker-1`` is preempted with ``SimServer.preempt`` (taint + evict + delete, as GCE
   reclaims a spot VM); ``t0`` is the moment of that call.
 
-``ours``: ``kfp_gpu.steps.train.run`` in a thread on capacity from ``scale_up.provision``, with the real
-``scale_up.reprovision`` (default) against the stand-in. ``training_operator``: the same PyTorchJob pods
+``ours``: ``kfp_gpu.steps.train.run`` in a thread on capacity from ``scale_up.run``, with the node-pool
+provisioner's replacement (default) against the stand-in. ``training_operator``: the same PyTorchJob pods
 (``pytorchjob.manifest``, not pinned to node names) with ``restartPolicy: OnFailure`` and no kfp-gpu
 supervision; the bench plays an instantly-reacting autoscaler: when it sees the operator's replacement pod it
 calls setSize(+1) on the stand-in, so the replacement node gets the same injected boot latency.
@@ -47,9 +47,11 @@ from bench.common import (
     scenario_dict,
     uid,
 )
+from bench.world import API_LATENCY_MS
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.sim import scenario as scenario_mod
+from kfp_gpu.sim.clock import compress
 from kfp_gpu.sim.server import SimServer
 
 POOL = "bench-a100-spot-a"
@@ -57,7 +59,8 @@ ZONE = "us-central1-a"
 ACCEL = "a100-80gb"
 GPUS = 8
 N = 4
-BOOT_S = 1.0  # fixed injected boot latency of every node (initial gang and replacement)
+BOOT_REAL_S = 210.0  # the bench world's median A100 boot (real-world s), fixed for every node
+BOOT_S = round(compress(BOOT_REAL_S), 4)  # 1.75 s here
 K = 10  # checkpoint interval (steps) = JobTemplate.checkpoint_every
 VICTIM_POD = "worker-1"
 BASELINE = "training_operator"
@@ -95,9 +98,10 @@ def _start_sim() -> tuple[SimServer, str]:
     cluster = uid("brec")
     data = scenario_dict("burst", cluster=cluster)
     data["regions"]["us-central1"]["quotas"]["PREEMPTIBLE_NVIDIA_A100_80GB_GPUS"] = {"limit": 4096, "usage": 0}
+    data["api_latency_ms"] = API_LATENCY_MS  # the bench world's (bench/world.py)
     data["pools"] = [{"name": POOL, "zone": ZONE, "accelerator": ACCEL, "gpus_per_node": GPUS, "spot": True,
                       "max_nodes": 16, "initial_size": 0,
-                      "boot": {"dist": "fixed", "median_s": BOOT_S, "sigma": 0.0, "seed": 0}}]
+                      "boot": {"dist": "fixed", "median_s": BOOT_REAL_S, "sigma": 0.0, "seed": 0}}]
     sim = SimServer(scenario_mod.from_dict(data), kubeconfig())
     sim.start()
     return sim, cluster
@@ -264,6 +268,13 @@ def _victim(pods: JobPods) -> str:
     raise RuntimeError(f"no running {VICTIM_POD} pod")
 
 
+def _replacement(pods: JobPods, before: Any, victim: str) -> set[str]:
+    """The replacement node: a new name, or the victim's own name (a MIG recreates a preempted VM under its name,
+    docs/sim.md rule 5)."""
+    running = {r["node"] for r in pods.live_running()}
+    return (running - set(before)) or ({victim} & running)
+
+
 def _boot_of(api: client.ApiClient, node: str) -> float:
     b = sampled_boot_s(client.CoreV1Api(api).read_node(node))
     if b is None:
@@ -278,13 +289,15 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
     from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target, TargetKind
     from kfp_gpu.steps import scale_up, teardown, train
+    from kfp_gpu.steps.capacity import Capacity
 
     sim, cluster = _start_sim()
     api = new_api()
     sel = f"kfp-gpu.io/sim-cluster={cluster}"
     tmp = tempfile.TemporaryDirectory(prefix="bench-rec-")
     spec = ProvisioningSpec(ACCEL, N, gpus_per_node=GPUS, capacity=CapacityType.SPOT, target=Target(
-        kind=TargetKind.LOCAL, cluster=cluster, region="us-central1", endpoint=sim.url, namespace=namespace),
+        kind=TargetKind.LOCAL, cluster=cluster, region="us-central1", endpoint=sim.url, namespace=namespace,
+        pools=(POOL,), provisioner="node-pool"),
         zones=(ZONE,), scale_up_deadline_s=60.0, checkpoint_uri=str(Path(tmp.name) / "ckpt"),
         recovery=Recovery(max_preemptions=2))
     provider = GkeProvider.from_target(spec.target)
@@ -304,7 +317,7 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
             result["err"] = exc
 
     try:
-        cap = scale_up.provision(spec, run_id, api, provider)
+        cap = Capacity.from_json(scale_up.run(spec, run_id, "", api=api, provider=provider).output_json)
         th = threading.Thread(target=step, daemon=True, name="bench-train-step")
         th.start()
         trainer = Trainer(pods, spec.checkpoint_uri, p.rate).start()
@@ -314,7 +327,7 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
         pods.arm(t0)
         sim.preempt(victim)
         pods.wait("job running again", lambda: pods.running_again_at is not None, p.timeout_s)
-        new_nodes = {r["node"] for r in pods.live_running()} - set(cap.nodes)
+        new_nodes = _replacement(pods, cap.nodes, victim)
         if len(new_nodes) != 1:
             raise RuntimeError(f"expected one replacement node, got {new_nodes}")
         boot = _boot_of(api, new_nodes.pop())
@@ -430,7 +443,7 @@ def run_baseline(repeat: int, namespace: str, p: Params) -> Sample:
         pods.arm(t0)
         sim.preempt(victim)
         pods.wait("operator job running again", lambda: pods.running_again_at is not None, p.timeout_s)
-        new_nodes = {r["node"] for r in pods.live_running()} - set(nodes)
+        new_nodes = _replacement(pods, nodes, victim)
         if len(new_nodes) != 1:
             raise RuntimeError(f"expected one replacement node, got {new_nodes}")
         boot = _boot_of(api, new_nodes.pop())
@@ -459,7 +472,7 @@ def run_baseline(repeat: int, namespace: str, p: Params) -> Sample:
 
 def run(repeats: int, namespace: str, log: Any = print, quick: bool = False) -> dict[str, Result]:
     p = QUICK_PARAMS if quick else FULL_PARAMS
-    title = f"Recovery from 1 spot preemption in a {N}x{GPUS}-GPU gang (fixed {BOOT_S:g} s boot)"
+    title = f"Recovery from 1 spot preemption in a {N}x{GPUS}-GPU gang (fixed {BOOT_REAL_S:g} s real-world boot, {BOOT_S:g} s here)"
     det = Result("recovery_detect", f"{title}: detection latency", baselines=(BASELINE,))
     res = Result("recovery", f"{title}: preemption -> all {N} replicas Running again, "
                  "minus the replacement's injected boot latency", baselines=(BASELINE,))

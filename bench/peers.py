@@ -1,0 +1,282 @@
+"""One side of the burst benchmark, run as its own process: ``python -m bench.peers '<json args>'``.
+
+Protocol with the harness (bench/burst.py), one line each: the child sets up (imports, clients) and prints
+``READY``; on ``go`` it obtains capacity its own way and starts the gang (N pods, 8 GPUs each, label
+``kfp-gpu.io/bench-gang=<tag>``); on ``release`` (the job ended) it deletes the gang and gives the capacity back
+its own way, then prints ``RESULT {json}`` (its API request count, peak RSS) and exits. The harness's one
+external watch times everything; nothing the child measures is used as a time.
+
+Sides: ``naive`` (one setSize(N), poll Nodes every 10 s world time), ``sequential`` (setSize(i), wait for node i),
+``cluster_autoscaler`` (N pending pods for the bench's cluster-autoscaler node group), ``cluster_autoscaler_provreq``
+(PodTemplate + atomic ProvisioningRequest served by the dev cluster's CA profile, then consuming pods),
+``karpenter`` (a NodePool + N pending pods for Karpenter's kwok provider), ``ours_<backend>`` (the burst_scale_up
+step, :func:`kfp_gpu.steps.scale_up.run`, then the gang pinned to the nodes it returns; teardown step after).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client
+
+from bench.common import GPU, RequestCounter, new_api
+from bench.observe import GANG_LABEL
+from bench.world import ACCEL, GPUS, POLL_S, REGION
+
+GPU_TOL = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+PROVREQ_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+KARPENTER_ACCEL, KARPENTER_TYPE, KARPENTER_ZONE = "a100-40gb", "p4d.24xlarge", "us-east-1a"
+
+
+def _gang_pod(tag: str, i: int, *, node: str = "", selector: dict[str, str] | None = None,
+              tolerations: list[dict[str, str]] | None = None, annotations: dict[str, str] | None = None) -> dict:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0, "tolerations": [GPU_TOL, *(tolerations or [])],
+        "containers": [{"name": "worker", "image": "busybox", "command": ["sleep", "infinity"],
+                        "resources": {"requests": {GPU: str(GPUS), "cpu": "1"}, "limits": {GPU: str(GPUS)}}}]}
+    if node:
+        spec["nodeName"] = node
+    if selector:
+        spec["nodeSelector"] = dict(selector)
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{tag}-w{i}", "labels": {GANG_LABEL: tag}, "annotations": dict(annotations or {})},
+            "spec": spec}
+
+
+class Side:
+    def __init__(self, a: dict[str, Any]) -> None:
+        self.a = a
+        self.n, self.ns, self.tag = int(a["n"]), str(a["namespace"]), str(a["tag"])
+        self.api = new_api()
+        self.counter = RequestCounter(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.extra: dict[str, Any] = {}
+
+    # ---- shared ----------------------------------------------------------------------------------
+    def gang(self, pods: list[dict[str, Any]]) -> None:
+        with ThreadPoolExecutor(max_workers=16) as ex:
+            list(ex.map(lambda b: self.core.create_namespaced_pod(self.ns, b), pods))
+
+    def delete_gang(self) -> None:
+        self.core.delete_collection_namespaced_pod(self.ns, label_selector=f"{GANG_LABEL}={self.tag}",
+                                                   grace_period_seconds=0)
+
+    def cloud(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A hand-written REST call to the stand-in, retried on 5xx/429/'operation in progress' like a user's
+        script with a retry loop would (every 0.5 s, world time 1 min)."""
+        url = f"{self.a['url']}{path}"
+        for _ in range(60):
+            req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return dict(json.loads(r.read() or b"{}"))
+            except urllib.error.HTTPError as exc:
+                if exc.code not in (400, 403, 429, 500, 503):
+                    raise
+                time.sleep(0.5 if exc.code == 400 else 0.1)
+        raise RuntimeError(f"{path}: still refused after 60 tries")
+
+    def set_size(self, size: int) -> None:
+        z = self.a["zone"]
+        self.cloud(f"/v1/projects/local-project/locations/{z}/clusters/{self.a['cluster']}"
+                   f"/nodePools/{self.a['pool']}:setSize", {"nodeCount": size})
+
+    def ready_nodes(self) -> list[str]:
+        out = []
+        for nd in self.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={self.a['cluster']}").items:
+            ok = any(c.type == "Ready" and c.status == "True" for c in nd.status.conditions or [])
+            if ok and int((nd.status.allocatable or {}).get(GPU, "0")) > 0:
+                out.append(nd.metadata.name)
+        return sorted(out)
+
+    # ---- peers -----------------------------------------------------------------------------------
+    def go_naive(self) -> None:
+        self.set_size(self.n)
+        while len(nodes := self.ready_nodes()) < self.n:
+            time.sleep(POLL_S)
+        self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(nodes[:self.n])])
+
+    def go_sequential(self) -> None:
+        for i in range(1, self.n + 1):
+            self.set_size(i)
+            while len(self.ready_nodes()) < i:
+                time.sleep(0.02)
+        self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(self.ready_nodes()[:self.n])])
+
+    def release_pool(self) -> None:
+        self.delete_gang()
+        self.set_size(0)
+
+    def go_cluster_autoscaler(self) -> None:
+        self.gang([_gang_pod(self.tag, i, selector={"cloud.google.com/gke-nodepool": self.a["pool"]})
+                   for i in range(self.n)])
+
+    def go_cluster_autoscaler_provreq(self) -> None:
+        from kfp_gpu.devcluster import ca_profile
+
+        tol = ca_profile.toleration()
+        sel = {"cloud.google.com/gke-nodepool": self.a["pool"]}
+        name = self.tag
+        tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name, "labels": {GANG_LABEL + "-obj": name}},
+                "template": {"spec": _gang_pod(name, 0, selector=sel, tolerations=[tol])["spec"]}}
+        self.core.create_namespaced_pod_template(self.ns, tmpl)
+        pr = {"apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest", "metadata": {"name": name},
+              "spec": {"provisioningClassName": PROVREQ_CLASS,
+                       "podSets": [{"podTemplateRef": {"name": name}, "count": self.n}]}}
+        self.custom.create_namespaced_custom_object("autoscaling.x-k8s.io", "v1", self.ns, "provisioningrequests", pr)
+        while True:  # `kubectl wait --for=condition=Provisioned`, as a poll at the world's 10 s
+            got = self.custom.get_namespaced_custom_object("autoscaling.x-k8s.io", "v1", self.ns,
+                                                           "provisioningrequests", name)
+            conds = {c["type"]: c for c in (got.get("status") or {}).get("conditions") or []}
+            if conds.get("Provisioned", {}).get("status") == "True":
+                break
+            if conds.get("Failed", {}).get("status") == "True":
+                raise RuntimeError(f"ProvisioningRequest failed: {conds['Failed']}")
+            time.sleep(POLL_S)
+        ann = {"autoscaling.x-k8s.io/consume-provisioning-request": name,
+               "autoscaling.x-k8s.io/provisioning-class-name": PROVREQ_CLASS}
+        self.gang([_gang_pod(self.tag, i, selector=sel, tolerations=[tol], annotations=ann) for i in range(self.n)])
+
+    def release_cluster_autoscaler_provreq(self) -> None:
+        self.delete_gang()
+        self.custom.delete_namespaced_custom_object("autoscaling.x-k8s.io", "v1", self.ns, "provisioningrequests",
+                                                    self.tag)
+        self.core.delete_namespaced_pod_template(self.tag, self.ns)
+
+    def go_karpenter(self) -> None:
+        from kfp_gpu.devcluster import karpenter_profile as kp
+
+        name = self.tag
+        taint = {"key": "kfp-gpu.io/bench", "value": name, "effect": "NoSchedule"}
+        body = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
+                "spec": {"template": {"metadata": {"labels": {"kfp-gpu.io/bench-nodepool": name}},
+                                      "spec": {"nodeClassRef": {"group": kp.NODECLASS_GROUP, "kind": "KWOKNodeClass",
+                                                                "name": kp.NODE_CLASS},
+                                               "requirements": [
+                                                   {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                                    "values": [KARPENTER_TYPE]},
+                                                   {"key": "karpenter.sh/capacity-type", "operator": "In",
+                                                    "values": ["spot"]},
+                                                   {"key": "topology.kubernetes.io/zone", "operator": "In",
+                                                    "values": [KARPENTER_ZONE]}],
+                                               "taints": [taint], "expireAfter": "Never"}},
+                         "limits": {GPU: str(self.n * GPUS)},
+                         # scale-down when empty after 10 world minutes (5 s), as the CA profile's unneeded time
+                         "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "5s"}}}
+        self.custom.create_cluster_custom_object("karpenter.sh", "v1", "nodepools", body)
+        tol = {"key": taint["key"], "operator": "Equal", "value": name, "effect": "NoSchedule"}
+        self.gang([_gang_pod(self.tag, i, selector={"karpenter.sh/nodepool": name}, tolerations=[tol])
+                   for i in range(self.n)])
+
+    # ---- ours ------------------------------------------------------------------------------------
+    def ours_spec(self) -> Any:
+        from kfp_gpu.devcluster import ca_profile
+        from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
+
+        backend = self.a["side"][len("ours_"):].replace("_", "-")
+        if backend == "node-pool":
+            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=tuple(self.a["zones"]),
+                                    scale_up_deadline_s=float(self.a.get("deadline_s", 300)),
+                                    target=Target(kind="local", cluster=self.a["cluster"], region=REGION,
+                                                  endpoint=self.a["url"], namespace=self.ns,
+                                                  pools=tuple(self.a["pools"]), provisioner="node-pool"))
+        if backend == "provisioning-request":
+            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=("us-central1-a",),
+                                    scale_up_deadline_s=120.0,
+                                    target=Target(kind="local", cluster=ca_profile.CLUSTER, region=REGION,
+                                                  namespace=self.ns, pools=(self.a["pool"],),
+                                                  tolerations=(ca_profile.TAINT,), provisioner=backend))
+        if backend == "karpenter":
+            return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
+                                    zones=(KARPENTER_ZONE,), scale_up_deadline_s=120.0,
+                                    target=Target(kind="eks", cluster="kfp-gpu-karpenter", region="us-east-1",
+                                                  namespace=self.ns, provisioner=backend))
+        raise ValueError(f"unknown backend {backend!r}")
+
+    def go_ours(self) -> None:
+        from kfp_gpu.steps import scale_up
+        from kfp_gpu.steps.capacity import Capacity
+
+        self.spec = self.ours_spec()
+        self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        res = scale_up.run(self.spec, self.run_id, "", api=self.api)
+        cap = Capacity.from_json(res.output_json)
+        self.extra["profile_abs"] = _profile(cap.timeline_json, time.time())
+        self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(cap.nodes)])
+
+    def release_ours(self) -> None:
+        from kfp_gpu.steps import teardown
+
+        self.delete_gang()
+        teardown.run(self.spec, self.run_id, "", api=self.api)
+
+
+def _profile(timeline_json: str, returned: float) -> dict[str, float]:
+    """Where ours' step spent its time, from its own timeline (absolute times; a profile, never the measurement)."""
+    from kfp_gpu.timeline import NodeState, Timeline
+
+    tl = Timeline.from_json(timeline_json)
+    out: dict[str, float] = {"step_returned": returned}
+    for key, st, pick in (("first_requested", NodeState.REQUESTED, min), ("last_registered", NodeState.REGISTERED, max),
+                          ("last_ready_seen_by_step", NodeState.READY, max)):
+        ts = [t for nt in tl.nodes.values() if (t := nt.at(st)) is not None]
+        if ts:
+            out[key] = pick(ts)
+    return out
+
+
+def _warm_imports(side: str) -> None:
+    """Imports a step process pays before its work (not part of the measured request-to-gang time)."""
+    if side.startswith("ours_"):
+        import google.cloud.compute_v1  # noqa: F401
+        import google.cloud.container_v1  # noqa: F401
+
+        import kfp_gpu.provisioners  # noqa: F401
+        from kfp_gpu.steps import scale_up, teardown  # noqa: F401
+
+
+def main(argv: list[str]) -> int:
+    a = json.loads(argv[0])
+    side_name = str(a["side"])
+    _warm_imports(side_name)
+    s = Side(a)
+    go = getattr(s, "go_ours" if side_name.startswith("ours_") else f"go_{side_name}")
+    release = {"naive": s.release_pool, "sequential": s.release_pool, "cluster_autoscaler": s.delete_gang,
+               "cluster_autoscaler_provreq": s.release_cluster_autoscaler_provreq,
+               "karpenter": s.delete_gang}.get(side_name, s.release_ours)
+    print("READY", flush=True)
+    err = ""
+    if sys.stdin.readline().strip() == "go":
+        s.counter.reset()
+        try:
+            go()
+            print("GANG", flush=True)
+        except Exception as exc:  # noqa: BLE001 - reported to the harness
+            err = f"{type(exc).__name__}: {exc}"[:800]
+            print("FAILED " + json.dumps(err), flush=True)
+        sys.stdin.readline()  # release
+        kube_at_gang = s.counter.count
+        try:
+            release()
+        except Exception as exc:  # noqa: BLE001
+            err = err or f"release: {type(exc).__name__}: {exc}"[:800]
+        s.extra["kube_requests_release"] = s.counter.count - kube_at_gang
+        s.extra["kube_requests"] = kube_at_gang
+    print("RESULT " + json.dumps({"error": err, "peak_rss_mib": round(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **s.extra}), flush=True)
+    s.api.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

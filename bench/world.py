@@ -1,0 +1,149 @@
+"""The one world every side of the benchmark runs on (issue 18).
+
+Real-world durations compressed by the stand-in's one factor, :data:`kfp_gpu.sim.clock.TIME_SCALE` (120: one
+real-world minute lasts 0.5 s here); API round trips are not compressed (:data:`API_LATENCY_MS` = 100 ms by
+default, as a client really pays them). Every side of one (scenario, N, repeat) uses the same seed, so the
+stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw the same boot samples.
+
+* Boot: lognormal, median 210 s, sigma 0.45, floor 60 s (the stand-in's A100 default, docs/sim.md rule 1),
+  counted from the create request to GPUs usable: ``device_plugin_s: 0`` folds the driver/device-plugin time
+  into the one sampled boot, so "the largest sampled boot" is the physical limit on every side.
+* Asynchronous resize operations (PENDING 3 s, VM creations spread over 20 s), a seeded 1 % of 5xx answers
+  (half of them after a mutation took effect), Compute's 1,500 requests/minute budget (docs/sim.md, API layer).
+* The stand-in runs as its own process (``python -m kfp_gpu.sim``), as a cloud does, one per side-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_gpu.sim.clock import TIME_SCALE, compress
+from kfp_gpu.sim.worldspec import BootLatency
+
+ACCEL = "a100-80gb"
+GPUS = 8
+REGION = "us-central1"
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+API_LATENCY_MS = 100.0
+BOOT_MEDIAN_S, BOOT_SIGMA, BOOT_MIN_S = 210.0, 0.45, 60.0  # real-world seconds
+PENDING_S = 3.0
+POLL_S = compress(10.0)  # a hand-written poll loop's 10 s, compressed like every other world duration
+ERROR_RATE = 0.01
+
+
+def pool_name(zone: str) -> str:
+    return f"bench-a100-{zone[-1]}"
+
+
+def boot_model(seed: int, *, zero: bool = False) -> BootLatency:
+    if zero:
+        return BootLatency(dist="fixed", median_s=0.0, seed=seed)
+    return BootLatency(dist="lognormal", median_s=BOOT_MEDIAN_S, sigma=BOOT_SIGMA, seed=seed, min_s=BOOT_MIN_S)
+
+
+def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tuple[str, ...] = (),
+             api_latency_ms: float = API_LATENCY_MS, max_nodes: int = 600) -> dict[str, Any]:
+    """The stand-in scenario of one side-run (durations in real-world seconds)."""
+    b = boot_model(seed, zero=zero_boot)
+    boot = {"dist": b.dist, "median_s": b.median_s, "sigma": b.sigma, "seed": seed, "min_s": b.min_s}
+    return {
+        "project": "local-project", "cluster": cluster, "api_latency_ms": api_latency_ms, "cloud": "gcp",
+        "device_plugin_s": 0,
+        "operations": {"pending_s": 0.0 if zero_boot else PENDING_S, "set_size_s": 0.0 if zero_boot else 20.0,
+                       "delete_instances_s": 45.0},
+        "regions": {REGION: {"zones": list(ZONES), "quotas": {
+            "NVIDIA_A100_80GB_GPUS": {"limit": 65536, "usage": 0}, "CPUS": {"limit": 10_000_000, "usage": 0}}}},
+        "global_quotas": {"GPUS_ALL_REGIONS": {"limit": 65536, "usage": 0}},
+        "pools": [{"name": pool_name(z), "zone": z, "accelerator": ACCEL, "gpus_per_node": GPUS, "spot": False,
+                   "max_nodes": max_nodes, "initial_size": 0, "boot": dict(boot)} for z in ZONES],
+        "stockouts": [{"zone": z, "window": "always"} for z in dry_zones],
+        "api": {"requests_per_minute": 1500, "error_rate": 0.0 if zero_boot else ERROR_RATE, "seed": seed,
+                "committed_5xx": 0.5},
+    }
+
+
+def description() -> dict[str, Any]:
+    """What the JSON records about the world."""
+    return {"time_scale": TIME_SCALE, "boot": {"dist": "lognormal", "median_real_s": BOOT_MEDIAN_S,
+                                               "sigma": BOOT_SIGMA, "min_real_s": BOOT_MIN_S,
+                                               "median_wall_s": round(compress(BOOT_MEDIAN_S), 4)},
+            "api_latency_ms": API_LATENCY_MS, "api_error_rate": ERROR_RATE, "operation_pending_real_s": PENDING_S,
+            "poll_interval_real_s": 10.0, "poll_interval_wall_s": round(POLL_S, 4), "accelerator": ACCEL,
+            "gpus_per_node": GPUS}
+
+
+class StandIn:
+    """The GKE stand-in as its own process, serving one scenario; nodes it creates carry
+    ``kfp-gpu.io/sim-cluster=<cluster>``. Raises (start): RuntimeError when it does not come up."""
+
+    def __init__(self, data: dict[str, Any], kubeconfig: Path) -> None:
+        self.data, self.kubeconfig = data, kubeconfig
+        self.cluster = str(data["cluster"])
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-standin-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    @property
+    def selector(self) -> str:
+        return f"kfp-gpu.io/sim-cluster={self.cluster}"
+
+    def start(self, timeout_s: float = 30.0) -> StandIn:
+        scen, url_file = self.dir / "scenario.yaml", self.dir / "url"
+        scen.write_text(yaml.safe_dump(self.data))
+        log = (self.dir / "log").open("wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu.sim", "--scenario", str(scen), "--port", "0",
+                                      "--kubeconfig", str(self.kubeconfig), "--url-file", str(url_file)],
+                                     stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        end = time.time() + timeout_s
+        while time.time() < end:
+            if url_file.exists() and url_file.read_text().strip():
+                self.url = url_file.read_text().strip()
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = (self.dir / "log").read_text(errors="replace")[-1500:]
+        self.stop()
+        raise RuntimeError(f"stand-in did not start within {timeout_s:g}s: {tail}")
+
+    def requests(self) -> int:
+        with urllib.request.urlopen(f"{self.url}/sim/v1/requests", timeout=10) as r:
+            return int(json.loads(r.read()).get("total", 0))
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def git_state(root: Path) -> dict[str, Any]:
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    dirty = [line[3:] for line in git("status", "--porcelain").splitlines() if line.strip()]
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(dirty), "dirty_paths": sorted(dirty)[:50],
+            "bench_dirty": any(p.startswith(("bench/", "kfp_gpu/")) for p in dirty)}
+
+
+def env_kubeconfig() -> Path:
+    from bench.common import kubeconfig
+
+    return Path(os.environ.get("KUBECONFIG") or kubeconfig())

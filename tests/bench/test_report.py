@@ -1,0 +1,83 @@
+"""docs/benchmarks.md against the bench JSON, and the harness's pure parts (no cluster, no timing)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from bench import report
+from bench.common import ROOT
+from bench.critical_path import analyse
+from bench.observe import NodeRec, measure
+from bench.run import summarize
+
+
+def test_the_doc_is_the_json_rendered() -> None:
+    src = report.source()
+    data = json.loads(src.read_text())
+    expected = report.render(data, str(src.relative_to(ROOT)))
+    assert report.DOC.read_text() == expected, (
+        f"docs/benchmarks.md disagrees with {src.name}: run `python -m bench.report` (or the bench) to regenerate")
+
+
+def test_the_json_records_the_commit_it_ran_on() -> None:
+    data = json.loads(report.source().read_text())
+    assert data["schema"] == 2
+    assert re.fullmatch(r"[0-9a-f]{40}", data["git"]["commit"]) and isinstance(data["git"]["dirty"], bool)
+    assert data["targets"] == report.targets(data), "targets in the JSON are not the ones its numbers give"
+
+
+def _row(side: str, overhead: float, **kw: object) -> dict:
+    return {"side": side, "n": 4, "repeat": 0, "seed": 4000, "total_s": overhead + 2.0, "limit_s": 2.0,
+            "overhead_s": overhead, "nodes_ready_s": 2.5, "idle_before_gpu_min": 1.0, "idle_after_gpu_min": 2.0,
+            "api_requests_per_node": 3.0, "peak_rss_mib": 100.0, **kw}
+
+
+def _out(rows: list[dict], not_run: dict[str, str] | None = None) -> dict:
+    return {"schema": 2, "mode": "quick", "sides": ["naive", "cluster_autoscaler", "ours_node_pool"], "repeats": 1,
+            "git": {"commit": "0" * 40, "dirty": False}, "machine": {"cpus": 2}, "world": {},
+            "burst": {"4": {"runs": rows, "summary": summarize(rows), "not_run": not_run or {}}}}
+
+
+def test_a_miss_is_printed_with_its_profile_and_a_not_run_side_with_its_reason() -> None:
+    rows = [_row("naive", 0.3), _row("ours_node_pool", 0.9, profile_ours_s={"first_requested": 0.6})]
+    out = _out(rows, {"cluster_autoscaler": "the bench's cluster-autoscaler did not start: boom"})
+    out["targets"] = report.targets(out)
+    t = [x for x in out["targets"] if x["name"] == "burst_n4_ours_node_pool_lowest_overhead"][0]
+    assert t["met"] is False and "naive 0.30" in t["value"] and "first_requested 0.60 s" in t["profile"]
+    doc = report.render(out)
+    assert "**target missed**" in doc and "first_requested 0.60 s" in doc
+    assert "not run: the bench's cluster-autoscaler did not start: boom" in doc
+    out2 = _out([_row("naive", 0.3), _row("ours_node_pool", 0.2)])
+    assert [x["met"] for x in report.targets(out2) if x["name"].startswith("burst_n4")] == [True]
+
+
+def test_a_failed_run_is_loud() -> None:
+    rows = [_row("naive", 0.3), {"side": "ours_node_pool", "n": 4, "repeat": 0, "seed": 1, "error": "RuntimeError: x"}]
+    out = _out(rows)
+    s = out["burst"]["4"]["summary"]["ours_node_pool"]
+    assert s["runs"] == 0 and s["failed"] == ["RuntimeError: x"]
+    assert "Failed run, ours_node_pool: RuntimeError: x" in report.render(out)
+
+
+def test_measure_reads_one_timeline() -> None:
+    a = NodeRec("a", added=10.5, annotations={"kfp-gpu.io/boot-sample": "1.5"}, ready=12.0, gone=20.0)
+    b = NodeRec("b", added=10.6, annotations={"kfp-gpu.io/boot-delay": "2s"}, ready=12.5, gone=None)
+    k = NodeRec("k", added=10.7, labels={"karpenter.sh/nodepool": "p"}, ready=12.1, gone=19.0)
+    m = measure([a, b, k], t0=10.0, t_job=13.0, t_end=18.0, t_cap=21.0, gpus=8, karpenter_delay_s=2.25)
+    assert m.total_s == 3.0 and m.limit_s == 2.25 and m.overhead_s == 0.75 and m.nodes_ready_s == 2.5
+    assert m.idle_before_gpu_s == pytest.approx((1.0 + 0.5 + 0.9) * 8)
+    assert m.idle_after_gpu_s == pytest.approx((2.0 + 3.0 + 1.0) * 8) and m.after_capped  # b never went: counted to the cap
+
+
+def test_critical_path_is_read_from_the_dag() -> None:
+    ir = {"root": {"dag": {"tasks": {"exit-handler-1": {}}}}, "components": {"comp-exit-handler-1": {"dag": {"tasks": {
+        "quota-preflight": {}, "reserve-warm-pool": {"dependentTasks": ["quota-preflight"]},
+        "burst-scale-up": {"dependentTasks": ["reserve-warm-pool"]}, "prepare-data": {},
+        "train-pytorchjob": {"dependentTasks": ["burst-scale-up", "prepare-data"]}}}}}}
+    got = analyse(ir)
+    assert got["data_prep_parallel_to_provisioning"] is True and got["longest_chain_tasks"] == 4
+    ir["components"]["comp-exit-handler-1"]["dag"]["tasks"]["prepare-data"]["dependentTasks"] = ["burst-scale-up"]
+    assert analyse(ir)["data_prep_parallel_to_provisioning"] is False
