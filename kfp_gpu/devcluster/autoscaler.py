@@ -69,7 +69,6 @@ def _run(cmd: Sequence[str], cwd: Path, log: Path) -> str:
     return gobuild.run(cmd, cwd, log, AutoscalerError, nosum=(MODULE,))
 
 
-other_go_builds = gobuild.other_go_builds
 
 
 SRC_DIR = "ca-src"
@@ -189,17 +188,9 @@ def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
         _apis_v1_copy(modcache / f"{APIS_MODULE}@{apis_ver}", work / APIS_DIR)
         (work / "go.mod").write_text(wrapper_gomod(upstream, ver, local_src=f"./{SRC_DIR}")
                                      + f"\nreplace {APIS_MODULE} => ./{APIS_DIR}\n")
-    while wait_for_others and other_go_builds():
-        print(f"[autoscaler] waiting for other go builds {other_go_builds()}", flush=True)
-        time.sleep(poll_s)
-    t0 = time.monotonic()
-    print(f"[autoscaler] building {MODULE}@{ver} -tags kwok (log {log})", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-tags", "kwok", "-o", str(tmp), MODULE], work, log)
-    tmp.rename(out)
-    print(f"[autoscaler] built in {time.monotonic() - t0:.0f}s -> {out}", flush=True)
-    return out
+    return gobuild.go_build("autoscaler", MODULE, out, work, log, AutoscalerError,
+                            flags=("-ldflags", "-s -w", "-tags", "kwok"), what=f"{MODULE}@{ver} -tags kwok",
+                            wait_for_others=wait_for_others, poll_s=poll_s, nosum=(MODULE,))
 
 
 # ---- provider configuration ---------------------------------------------------------------------
@@ -346,16 +337,7 @@ class Autoscaler:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] != ["build"]:
-        print("usage: python -m kfp_gpu.devcluster.autoscaler build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except AutoscalerError as exc:
-        print(f"[autoscaler] build FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return gobuild.cli_main("autoscaler", "autoscaler", build, AutoscalerError, argv)
 
 
 if __name__ == "__main__":

@@ -83,30 +83,12 @@ def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
     if not (work / "go.sum").exists():
         shutil.copyfile(src / "go.sum", work / "go.sum")
         (work / "go.sum").chmod(0o644)
-    while wait_for_others and gobuild.other_go_builds():
-        print(f"[gcs] waiting for other go builds {gobuild.other_go_builds()}", flush=True)
-        time.sleep(poll_s)
-    t1 = time.monotonic()
-    print(f"[gcs] building {MODULE}@{ver} (log {log})", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp), MODULE], work, log)
-    tmp.rename(out)
-    print(f"[gcs] built in {time.monotonic() - t1:.0f}s (setup {t1 - t0:.0f}s) -> {out}", flush=True)
-    return out
+    return gobuild.go_build("gcs", MODULE, out, work, log, GcsEmulatorError, what=f"{MODULE}@{ver}",
+                            wait_for_others=wait_for_others, poll_s=poll_s, setup_s=time.monotonic() - t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] != ["build"]:
-        print("usage: python -m kfp_gpu.devcluster.gcs build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except GcsEmulatorError as exc:
-        print(f"[gcs] build FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return gobuild.cli_main("gcs", "gcs", build, GcsEmulatorError, argv)
 
 
 if __name__ == "__main__":

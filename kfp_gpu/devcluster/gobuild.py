@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +83,43 @@ def wrapper_gomod(upstream: Mapping[str, Any], module: str, ver: str, name: str,
     if reps:
         lines += ["", "replace (", *reps, ")"]
     return "\n".join(lines) + "\n"
+
+
+def go_build(tag: str, package: str, out: Path, work: Path, log: Path, error: type[Exception], *,
+             flags: Sequence[str] = ("-ldflags", "-s -w"), what: str = "", wait_for_others: bool = False,
+             poll_s: float = 10.0, setup_s: float | None = None, nosum: Sequence[str] = ()) -> Path:
+    """``go build -trimpath <flags> -o <out> <package>`` in the wrapper module ``work``, the binary written under a
+    temporary name and renamed into place (a crashed build never leaves a half-written binary in the cache). With
+    ``wait_for_others`` it first waits while other ``go build`` commands run (the machine is small). Prints one
+    line before and one after, tagged ``[tag]``; ``what`` (default ``package``) names what is built.
+
+    Raises: ``error`` (see :func:`run`).
+    """
+    while wait_for_others and other_go_builds():
+        print(f"[{tag}] waiting for other go builds {other_go_builds()}", flush=True)
+        time.sleep(poll_s)
+    t1 = time.monotonic()
+    print(f"[{tag}] building {what or package} (log {log})", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    run(["go", "build", "-trimpath", *flags, "-o", str(tmp), package], work, log, error, nosum)
+    tmp.rename(out)
+    setup = f" (setup {setup_s:.0f}s)" if setup_s is not None else ""
+    print(f"[{tag}] built in {time.monotonic() - t1:.0f}s{setup} -> {out}", flush=True)
+    return out
+
+
+def cli_main(module: str, tag: str, build: Callable[[], Path], error: type[Exception],
+             argv: Sequence[str] | None = None) -> int:
+    """``python -m kfp_gpu.devcluster.<module> build``: build into the cache, print the binary's path; 2 on bad
+    usage, 1 (one line) when the build fails."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] != ["build"] or len(args) > 1:
+        print(f"usage: python -m kfp_gpu.devcluster.{module} build", file=sys.stderr)
+        return 2
+    try:
+        print(build())
+    except error as exc:
+        print(f"[{tag}] build FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -242,30 +242,12 @@ def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
     if not (work / "go.sum").exists():
         shutil.copyfile(src / "go.sum", work / "go.sum")
         (work / "go.sum").chmod(0o644)
-    while wait_for_others and gobuild.other_go_builds():
-        print(f"[karpenter] waiting for other go builds {gobuild.other_go_builds()}", flush=True)
-        time.sleep(poll_s)
-    t1 = time.monotonic()
-    print(f"[karpenter] building {PACKAGE}@{ver} (log {log})", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp), PACKAGE], work, log)
-    tmp.rename(out)
-    print(f"[karpenter] built in {time.monotonic() - t1:.0f}s (setup {t1 - t0:.0f}s) -> {out}", flush=True)
-    return out
+    return gobuild.go_build("karpenter", PACKAGE, out, work, log, KarpenterError, what=f"{PACKAGE}@{ver}",
+                            wait_for_others=wait_for_others, poll_s=poll_s, setup_s=time.monotonic() - t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] != ["build"]:
-        print("usage: python -m kfp_gpu.devcluster.karpenter build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except KarpenterError as exc:
-        print(f"[karpenter] build FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return gobuild.cli_main("karpenter", "karpenter", build, KarpenterError, argv)
 
 
 if __name__ == "__main__":

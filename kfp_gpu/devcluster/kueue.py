@@ -92,7 +92,6 @@ def patched_main(src: str) -> str:
     return src.replace(METRICS_ANCHOR, METRICS_ANCHOR + METRICS_PATCH)
 
 
-other_go_builds = gobuild.other_go_builds
 
 
 def _module_src(work: Path, log: Path, ver: str) -> Path:
@@ -143,31 +142,14 @@ def build(*, wait_for_others: bool = True, poll_s: float = 10.0) -> Path:
         (work / "go.sum").chmod(0o644)
     (work / "cmd" / "kueue").mkdir(parents=True, exist_ok=True)
     (work / PATCHED_FILE).write_text(patched_main((src / PATCHED_FILE).read_text()))
-    while wait_for_others and other_go_builds():
-        print(f"[kueue] waiting for other go builds {other_go_builds()}", flush=True)
-        time.sleep(poll_s)
-    t1 = time.monotonic()
-    print(f"[kueue] building {PACKAGE}@{ver} (log {log})", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
     ldflags = f"-s -w -X {MODULE}/pkg/version.GitVersion={ver}"
-    _run(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp), "./cmd/kueue"], work, log)
-    tmp.rename(out)
-    print(f"[kueue] built in {time.monotonic() - t1:.0f}s (setup {t1 - t0:.0f}s) -> {out}", flush=True)
-    return out
+    return gobuild.go_build("kueue", "./cmd/kueue", out, work, log, KueueError, flags=("-ldflags", ldflags),
+                            what=f"{PACKAGE}@{ver}", wait_for_others=wait_for_others, poll_s=poll_s,
+                            setup_s=time.monotonic() - t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] != ["build"]:
-        print("usage: python -m kfp_gpu.devcluster.kueue build", file=sys.stderr)
-        return 2
-    try:
-        print(build())
-    except KueueError as exc:
-        print(f"[kueue] build FAILED: {exc}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return gobuild.cli_main("kueue", "kueue", build, KueueError, argv)
 
 
 if __name__ == "__main__":

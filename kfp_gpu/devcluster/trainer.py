@@ -135,18 +135,9 @@ def build_one(comp: Component, *, wait_for_others: bool = True, poll_s: float = 
     if not (work / "go.sum").exists():
         shutil.copyfile(src / "go.sum", work / "go.sum")
         (work / "go.sum").chmod(0o644)
-    while wait_for_others and gobuild.other_go_builds():
-        print(f"[{comp.name}] waiting for other go builds {gobuild.other_go_builds()}", flush=True)
-        time.sleep(poll_s)
-    t1 = time.monotonic()
     pkg = comp.module + ("/" + comp.package if comp.package else "")
-    print(f"[{comp.name}] building {pkg}@{ver} (log {log})", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp), pkg])
-    tmp.rename(out)
-    print(f"[{comp.name}] built in {time.monotonic() - t1:.0f}s (setup {t1 - t0:.0f}s) -> {out}", flush=True)
-    return out
+    return gobuild.go_build(comp.name, pkg, out, work, log, TrainerError, what=f"{pkg}@{ver}",
+                            wait_for_others=wait_for_others, poll_s=poll_s, setup_s=time.monotonic() - t0)
 
 
 def build(*, wait_for_others: bool = True) -> Path:
