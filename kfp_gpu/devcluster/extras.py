@@ -41,13 +41,15 @@ class Extra:
 
 
 EXTRAS: tuple[Extra, ...] = (
+    # trainer before kueue: Kueue enables its TrainJob/JobSet integrations only when their CRDs exist at its start;
+    # on the way down Kueue (whose webhooks then guard TrainJobs and JobSets) stops first
+    Extra("trainer", "trainer:build", "trainer_profile",
+          "the real JobSet and Kubeflow Trainer v2 controllers, their CRDs and webhooks, and the torch-distributed "
+          "ClusterTrainingRuntime (sigs.k8s.io/jobset, github.com/kubeflow/trainer/v2)"),
     Extra("kueue", "kueue:build", "kueue_profile",
           "the real Kueue controller with its CRDs and webhooks (sigs.k8s.io/kueue)"),
     Extra("gcs", "gcs:build", "gcs_profile",
           "fake-gcs-server, a GCS emulator for gs:// checkpoints (STORAGE_EMULATOR_HOST; github.com/fsouza/fake-gcs-server)"),
-    Extra("trainer", "trainer:build", "trainer_profile",
-          "the real JobSet and Kubeflow Trainer v2 controllers, their CRDs and webhooks, and the torch-distributed "
-          "ClusterTrainingRuntime (sigs.k8s.io/jobset, github.com/kubeflow/trainer/v2)"),
     Extra("karpenter", "karpenter:build", "karpenter_profile",
           "Karpenter with its kwok cloud provider, AWS GPU instance types and stockouts, no default NodePool "
           "(sigs.k8s.io/karpenter/kwok)"),

@@ -20,7 +20,9 @@ What it installs (server-side apply, field manager ``kfp-gpu-devcluster``):
 - Serving certs: the dev cluster's webhook cert (``pki/webhook.crt``, SAN 127.0.0.1, CA ``webhook-ca``), copied to
   ``kueue/certs`` for the webhook server and the metrics server (internal cert management is off).
 
-Configuration (``config.kueue.x-k8s.io/v1beta2``): integrations ``batch/job`` and ``kubeflow.org/pytorchjob``;
+Configuration (``config.kueue.x-k8s.io/v1beta2``): integrations ``batch/job`` and ``kubeflow.org/pytorchjob``, plus
+``jobset.x-k8s.io/jobset`` and ``trainer.kubeflow.org/trainjob`` when the JobSet and Trainer CRDs exist at Kueue's start
+(the ``trainer`` extra boots before ``kueue``; a changed Configuration restarts a running Kueue on the next ``up``);
 ``manageJobsWithoutQueueName: false`` (jobs without the ``kueue.x-k8s.io/queue-name`` label are left alone: other
 tests share this cluster); no leader election; webhook, metrics and health on 127.0.0.1 ports
 (``KFP_GPU_KUEUE_{WEBHOOK,METRICS,HEALTH}_PORT``); the ``VisibilityOnDemand`` gate off (its aggregated API server
@@ -31,6 +33,7 @@ API server serves ``autoscaling.x-k8s.io/v1`` ProvisioningRequests, which the de
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
 import time
@@ -49,6 +52,10 @@ API_VERSION = "v1beta2"
 NAMESPACE = "kueue-system"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
+#: enabled as well when the Trainer's and JobSet's CRDs exist at Kueue's start (:func:`frameworks`)
+TRAINER_FRAMEWORKS = ("jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob")
+TRAINER_CRDS = ("jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org", "trainingruntimes.trainer.kubeflow.org",
+                "clustertrainingruntimes.trainer.kubeflow.org")
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 PORTS: dict[str, tuple[str, int]] = {
@@ -74,8 +81,9 @@ def config_file(c: Ctx) -> Path:
     return state_dir(c) / "config.yaml"
 
 
-def configuration(p: dict[str, int], certs: Path) -> dict[str, Any]:
-    """Kueue's ``Configuration`` for an out-of-cluster controller on the 127.0.0.1 ports ``p``."""
+def configuration(p: dict[str, int], certs: Path, frameworks: tuple[str, ...] = FRAMEWORKS) -> dict[str, Any]:
+    """Kueue's ``Configuration`` for an out-of-cluster controller on the 127.0.0.1 ports ``p``, with the
+    ``frameworks`` integrations."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -86,7 +94,7 @@ def configuration(p: dict[str, int], certs: Path) -> dict[str, Any]:
         "metrics": {"bindAddress": f"127.0.0.1:{p['kueue-metrics']}"},
         "health": {"healthProbeBindAddress": f"127.0.0.1:{p['kueue-health']}"},
         "clientConnection": {"qps": 100, "burst": 200},
-        "integrations": {"frameworks": list(FRAMEWORKS)},
+        "integrations": {"frameworks": list(frameworks)},
         "featureGates": {"VisibilityOnDemand": False},
     }
 
@@ -154,9 +162,9 @@ def _for_kueue(path: str) -> bool:
 def _for_framework(path: str, framework: str) -> bool:
     """``/mutate-kubeflow-org-v1-pytorchjob`` serves ``kubeflow.org/pytorchjob`` (kubebuilder's path scheme)."""
     group, _, kind = framework.rpartition("/")
+    prefix = group.replace(".", "-") + "-"  # jobset.x-k8s.io -> jobset-x-k8s-io-
     rest = path.split("/")[-1].split("-", 1)[-1]  # after mutate- / validate-
-    return rest.startswith(group.replace(".", "-") + "-") and rest.endswith("-" + kind) and rest.count("-") == \
-        group.count(".") + 2
+    return rest.startswith(prefix) and rest.endswith("-" + kind) and rest.count("-") == prefix.count("-") + 1
 
 
 def _argv(c: Ctx) -> list[str]:
@@ -164,7 +172,11 @@ def _argv(c: Ctx) -> list[str]:
 
 
 def _env(c: Ctx) -> dict[str, str]:
-    return {"KUBECONFIG": str(c.kubeconfig), kueue.METRICS_CERT_ENV: str(cert_dir(c))}
+    """The process env; ``KFP_GPU_KUEUE_CONFIG`` (a digest of the Configuration, unread by Kueue) makes a changed
+    Configuration (e.g. the Trainer's integrations) restart a running Kueue on the next ``up``."""
+    cfg = config_file(c)
+    digest = hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.exists() else ""
+    return {"KUBECONFIG": str(c.kubeconfig), kueue.METRICS_CERT_ENV: str(cert_dir(c)), "KFP_GPU_KUEUE_CONFIG": digest}
 
 
 def _healthy(c: Ctx) -> bool:
@@ -200,24 +212,56 @@ def prepare(c: Ctx) -> Ctx:
             crds.apply(api, crd)
         for crd in objs:
             crds.wait_established(api, crd["metadata"]["name"])
+        fws = frameworks(api)
     finally:
         api.close()
     cert_dir(cx).mkdir(parents=True, exist_ok=True)
     for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
         shutil.copyfile(c.pki / src, cert_dir(cx) / dst)
-    config_file(cx).write_text(yaml.safe_dump(configuration(cx.ports, cert_dir(cx)), sort_keys=False))
+    config_file(cx).write_text(yaml.safe_dump(configuration(cx.ports, cert_dir(cx), fws), sort_keys=False))
     return cx
 
 
+def frameworks(api: Any) -> tuple[str, ...]:
+    """The integrations to enable: :data:`FRAMEWORKS`, plus :data:`TRAINER_FRAMEWORKS` when the JobSet and Trainer
+    CRDs (:data:`TRAINER_CRDS`) are installed (the ``trainer`` extra comes first in the registry, so
+    ``up --with kueue --with trainer`` installs them before Kueue starts; Kueue reads its integrations at start).
+
+    Raises: kubernetes ApiException (other than 404).
+    """
+    from kubernetes import client
+    from kubernetes.client import ApiException
+
+    ext = client.ApiextensionsV1Api(api)
+    for name in TRAINER_CRDS:
+        try:
+            ext.read_custom_resource_definition(name)
+        except ApiException as e:
+            if e.status == 404:
+                return FRAMEWORKS
+            raise
+    return FRAMEWORKS + TRAINER_FRAMEWORKS
+
+
+def configured_frameworks(c: Ctx) -> tuple[str, ...]:
+    """The integrations in the Configuration :func:`prepare` wrote (:data:`FRAMEWORKS` when there is none)."""
+    cfg = config_file(context(c))
+    if not cfg.exists():
+        return FRAMEWORKS
+    return tuple((yaml.safe_load(cfg.read_text()).get("integrations") or {}).get("frameworks") or FRAMEWORKS)
+
+
 def install_webhooks(c: Ctx) -> None:
-    """Apply the webhook configurations (after Kueue is ready: until then they would refuse every labelled job)."""
+    """Apply the webhook configurations for the configured integrations (after Kueue is ready: until then they
+    would refuse every labelled job). Server-side apply drops the webhooks this field manager applied before and
+    no longer applies, so the webhooks of an integration no longer enabled go too."""
     from . import crds
 
     cx = context(c)
     api = crds.api_client(c.kubeconfig)
     try:
         for obj in webhook_objects(kueue.share() / kueue.WEBHOOK_MANIFEST, cx.ports["kueue-webhook"],
-                                   _b64(c.pki / "webhook-ca.crt")):
+                                   _b64(c.pki / "webhook-ca.crt"), configured_frameworks(cx)):
             crds.apply(api, obj)
     finally:
         api.close()
@@ -272,14 +316,14 @@ def running_pid(c: Ctx) -> int | None:
 
 
 def stop(c: Ctx) -> bool:
-    """Stop the profile's Kueue and remove its webhook configurations. True if it was running."""
+    """Remove the profile's webhook configurations, then stop Kueue (no moment where they point at a stopped
+    server and refuse every Job, PyTorchJob, JobSet or TrainJob). True if it was running."""
     cx = context(c)
-    was = procs.stop(cx.state, NAME, cx.bins[NAME], timeout=20.0)
     try:
         remove_webhooks(cx)
     except Exception as e:  # noqa: BLE001 - the API server may already be gone (down after a crash)
         print(f"[down] could not remove Kueue's webhook configurations: {str(e)[:200]}", flush=True)
-    return was
+    return procs.stop(cx.state, NAME, cx.bins[NAME], timeout=20.0)
 
 
 def status_line(c: Ctx) -> str:

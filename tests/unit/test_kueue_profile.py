@@ -118,3 +118,34 @@ def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen == {"up": ("cluster-autoscaler", True),
                     "down": {"purge": False, "only_autoscaler": False, "only_kueue": True, "only": []},
                     "build": {"with_autoscaler": False, "with_kueue": True, "extras": []}}
+
+
+def test_trainer_integrations_get_their_webhooks_and_a_dashed_group_matches_only_its_own(tmp_path: Path) -> None:
+    manifest = tmp_path / "manifests.yaml"
+    manifest.write_text(yaml.safe_dump_all([
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+         "metadata": {"name": "mutating-webhook-configuration"},
+         "webhooks": [_hook("mjob.kb.io", "/mutate-batch-v1-job"),
+                      _hook("mjobset.kb.io", "/mutate-jobset-x-k8s-io-v1alpha2-jobset"),
+                      _hook("mtrainjob.kb.io", "/mutate-trainer-kubeflow-org-v1alpha1-trainjob"),
+                      _hook("mlws.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset")]},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+         "metadata": {"name": "validating-webhook-configuration"},
+         "webhooks": [_hook("vtrainjob.kb.io", "/validate-trainer-kubeflow-org-v1alpha1-trainjob")]},
+    ]))
+    fws = ("batch/job", *kueue_profile.TRAINER_FRAMEWORKS)
+    mut, val = kueue_profile.webhook_objects(manifest, 19445, "Q0E=", fws)
+    assert [h["name"] for h in mut["webhooks"]] == ["mjob.kb.io", "mjobset.kb.io", "mtrainjob.kb.io"]
+    assert [h["name"] for h in val["webhooks"]] == ["vtrainjob.kb.io"]
+    mut, _ = kueue_profile.webhook_objects(manifest, 19445, "Q0E=", ("batch/job",))
+    assert [h["name"] for h in mut["webhooks"]] == ["mjob.kb.io"]
+    cfg = kueue_profile.configuration({"kueue-webhook": 1, "kueue-metrics": 2, "kueue-health": 3}, tmp_path, fws)
+    assert cfg["integrations"]["frameworks"] == list(fws) and cfg["manageJobsWithoutQueueName"] is False
+
+
+def test_the_trainer_extra_boots_before_kueue_and_stops_after_it() -> None:
+    from kfp_gpu.devcluster import extras
+
+    order = extras.names()
+    assert order.index("trainer") < order.index("kueue")
+    assert [e.name for e in extras.select(["kueue", "trainer"])] == ["trainer", "kueue"]
