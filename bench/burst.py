@@ -42,8 +42,8 @@ from bench.world import GPUS, PENDING_S, StandIn, boot_model, pool_name, scenari
 from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL, READY_AT_ANNOTATION
 from kfp_gpu.sim.clock import TIME_SCALE, compress
 
-SIDES = ("naive", "sequential", "cluster_autoscaler", "cluster_autoscaler_provreq", "karpenter",
-         "ours_node_pool", "ours_provisioning_request", "ours_karpenter")
+SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
+         "ours_provisioning_request", "ours_karpenter")  # run in this order; shared node groups are apart
 STANDIN_SIDES = ("naive", "sequential", "ours_node_pool")
 CA_POOL = "bench-ca"
 PROFILE_POOL = "ca-a100-a"
@@ -51,6 +51,7 @@ PROFILE_MAX = 4
 INJECT_LABEL = "kfp-gpu.io/boot-injection"
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0
+SEQUENTIAL_MAX = 16
 
 
 @dataclass
@@ -236,20 +237,29 @@ class Harness:
         for what, done, until, force in self.pending:
             if not what.startswith(prefix):
                 keep.append((what, done, until, force))
-            elif not self.obs.wait(done, max(0.0, until - time.time())):
+                continue
+            t = time.time()
+            if not self.obs.wait(done, max(0.0, until - time.time())):
                 force()
                 forced.append(what)
+            if time.time() - t > 1.0:
+                self.log(f"  cleanup: waited {time.time() - t:.1f}s for {what}")
         self.pending = keep
         return forced
 
     def close(self) -> None:
         self.finish()
         if self.ca is not None:
+            t = time.time()
             self.ca.stop()
+            self.log(f"  cleanup: the bench's cluster-autoscaler stopped in {time.time() - t:.1f}s")
         self.obs.close()
 
     def availability(self, side: str, n: int) -> str:
         """'' when the side can run at this N, else the reason it is not run."""
+        if side == "sequential" and n > SEQUENTIAL_MAX:
+            return (f"the one-at-a-time loop is the anecdotal baseline, run up to N={SEQUENTIAL_MAX}: it takes about "
+                    f"N x the median boot ({n} x 1.75 s) per repeat")
         if side == "cluster_autoscaler" and self.ca is None:
             return self.ca_error or "not started"
         if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):

@@ -99,12 +99,9 @@ class _RawWatch:
                 time.sleep(0.2)
 
     def close(self) -> None:
+        """Stop acting on events; the daemon thread ends with its watch's timeout or the process (closing a
+        streaming urllib3 response from another thread blocks until the server sends)."""
         self.stop.set()
-        try:
-            if self._resp is not None:
-                self._resp.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class Observer:

@@ -85,7 +85,7 @@ def _one(n: int, namespace: str) -> dict[str, float]:
 
 def run(n: int, repeats: int, namespace: str, log: Any = print) -> dict[str, Any]:
     """``repeats`` measured runs at ``n`` nodes after one unrecorded warm-up (imports, clients)."""
-    _one(min(n, 4), namespace)
+    _one(1, namespace)
     samples: dict[str, list[float]] = {}
     for rep in range(repeats):
         o = _one(n, namespace)

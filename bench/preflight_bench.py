@@ -46,7 +46,7 @@ def _spec(acc: str, cluster: str, url: str) -> Any:
         kind="local", cluster=cluster, region=REGIONS[0], endpoint=url, namespace="default"))
 
 
-def run(repeats: int, log: Any = print) -> Result:
+def run(repeats: int, log: Any = print, sequential: bool = True) -> Result:
     from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.steps.preflight import run_preflight
 
@@ -74,6 +74,9 @@ def run(repeats: int, log: Any = print) -> Result:
             res.extra.setdefault("ours_routes", []).append(sim.request_counts())
             verdicts = [getattr(o, "verdict", None) for o in outs]
             res.extra["ours_verdicts"] = [str(getattr(v, "value", v)) for v in verdicts]
+            if not sequential:
+                log(f"  preflight rep={rep}: ours {took:.3f}s ({took / (RTT_MS / 1000):.2f} RT)")
+                continue
             sim.reset(requests_only=True)
             t0 = time.monotonic()
             for sp, p in zip(specs, provs, strict=True):

@@ -376,7 +376,9 @@ def _ours_phases(out: dict[str, Any], pre: dict[str, Any], t0: float) -> dict[st
     created = [float(e["t"]) for e in tl.events if e["kind"] == "job-created" and e.get("attempt") == 2]
     if created:
         ph["job_recreated"] = created[0] - t0
-    return {k: round(v, 4) for k, v in ph.items()}
+    # a MIG recreates a preempted VM under its old name, so that name's earlier transitions (before t0) are not
+    # the replacement's: only phases after t0 are kept
+    return {k: round(v, 4) for k, v in ph.items() if v >= 0}
 
 
 def ledger_cleanup(api: client.ApiClient, namespace: str, run_id: str) -> None:

@@ -156,6 +156,19 @@ Sides:
 | ours_provisioning_request | the same step, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-a`) |
 | ours_karpenter | the same step, provisioner `karpenter`, against the dev cluster's Karpenter |
 
+Caveats a reader needs (each is in the side's favour or against it, as stated):
+
+* cluster-autoscaler holds unschedulable pods that request GPUs for a hard-coded 30 s
+  (`unschedulablePodWithGpuTimeBuffer`) before it scales up. That constant is wall-clock here, so in this
+  compressed world it weighs 60 world minutes, where on a real cluster it is 30 s against minutes of boot: the
+  `cluster_autoscaler` overhead below is dominated by it and overstates CA's real-world gap (against CA). Its
+  `--scan-interval=1s` is 2 world minutes (the default 10 s would be 0.08 s here; against CA). The
+  ProvisioningRequest path has no such buffer.
+* The hand-written loops retry a refused call every 0.1-0.5 s and poll every 10 world seconds (0.083 s): a
+  careful script (in their favour).
+* The gang is N plain pods (8 GPUs each) pinned to the nodes a side obtained, or scheduled onto them by the
+  scheduler for the autoscalers; no PyTorchJob runs in this scenario (the same for every side).
+
 Where a side's world differs: the ProvisioningRequest sides run on the CA profile's node group (fixed boot, 4
 nodes max) and the Karpenter sides on the kwok provider's fixed registration delay, because those controllers
 are shared by everyone on this cluster and their node templates are not the bench's to change; the overhead
@@ -287,6 +300,10 @@ def render(out: dict[str, Any], src: str = "") -> str:
            f", started {out.get('started')}, wall {out.get('wall_s')} s, {m.get('cpus')} CPUs, load average "
            f"{m.get('load_avg_start', ['?'])[0]} at start (the machine is shared: absolute numbers move between "
            f"runs). Sides run: {', '.join(out.get('sides', []))}; repeats {out.get('repeats')}.", ""]
+    defined = out.get("scenarios_defined") or {}
+    if defined:
+        run += ["Scenarios (the full set; `make bench` runs every one, `make bench-quick` a small version):", "",
+                *(f"* `{k}`: {v}" for k, v in defined.items()), ""]
     body = [HEAD.format(src=src or "the bench JSON", world=_world(out.get("world", {}))), *run, *_burst(out),
             *_other(out), *_targets(out)]
     return "\n".join(body).rstrip() + "\n"

@@ -42,7 +42,7 @@ def _modes() -> dict[str, Mode]:
     from bench.burst import SIDES
 
     return {
-        "quick": Mode("quick", (4,), 1, SIDES, 3.0, (64,), 1, 0, 4),
+        "quick": Mode("quick", (4,), 1, SIDES, 2.0, (64,), 1, 0, 4),
         "full": Mode("full", (4, 16, 64, 128, 512), 3, SIDES, 40.0, (512, 4096), 3, 3, 16),
     }
 
@@ -141,16 +141,13 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
         log(f"[bench] {name} done in {time.time() - t:.1f}s")
 
     try:
-        if "cluster_autoscaler" in mode.sides:
-            sides = list(mode.sides)  # the CA side last in each round, so its process has time to start
-            sides.remove("cluster_autoscaler")
-            mode = Mode(**{**mode.__dict__, "sides": (*sides, "cluster_autoscaler")})
-            ca.join(120.0)
+        ca.join(120.0)
         stage("burst", lambda: run_burst(h, mode, log))
         stage("stockout", lambda: run_stockout(h, mode, log))
         stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, log=log)
                                         for g in mode.control_plane_gpus})
-        stage("preflight", lambda: preflight_bench.run(mode.preflight_repeats, log=log).to_json())
+        stage("preflight", lambda: preflight_bench.run(mode.preflight_repeats, log=log,
+                                                     sequential=mode.name == "full").to_json())
         if mode.recovery_repeats:
             from bench import recovery
 
@@ -160,10 +157,12 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
             out["recovery"] = {"not_run": "not run in --quick (about a minute per repeat); make bench runs it"}
         stage("critical_path", critical_path.dag_property)
     finally:
+        t = time.time()
         out["cleanup_forced"] = h.finish()
         h.close()
         core.delete_namespace(ns)
         api.close()
+        log(f"[bench] cleanup done in {time.time() - t:.1f}s (forced: {out['cleanup_forced'] or 'nothing'})")
     from bench.report import targets
 
     out["targets"] = targets(out)
@@ -181,12 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--sides", default="", help="comma list: run only these sides (development)")
     ap.add_argument("--n", default="", help="comma list of N (development)")
+    ap.add_argument("--repeats", type=int, default=0, help="override the mode's repeats (development)")
+    ap.add_argument("--control-plane-gpus", default="", help="comma list of GPU counts (development)")
     args = ap.parse_args(argv)
+    if (args.sides or args.n or args.repeats or args.control_plane_gpus) and args.out is None:
+        ap.error("--sides/--n/--repeats/--control-plane-gpus are for development: give --out too, so a partial "
+                 "run never becomes latest.json/quick.json or the doc")
     mode = _modes()["quick" if args.quick else "full"]
     if args.sides:
         mode = Mode(**{**mode.__dict__, "sides": tuple(args.sides.split(","))})
     if args.n:
         mode = Mode(**{**mode.__dict__, "burst_ns": tuple(int(x) for x in args.n.split(","))})
+    if args.repeats:
+        mode = Mode(**{**mode.__dict__, "repeats": args.repeats, "preflight_repeats": args.repeats,
+                       "recovery_repeats": min(mode.recovery_repeats, args.repeats)})
+    if args.control_plane_gpus:
+        mode = Mode(**{**mode.__dict__, "control_plane_gpus": tuple(int(x) for x in args.control_plane_gpus.split(","))})
     out = run(mode)
     path = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -136,10 +136,10 @@ class StandIn:
 def git_state(root: Path) -> dict[str, Any]:
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
-        return out.stdout.strip()
+        return out.stdout
 
     dirty = [line[3:] for line in git("status", "--porcelain").splitlines() if line.strip()]
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(dirty), "dirty_paths": sorted(dirty)[:50],
+    return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(dirty), "dirty_paths": sorted(dirty)[:50],
             "bench_dirty": any(p.startswith(("bench/", "kfp_gpu/")) for p in dirty)}
 
 
