@@ -261,18 +261,32 @@ class Trainer:
         self._halt.set()
 
 
-def _victim(pods: JobPods) -> str:
-    for r in pods.live_running():
-        if r["name"].endswith(VICTIM_POD):
-            return str(r["node"])
-    raise RuntimeError(f"no running {VICTIM_POD} pod")
+OVERLAP_S = 0.1  # between two preemptions: inside the first one's 30 s (0.25 s here) notice, so they overlap
 
 
-def _replacement(pods: JobPods, before: Any, victim: str) -> set[str]:
-    """The replacement node: a new name, or the victim's own name (a MIG recreates a preempted VM under its name,
+def _victims(pods: JobPods, k: int) -> list[str]:
+    """Nodes of worker-1 .. worker-k."""
+    out = []
+    for i in range(1, k + 1):
+        nodes = [str(r["node"]) for r in pods.live_running() if r["name"].endswith(f"worker-{i}")]
+        if not nodes:
+            raise RuntimeError(f"no running worker-{i} pod")
+        out.append(nodes[0])
+    return out
+
+
+def _preempt(sim: SimServer, victims: list[str]) -> None:
+    for i, v in enumerate(victims):
+        if i:
+            time.sleep(OVERLAP_S)
+        sim.preempt(v)
+
+
+def _replacement(pods: JobPods, before: Any, victims: list[str]) -> set[str]:
+    """The replacement nodes: new names, or the victims' own names (a MIG recreates a preempted VM under its name,
     docs/sim.md rule 5)."""
     running = {r["node"] for r in pods.live_running()}
-    return (running - set(before)) or ({victim} & running)
+    return (running - set(before)) or (set(victims) & running)
 
 
 def _boot_of(api: client.ApiClient, node: str) -> float:
@@ -284,7 +298,7 @@ def _boot_of(api: client.ApiClient, node: str) -> float:
 
 # ---- ours ----------------------------------------------------------------------------------------
 
-def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
+def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
     from kfp_gpu.job import JobTemplate
     from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target, TargetKind
@@ -322,15 +336,15 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
         th.start()
         trainer = Trainer(pods, spec.checkpoint_uri, p.rate).start()
         progress = trainer.run_to(2 * K + offset_for(repeat), p.timeout_s)
-        victim = _victim(pods)
+        victims = _victims(pods, k)
         t0 = time.time()
         pods.arm(t0)
-        sim.preempt(victim)
+        _preempt(sim, victims)
         pods.wait("job running again", lambda: pods.running_again_at is not None, p.timeout_s)
-        new_nodes = _replacement(pods, cap.nodes, victim)
-        if len(new_nodes) != 1:
-            raise RuntimeError(f"expected one replacement node, got {new_nodes}")
-        boot = _boot_of(api, new_nodes.pop())
+        new_nodes = _replacement(pods, cap.nodes, victims)
+        if len(new_nodes) != k:
+            raise RuntimeError(f"expected {k} replacement node(s), got {new_nodes}")
+        boot = max(_boot_of(api, n) for n in new_nodes)
         th.join(p.timeout_s)
         if th.is_alive():
             raise RuntimeError("train step still running after the resumed attempt")
@@ -338,7 +352,7 @@ def run_ours(repeat: int, namespace: str, p: Params) -> Sample:
             raise result["err"]
         out = json.loads(result["res"].output_json)
         pre = out["ledger"]["preemptions"][0]
-        resume_step = int(pre["checkpoint_step"])
+        resume_step = int(out["ledger"]["preemptions"][-1]["checkpoint_step"])
         phases = _ours_phases(out, pre, t0)
         assert pods.running_again_at is not None
         return Sample(
@@ -409,7 +423,7 @@ def baseline_manifest(name: str, nodes: list[str], p: Params) -> dict[str, Any]:
     return body
 
 
-def run_baseline(repeat: int, namespace: str, p: Params) -> Sample:
+def run_baseline(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
     from kfp_gpu.devcluster.nodes import POOL_LABEL
 
     sim, cluster = _start_sim()
@@ -440,15 +454,15 @@ def run_baseline(repeat: int, namespace: str, p: Params) -> Sample:
         trainer = Trainer(pods, str(Path(tmp.name) / "ckpt"), p.rate).start()
         progress = trainer.run_to(2 * K + offset_for(repeat), p.timeout_s)
         latest = trainer.latest_checkpoint()
-        victim = _victim(pods)
+        victims = _victims(pods, k)
         t0 = time.time()
         pods.arm(t0)
-        sim.preempt(victim)
+        _preempt(sim, victims)
         pods.wait("operator job running again", lambda: pods.running_again_at is not None, p.timeout_s)
-        new_nodes = _replacement(pods, nodes, victim)
-        if len(new_nodes) != 1:
-            raise RuntimeError(f"expected one replacement node, got {new_nodes}")
-        boot = _boot_of(api, new_nodes.pop())
+        new_nodes = _replacement(pods, nodes, victims)
+        if len(new_nodes) != k:
+            raise RuntimeError(f"expected {k} replacement node(s), got {new_nodes}")
+        boot = max(_boot_of(api, n) for n in new_nodes)
         assert pods.first_new_at is not None and pods.running_again_at is not None
         return Sample(detect_s=pods.first_new_at - t0, resume_s=pods.running_again_at - t0 - boot, boot_s=boot,
                       progress=progress, resume_step=0,
@@ -472,27 +486,35 @@ def run_baseline(repeat: int, namespace: str, p: Params) -> Sample:
 
 # ---- the scenario --------------------------------------------------------------------------------
 
-def run(repeats: int, namespace: str, log: Any = print, quick: bool = False) -> dict[str, Result]:
+def run(repeats: int, namespace: str, log: Any = print, quick: bool = False, k: int = 1) -> dict[str, Result]:
+    """``k`` = 1: one preemption; 2: two overlapping ones (the second :data:`OVERLAP_S` after the first, inside its
+    notice). Repeats are interleaved across the two sides. Result names get a ``_<k>x`` suffix for k > 1."""
     p = QUICK_PARAMS if quick else FULL_PARAMS
-    title = f"Recovery from 1 spot preemption in a {N}x{GPUS}-GPU gang (fixed {BOOT_REAL_S:g} s real-world boot, {BOOT_S:g} s here)"
+    what = "1 spot preemption" if k == 1 else f"{k} overlapping spot preemptions ({OVERLAP_S:g} s apart)"
+    title = (f"Recovery from {what} in a {N}x{GPUS}-GPU gang (fixed {BOOT_REAL_S:g} s real-world boot, "
+             f"{BOOT_S:g} s here)")
     det = Result("recovery_detect", f"{title}: detection latency", baselines=(BASELINE,))
     res = Result("recovery", f"{title}: preemption -> all {N} replicas Running again, "
                  "minus the replacement's injected boot latency", baselines=(BASELINE,))
     lost = Result("recovery_steps_lost", f"{title}: steps lost (checkpoint interval {K} steps)", unit="steps",
                   baselines=(f"{BASELINE}_from_scratch", f"{BASELINE}_own_checkpoint"))
     lost.extra["checkpoint_every"] = K
-    for side, fn in (("ours", run_ours), (BASELINE, run_baseline)):
-        for rep in range(repeats):
+    failed: set[str] = set()
+    for rep in range(repeats):  # interleaved: ours r0, operator r0, ours r1, ...
+        for side, fn in (("ours", run_ours), (BASELINE, run_baseline)):
+            if side in failed:
+                continue
             try:
-                s = fn(rep, namespace, p)
+                s = fn(rep, namespace, p, k)
             except Exception as exc:  # noqa: BLE001 - a failed side is reported, never skipped silently
                 why = f"FAILED: {type(exc).__name__}: {exc}"[:600]
                 for r in (det, res):
                     r.errors[side] = why
-                for k in (("ours",) if side == "ours" else lost.baselines):
-                    lost.errors[k] = why
-                log(f"  recovery rep={rep}: {side} {why}")
-                break
+                for key in (("ours",) if side == "ours" else lost.baselines):
+                    lost.errors[key] = why
+                log(f"  recovery{k}x rep={rep}: {side} {why}")
+                failed.add(side)
+                continue
             det.add(side, s.detect_s)
             res.add(side, s.resume_s)
             res.add(f"{side}_incl_boot", s.resume_s + s.boot_s)
@@ -527,4 +549,7 @@ def run(repeats: int, namespace: str, log: Any = print, quick: bool = False) -> 
         "recreated job's KFP_GPU_RESUME_STEP (measured). training_operator_from_scratch: a trainer with no resume "
         "logic (the operator passes no resume step) restarts at 0 (modelled). training_operator_own_checkpoint: a "
         "trainer that finds its own latest checkpoint (modelled from the same store).")
-    return {"recovery": res, "recovery_detect": det, "recovery_steps_lost": lost}
+    suffix = "" if k == 1 else f"_{k}x"
+    for r in (res, det, lost):
+        r.name += suffix
+    return {r.name: r for r in (res, det, lost)}

@@ -51,7 +51,7 @@ SCENARIOS = {  # the full set, with what --full runs (docs/benchmarks.md lists t
     "burst": "N = 4, 16, 64, 128, 512 nodes x 8 GPUs, every side, repeats interleaved",
     "control_plane": "ours' steps at zero boot: 512 and 4,096 GPUs (64 and 512 nodes), 100 ms API latency",
     "preflight": "6 regions x 3 accelerators at 100 ms API latency",
-    "recovery": "one preemption (ours vs plain Training Operator restart); two overlapping: not built yet",
+    "recovery": "one preemption, and two overlapping ones: ours vs a plain Training Operator restart",
     "stockout": "two of three zones dry: ours' failover vs the physical limit",
     "critical_path": "the decorated example's compiled DAG: a DAG property, no timed ratio",
 }
@@ -153,8 +153,11 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
 
             stage("recovery", lambda: {k: v.to_json() for k, v in
                                        recovery.run(mode.recovery_repeats, ns, log=log).items()})
+            stage("recovery_overlap", lambda: {k: v.to_json() for k, v in
+                                               recovery.run(mode.recovery_repeats, ns, log=log, k=2).items()})
         else:
-            out["recovery"] = {"not_run": "not run in --quick (about a minute per repeat); make bench runs it"}
+            for key in ("recovery", "recovery_overlap"):
+                out[key] = {"not_run": "not run in --quick (about a minute per repeat); make bench runs it"}
         stage("critical_path", critical_path.dag_property)
     finally:
         t = time.time()

@@ -81,3 +81,17 @@ def test_critical_path_is_read_from_the_dag() -> None:
     assert got["data_prep_parallel_to_provisioning"] is True and got["longest_chain_tasks"] == 4
     ir["components"]["comp-exit-handler-1"]["dag"]["tasks"]["prepare-data"]["dependentTasks"] = ["burst-scale-up"]
     assert analyse(ir)["data_prep_parallel_to_provisioning"] is False
+
+
+def test_recovery_targets_cover_one_and_two_overlapping_preemptions() -> None:
+    out = _out([_row("naive", 0.3)])
+    out["recovery"] = {"recovery": {"ratio_vs_training_operator": 1.1, "stats": {}}}
+    out["recovery_overlap"] = {"recovery_2x": {"ratio_vs_training_operator": 1.79, "stats": {},
+                                               "phases_ours_median_from_t0_s": {"decided": 0.01}}}
+    got = {t["name"]: t for t in report.targets(out)}
+    assert got["recovery_vs_best_peer"]["met"] is True
+    assert got["recovery_2x_vs_best_peer"]["met"] is False and "decided" in got["recovery_2x_vs_best_peer"]["profile"]
+    out["recovery_overlap"] = {"not_run": "not run in --quick"}
+    t = {t["name"]: t for t in report.targets(out)}["recovery_2x_vs_best_peer"]
+    assert t["met"] is None and t["value"] == "not run in --quick"
+    assert "Two overlapping preemptions (0.1 s apart): not run in --quick" in report.render(out)
