@@ -339,6 +339,9 @@ class Harness:
             r.requests = int(res.get("kube_requests", 0)) + cloud_req
             if res.get("profile_abs"):
                 r.extra["profile_ours_s"] = {k: round(v - t0, 4) for k, v in res["profile_abs"].items()}
+            if res.get("cloud_calls_abs"):
+                r.extra["cloud_calls_ours_s"] = [[round(a - t0, 3), round(b - t0, 3), what]
+                                                 for a, b, what in res["cloud_calls_abs"]]
             r.extra.update({"kube_requests": res.get("kube_requests"), "cloud_requests": cloud_req,
                             "release_kube_requests": res.get("kube_requests_release")})
             gang_nodes = {p.node for p in self.obs.gang(tag) if p.node}

@@ -209,7 +209,9 @@ class Side:
 
         self.spec = self.ours_spec()
         self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        calls = _log_cloud_calls()
         res = scale_up.run(self.spec, self.run_id, "", api=self.api)
+        self.extra["cloud_calls_abs"] = calls[:16]
         cap = Capacity.from_json(res.output_json)
         self.extra["profile_abs"] = _profile(cap.timeline_json, time.time())
         self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(cap.nodes)])
@@ -219,6 +221,25 @@ class Side:
 
         self.delete_gang()
         teardown.run(self.spec, self.run_id, "", api=self.api)
+
+
+def _log_cloud_calls() -> list[list[Any]]:
+    """Record (start, end, "METHOD route") of the cloud SDK's HTTP calls in this process (a profile only)."""
+    import requests
+
+    calls: list[list[Any]] = []
+    orig = requests.Session.request
+
+    def logged(self: Any, method: str, url: str, *a: Any, **k: Any) -> Any:
+        t = time.time()
+        try:
+            return orig(self, method, url, *a, **k)
+        finally:
+            route = url.split("?")[0].rsplit("/", 2)
+            calls.append([t, time.time(), f"{method} .../{route[-2]}/{route[-1]}"])
+
+    requests.Session.request = logged  # type: ignore[method-assign]
+    return calls
 
 
 def _profile(timeline_json: str, returned: float) -> dict[str, float]:

@@ -54,8 +54,15 @@ def _ours_profile(burst_n: dict[str, Any], side: str) -> str:
         return ""
     p = runs[0]["profile_ours_s"]
     parts = [f"{k} {v:.2f} s" for k, v in sorted(p.items(), key=lambda kv: kv[1])]
+    calls = runs[0].get("cloud_calls_ours_s") or []
+    first_resize = next((c for c in calls if ":setSize" in c[2]), None)
+    before = [c for c in calls if first_resize is None or c[0] < first_resize[0]]
+    call_text = ""
+    if first_resize is not None:
+        call_text = (f"; the first resize (setSize) left at {first_resize[0]:.2f} s, after {len(before)} cloud "
+                     f"call(s) ({', '.join(f'{c[2]} {c[0]:.2f}-{c[1]:.2f} s' for c in before)})")
     return (f"ours' own step timeline, seconds after t0 (repeat 0): {', '.join(parts)}; gang Running at "
-            f"{runs[0]['total_s']:.2f} s, largest boot {runs[0]['limit_s']:.2f} s")
+            f"{runs[0]['total_s']:.2f} s, largest boot {runs[0]['limit_s']:.2f} s{call_text}")
 
 
 def targets(out: dict[str, Any]) -> list[dict[str, Any]]:

@@ -42,11 +42,14 @@ def _out(rows: list[dict], not_run: dict[str, str] | None = None) -> dict:
 
 
 def test_a_miss_is_printed_with_its_profile_and_a_not_run_side_with_its_reason() -> None:
-    rows = [_row("naive", 0.3), _row("ours_node_pool", 0.9, profile_ours_s={"first_requested": 0.6})]
+    calls = [[0.05, 0.15, "GET .../c/nodePools"], [0.5, 0.6, "POST .../nodePools/p:setSize"]]
+    rows = [_row("naive", 0.3), _row("ours_node_pool", 0.9, profile_ours_s={"first_requested": 0.6},
+                                     cloud_calls_ours_s=calls)]
     out = _out(rows, {"cluster_autoscaler": "the bench's cluster-autoscaler did not start: boom"})
     out["targets"] = report.targets(out)
     t = [x for x in out["targets"] if x["name"] == "burst_n4_ours_node_pool_lowest_overhead"][0]
     assert t["met"] is False and "naive 0.30" in t["value"] and "first_requested 0.60 s" in t["profile"]
+    assert "setSize) left at 0.50 s, after 1 cloud call(s) (GET .../c/nodePools 0.05-0.15 s)" in t["profile"]
     doc = report.render(out)
     assert "**target missed**" in doc and "first_requested 0.60 s" in doc
     assert "not run: the bench's cluster-autoscaler did not start: boom" in doc
