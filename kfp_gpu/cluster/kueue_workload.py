@@ -1,7 +1,7 @@
 """Kueue Workloads (kueue.x-k8s.io) of the train step's job: the watch, the version served, and fact extraction.
 
-Kueue makes one Workload per job it manages, named ``pytorchjob-<job>-<hash>``, owned by the job (a controller
-owner reference) and labelled ``kueue.x-k8s.io/job-uid=<job uid>``. The train step finds its job's Workload by
+Kueue makes one Workload per job it manages, named ``<kind>-<job>-<hash>`` (``pytorchjob-...``, ``trainjob-...``),
+owned by the job (a controller owner reference) and labelled ``kueue.x-k8s.io/job-uid=<job uid>``. The train step finds its job's Workload by
 either, on the one list/watch loop (:mod:`kfp_gpu.cluster.listwatch`) over the namespace's Workloads, and turns
 it into a :class:`kfp_gpu.plan.admission.WorkloadFact`; the decisions are in :mod:`kfp_gpu.plan.admission`.
 Reading Workloads needs ``get``/``list``/``watch`` on ``workloads.kueue.x-k8s.io`` in the namespace.
