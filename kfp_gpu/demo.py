@@ -226,6 +226,25 @@ def extras_for(spec: ProvisioningSpec) -> tuple[str, ...]:
     ) if needed)
 
 
+def aws_standin_port(spec: ProvisioningSpec) -> int | None:
+    """The port of the AWS stand-in an EKS target's ``endpoint`` names on this machine (``http://127.0.0.1:PORT``
+    or ``localhost``), which the rehearsal starts; None for other targets or a real AWS endpoint. Pure; raises
+    nothing (an endpoint without a port is the stand-in's default, 8788)."""
+    from urllib.parse import urlsplit
+
+    from kfp_gpu.spec import TargetKind
+
+    if spec.target.kind is not TargetKind.EKS or not spec.target.endpoint:
+        return None
+    url = urlsplit(spec.target.endpoint)
+    if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost"):
+        return None
+    try:
+        return url.port or 8788
+    except ValueError:
+        return None
+
+
 def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | None = None,
         scenario: str | None = None, keep: bool = True, terminal: TextIO | None = None) -> int:
     """Rehearse the provisioned pipeline of ``pipeline_file`` locally; returns the process exit code
@@ -264,6 +283,11 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         from kfp_gpu.devcluster import gcs_profile
 
         os.environ.update(gcs_profile.env())  # STORAGE_EMULATOR_HOST for the steps (kfp.local subprocesses)
+    port = aws_standin_port(spec)
+    if port is not None:  # the EKS target's endpoint is the AWS stand-in daemon (make cluster-up starts it too)
+        from kfp_gpu.sim import daemon
+
+        say(f"AWS (EKS/EC2/Auto Scaling) stand-in on {daemon.start_aws(port)}")
     sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
     os.environ["KFP_GPU_SIM_ENDPOINT"] = url

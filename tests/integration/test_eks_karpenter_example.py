@@ -142,3 +142,23 @@ def test_karpenter_example_interruption_recovers_and_leaves_nothing(
     # zero left: the run's labelled objects (the step's own view, NodePools included) and Karpenter's objects
     assert leftovers(step_api, namespace, run, deleted, timeout_s=30) == {}
     wait_until("nothing of the run left", lambda: not _left(kube, namespace, run), timeout=30)
+
+
+def test_the_leak_check_names_a_nodepool_a_run_left(kube: Kube, karpenter: Any, namespace: str,
+                                                     step_api: client.ApiClient) -> None:
+    """`kfp-gpu run`'s leak check (demo.leftovers, as the step ServiceAccount) reports a run's NodePool."""
+    from kfp_gpu.cluster import karpenter as api_k
+
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    pool = plan.nodepool_name(run)
+    body = plan.nodepool_body(pool, labels={LABEL_RUN_ID: label_safe(run)}, annotations={},
+                              instance_types=["p4d.24xlarge"], cand=plan.Candidate("us-east-1a", "spot"),
+                              limit_nodes=1, gpus_per_node=8, node_class=api_k.node_class(kube.api),
+                              run_label=label_safe(run))
+    api_k.ensure_nodepool(kube.api, body)  # no pod asks for it: Karpenter launches nothing
+    try:
+        assert leftovers(step_api, namespace, run, timeout_s=0.5) == {"nodepool": [pool]}
+        assert leftovers(step_api, namespace, f"{run}x", timeout_s=0.5) == {}  # another run's view is clean
+    finally:
+        api_k.delete_nodepool(kube.api, pool)
+    assert leftovers(step_api, namespace, run, timeout_s=10) == {}

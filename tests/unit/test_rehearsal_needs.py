@@ -4,10 +4,12 @@ generic warm-pool balloons (:func:`kfp_gpu.provisioners.base.holds_placeholders`
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kubernetes import client
 
-from kfp_gpu.demo import extras_for
+from kfp_gpu.demo import aws_standin_port, extras_for
 from kfp_gpu.devcluster import extras
 from kfp_gpu.providers.fake import FakeProvider
 from kfp_gpu.provisioners import backends
@@ -16,6 +18,8 @@ from kfp_gpu.spec import ProvisioningSpec, Target
 from pipelines.llm_finetune import SPEC as GKE_EXAMPLE
 from pipelines.llm_finetune_eks import SPEC as EKS_EXAMPLE
 from pipelines.llm_finetune_karpenter import SPEC as KARPENTER_EXAMPLE
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(provisioner: str = "auto", ckpt: str = "") -> ProvisioningSpec:
@@ -46,3 +50,33 @@ def test_only_the_karpenter_backend_holds_its_own_placeholders() -> None:
     api = client.ApiClient()  # never called: the attribute is read from the backend objects
     got = {b.name: holds_placeholders(b) for b in backends(api, FakeProvider())}
     assert got == {"node-pool": False, "provisioning-request": False, "kueue-admission": False, "karpenter": True}
+
+
+@pytest.mark.parametrize("kind,endpoint,want", [
+    ("eks", "http://127.0.0.1:8788", 8788),
+    ("eks", "http://localhost:9000/", 9000),
+    ("eks", "http://127.0.0.1", 8788),
+    ("eks", "", None),  # real AWS
+    ("eks", "https://eks.us-east-1.amazonaws.com", None),
+    ("eks", "http://10.0.0.5:8788", None),  # not this machine: nothing to start
+    ("local", "http://127.0.0.1:8788", None),
+])
+def test_the_rehearsal_starts_the_aws_standin_an_eks_target_names(kind: str, endpoint: str, want: int | None) -> None:
+    region = "us-east-1" if kind == "eks" else "us-central1"
+    spec = ProvisioningSpec("a100-40gb", 1, target=Target(kind=kind, endpoint=endpoint, region=region))  # type: ignore[arg-type]
+    assert aws_standin_port(spec) == want
+
+
+def test_the_eks_examples_name_the_default_aws_standin() -> None:
+    from kfp_gpu.sim.daemon import AWS_PORT
+
+    assert aws_standin_port(EKS_EXAMPLE) == aws_standin_port(KARPENTER_EXAMPLE) == AWS_PORT
+
+
+def test_the_karpenter_example_compiles_with_the_pipeline_s_steps(tmp_path: Path) -> None:
+    from kfp_gpu.compile import compile_pipeline, dag_edges
+
+    out = compile_pipeline(ROOT / "pipelines" / "llm_finetune_karpenter.py", tmp_path / "p.yaml")
+    edges = dag_edges(out)
+    assert {"quota-preflight", "reserve-warm-pool", "burst-scale-up", "train-pytorchjob", "teardown"} <= set(edges)
+    assert 'provisioner":"karpenter' in out.read_text()  # the spec compiled into the steps' spec_json
