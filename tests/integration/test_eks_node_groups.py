@@ -61,8 +61,9 @@ def test_pytorchjob_for_an_eks_target_has_no_gke_key() -> None:
                                labels={"kfp-gpu.io/run-id": "run-eks"}, nodes=SPEC.nodes,
                                checkpoint_uri=SPEC.checkpoint_uri, run_id="run-eks", gang_nodes=cap.nodes)
     assert not _google_keys(body), _google_keys(body)
-    text = json.dumps(body)
-    assert "eks.amazonaws.com/" in text or "ip-10-0-0-14.ec2.internal" in text  # placed through the EKS scheme
+    pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "p4d-spot-a"}  # placed through the EKS scheme
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 
 @pytest.fixture
