@@ -60,7 +60,9 @@ class EksKubeNodes(KubeBackend):
         self.region = region
 
     def register(self, inst: Instance, ng: NodegroupSpec, cluster: str, gpus_ready: bool) -> None:
-        """Create the Node of a booted instance (an existing one of that name is replaced). Raises: ApiException."""
+        """Create the Node of a booted instance (a leftover of this stand-in's cluster with that name is replaced).
+
+        Raises: ApiException; RuntimeError when the name is taken by another stand-in cluster's Node."""
         from kubernetes.client import ApiException
 
         body = eks_node_body(inst, ng, cluster, self.region, gpus_ready=gpus_ready)
@@ -69,6 +71,10 @@ class EksKubeNodes(KubeBackend):
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            old = self._read(inst.dns)
+            owner = (old.metadata.labels or {}).get("kfp-gpu.io/sim-cluster") if old is not None else cluster
+            if owner != cluster:  # another stand-in's node: never take it over
+                raise RuntimeError(f"Node {inst.dns} belongs to stand-in cluster {owner!r}, not {cluster!r}") from exc
             self.delete(inst.dns)
             self.core.create_node(body=body)
 

@@ -103,6 +103,8 @@ class AwsWorld:
         self.quota_requests: list[dict[str, Any]] = []
         self.reservations: dict[str, dict[str, Any]] = {}
         self.ips = itertools.count(10)
+        # the VPC's second octet comes from the cluster name: stand-ins sharing one API server name nodes apart
+        self.octet = zlib.crc32(scenario.cluster.encode()) % 250 + 1
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="aws-sim-nodes")
         self._queued: list[Callable[[], None]] = []
         for g in scenario.nodegroups:
@@ -264,7 +266,7 @@ class AwsWorld:
             return False
         n = next(self.ips)
         zi = self.sc.zones.index(g.zone)
-        ip = f"10.0.{zi * 32 + n // 250}.{n % 250 + 4}"
+        ip = f"10.{self.octet}.{zi * 32 + n // 250}.{n % 250 + 4}"
         dns = f"ip-{ip.replace('.', '-')}." + ("ec2.internal" if self.sc.region == "us-east-1"
                                                else f"{self.sc.region}.compute.internal")
         iid = "i-" + uuid.UUID(int=grp.rng.getrandbits(128)).hex[:17]
