@@ -85,6 +85,23 @@ class Target:
     tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
     queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
 
+    @property
+    def rehearsal(self) -> bool:
+        """True for a local rehearsal: the ``local`` kind, or a GKE/EKS target whose ``endpoint`` is a stand-in on
+        this machine (``http://127.0.0.1``, ``localhost``, ``[::1]``). Such a target runs on the kfp-gpu dev
+        cluster, and its KWOK job pods get a default simulated duration."""
+        if self.kind is TargetKind.LOCAL:
+            return True
+        if not self.endpoint:
+            return False
+        from urllib.parse import urlsplit
+
+        try:
+            host = urlsplit(self.endpoint).hostname
+        except ValueError:
+            return False
+        return host in ("127.0.0.1", "localhost", "::1")
+
     def __post_init__(self) -> None:
         _coerce_enum(self, "kind", TargetKind, "target.kind")
         if self.provisioner not in PROVISIONERS:

@@ -382,7 +382,10 @@ class GangWatch:
         """Gang nodes to replace: the verdict's plus any that went away since (multi-node preemption)."""
         self.drain()
         lost = set(verdict.lost_nodes) | set(self.incidents)
-        lost |= {n for n in self.gang if n not in self.nodes or node_shutdown_reason(self.nodes[n])}
+        # a gang node cordoned when a preemption is decided is going too: EKS managed node groups answer a Spot
+        # interruption notice by cordoning and draining the node, with no taint of their own
+        lost |= {n for n in self.gang if n not in self.nodes or node_shutdown_reason(self.nodes[n])
+                 or self.nodes[n].unschedulable}
         return sorted(lost)
 
     def log_tails(self, pods: tuple[str, ...], lines: int = 20) -> dict[str, str]:

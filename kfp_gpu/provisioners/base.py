@@ -91,6 +91,7 @@ class Provisioner(Protocol):
     """See the module docstring for the semantics of each method."""
 
     name: str
+    holds_placeholders: bool
 
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
 
@@ -124,6 +125,6 @@ class NothingExtra:
 
 
 def holds_placeholders(backend: Provisioner) -> bool:
-    """Whether ``backend``'s own warm-pool placeholders hold the warm pool (see the module docstring). A backend
-    that does not declare the attribute (one not built on :class:`NothingExtra`) holds none. Raises: nothing."""
-    return bool(getattr(backend, "holds_placeholders", False))
+    """Whether ``backend``'s own warm-pool placeholders hold the warm pool (see the module docstring). Raises:
+    nothing."""
+    return bool(backend.holds_placeholders)

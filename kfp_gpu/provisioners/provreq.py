@@ -67,6 +67,7 @@ class ProvisioningRequestProvisioner:
     """The provisioning-request backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
+    holds_placeholders = False  # the warm pool's generic balloons are what the autoscaler scales up for
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider

@@ -49,7 +49,7 @@ from kfp_gpu.plan.recovery import (
     unclaimed,
 )
 from kfp_gpu.providers.base import label_safe
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import admission
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
@@ -143,7 +143,7 @@ def _supervise(
                 st.job, template, st.capacity, st.owner.labels(), spec.nodes, st.run_id,
                 checkpoint_uri=spec.checkpoint_uri, resume=ck, dataset_uri=dataset_uri,
                 pod_annotations={**annotations, **st.backend.pod_annotations(st.capacity)},
-                local=spec.target.kind is TargetKind.LOCAL, queue=st.queue,
+                local=spec.target.rehearsal, queue=st.queue,
             ))
             job, created = kind.create_or_get(st.api, st.namespace, body)
         else:
