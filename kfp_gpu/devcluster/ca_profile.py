@@ -69,6 +69,8 @@ GROUP_LABEL = "kfp-gpu.io/ca-node-group"  # the kwok provider's fromNodeLabelKey
 GPU_LABEL = "cloud.google.com/gke-accelerator"
 REGION = "us-central1"
 BOOT_DELAY_S = compress(240.0)  # a GPU VM boots in ~4 min (the stand-in scenario's median): 2 s here
+BENCH_GROUP = "ca-a100-bench"  # the benchmark's ProvisioningRequest sides only (see NODE_GROUPS)
+BENCH_TAINT = "kfp-gpu.io/bench=ca:NoSchedule"  # only pods that tolerate it (the bench's) land there
 
 
 def taint_dict(spec: str = TAINT) -> dict[str, str]:
@@ -94,6 +96,7 @@ class NodeGroup:
     gpus: int  # per node
     max_size: int
     spot: bool = False
+    taints: tuple[str, ...] = ()  # beyond GPU_TAINT and TAINT, as ``key=value:Effect``
 
     @property
     def machine(self) -> accelerators.MachineShape:
@@ -114,6 +117,9 @@ NODE_GROUPS: tuple[NodeGroup, ...] = (
     NodeGroup("ca-a100-b", "us-central1-b", "a100-80gb", 8, 4),
     NodeGroup("ca-a100-spot-a", "us-central1-a", "a100-80gb", 8, 4, spot=True),
     NodeGroup("ca-l4-a", "us-central1-a", "l4", default_gpus("l4"), 2),
+    # the benchmark's bursts up to N=512 (bench/burst.yaml): a zone no other group uses and a taint of its own,
+    # so a request that tolerates only TAINT (every test's) never scales it; the groups above keep max 4
+    NodeGroup(BENCH_GROUP, "us-central1-c", "a100-80gb", 8, 512, taints=(BENCH_TAINT,)),
 )
 
 
@@ -135,7 +141,7 @@ def template_node(g: NodeGroup) -> dict[str, Any]:
         "cluster-autoscaler.kwok.nodegroup/min-count": "0",
         "cluster-autoscaler.kwok.nodegroup/max-count": str(g.max_size),
     })
-    node["spec"]["taints"] = [dict(GPU_TAINT), taint_dict()]
+    node["spec"]["taints"] = [dict(GPU_TAINT), taint_dict(), *(taint_dict(t) for t in g.taints)]
     node["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
                                      "message": "simulated boot"}]
     return node

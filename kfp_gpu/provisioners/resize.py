@@ -76,10 +76,16 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     """
     ns, region = spec.target.namespace, spec.target.region
     owner = Owner.for_step(run_id, step, lease_ttl_s or spec.lease_ttl_s)
-    led = ledger.read(api, ns, run_id, step)
+    selector = node_selector(spec)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kfp-gpu-pools") as early_read:
+        pools_read = early_read.submit(provider.pools, region)  # the cloud round trips overlap the kube reads
+        led = ledger.read(api, ns, run_id, step)
+        warm = ledger.read(api, ns, run_id, "warm_pool") if step == STEP else {}
+        nodes, rv = list_nodes(api, selector)
+        listed_at = time.time()
+        states = matching_pools(spec, pools_read.result())
     started = float(led.get("started", time.time()))
     deadline = started + spec.scale_up_deadline_s
-    states = matching_pools(spec, provider.pools(region))
     if not states:
         raise NotFound(
             f"no node pool in {region} offers {spec.gpus_per_node}x {spec.accelerator} "
@@ -92,14 +98,10 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         raise _timeout(spec, timeline, gang_size or spec.nodes)
     tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot,
                           exclude=exclude)
-    if step == STEP:  # nodes the warm pool requested were requested then, not when scale-up first sees them
-        warm = ledger.read(api, ns, run_id, "warm_pool")
-        for key in warm.get("targets", {}):
-            pool, zone = key.split("|", 1)
-            tracker.mark_requested(pool, zone, float(warm.get("started", time.time())))
-    selector = node_selector(spec)
-    nodes, rv = list_nodes(api, selector)
-    tracker.seed(nodes, time.time())
+    for key in warm.get("targets", {}):  # nodes the warm pool requested were requested then, not when seen
+        pool, zone = key.split("|", 1)
+        tracker.mark_requested(pool, zone, float(warm.get("started", time.time())))
+    tracker.seed(nodes, listed_at)
     gang = gang_size or spec.nodes
     if extra is not None and keep is not None:  # the run's own view of its gang: survivor -> (pool, zone)
         gang = sum(1 for pool, _ in keep.values() if pool in tracker.pools) + extra

@@ -111,6 +111,7 @@ def delete_nodes(p: GkeProvider, ref: PoolRef, nodes: Sequence[str]) -> Operatio
         instance_group_managers_delete_instances_request_resource=body))
     with p._lock:
         p._resizes.pop((ref.pool, ref.zone), None)  # the size changed under any cached resize
+        p._seen.pop((ref.pool, ref.zone), None)
     op = res_mod.compute_op(raw, "delete-nodes", f"{ref.pool}/{ref.zone}", ref.zone)
     if op.status is OpStatus.FAILED and op.error is not None:
         raise op.error

@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -35,7 +36,7 @@ from kfp_gpu.providers.base import (
     QuotaAmount,
     ReservationRequest,
 )
-from kfp_gpu.providers.gke import activity
+from kfp_gpu.providers.gke import activity, flight
 from kfp_gpu.providers.gke import classify as cl
 from kfp_gpu.providers.gke import pools as pools_mod
 from kfp_gpu.providers.gke import preferences as prefs
@@ -44,6 +45,7 @@ from kfp_gpu.providers.gke import reservations as res_mod
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FRESH_S = 2.0  # a pools() read this recent stands for the pool read a resize would make
 
 
 class GkeProvider:
@@ -90,6 +92,8 @@ class GkeProvider:
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._resizes: dict[tuple[str, str], tuple[int, Operation, Owner]] = {}
+        # (pool, zone) -> (monotonic time, state) of the last pools() read, used once by resize()
+        self._seen: dict[tuple[str, str], tuple[float, PoolState]] = {}
 
     @classmethod
     def from_target(cls, target: Any, *, endpoint: str | None = None, credentials: Any = None) -> GkeProvider:
@@ -184,6 +188,16 @@ class GkeProvider:
 
         return attempt() if once else retry_mod.call(attempt, policy=self.retry, what=f"{kind}.{method}")
 
+    def shared_read(self, key: tuple[Any, ...], fn: Callable[[], T]) -> T:
+        """``fn()`` (a read), shared with the identical read (``key``) already in flight for the same endpoint
+        and credentials (:mod:`kfp_gpu.providers.gke.flight`).
+
+        Raises: whatever ``fn`` raises.
+        """
+        creds: Any = "anonymous" if self.endpoint.startswith("http://") else id(self.credentials())
+        result: T = flight.shared((self.endpoint, creds, *key), fn)
+        return result
+
     def parallel(self, fns: Sequence[Callable[[], T]]) -> list[T | KfpGpuError]:
         """Run ``fns`` concurrently; a KfpGpuError is returned in place of its result."""
         def run(fn: Callable[[], T]) -> T | KfpGpuError:
@@ -234,7 +248,8 @@ class GkeProvider:
 
         Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
         """
-        resp = self._call("container", "list_node_pools", at_region=region, parent=self.cluster_path)
+        resp = self.shared_read(("list_node_pools", self.cluster_path), functools.partial(
+            self._call, "container", "list_node_pools", at_region=region, parent=self.cluster_path))
         rows: list[tuple[Any, str, str]] = []
         for np in resp.node_pools:
             if not np.config.accelerators:
@@ -245,16 +260,22 @@ class GkeProvider:
             for zone in list(np.locations) or list(urls):
                 if zone.rsplit("-", 1)[0] == region:
                     rows.append((np, zone, urls.get(zone, "")))
-        got: list[Any] = (self.parallel([functools.partial(self._target_size, np, url) for np, _, url in rows])
-                          if sizes else [-1] * len(rows))
-        free = self.parallel([functools.partial(pools_mod.reservation_free, self, np, zone) for np, zone, _ in rows])
+        def read(np: Any, zone: str, url: str) -> tuple[int, int | None]:  # both reads of a row, one round
+            return (self._target_size(np, url) if sizes else -1), pools_mod.reservation_free(self, np, zone)
+
+        got = self.parallel([functools.partial(read, np, zone, url) for np, zone, url in rows])
         out = []
-        for (np, zone, _), size, held in zip(rows, got, free, strict=True):
-            if isinstance(size, KfpGpuError):
-                raise size
-            if isinstance(held, KfpGpuError):
-                raise held
-            out.append(pools_mod.pool_state(np, zone, region, size, held))
+        now = time.monotonic()
+        for (np, zone, url), row in zip(rows, got, strict=True):
+            if isinstance(row, KfpGpuError):
+                raise row
+            state = pools_mod.pool_state(np, zone, region, row[0], row[1])
+            out.append(state)
+            with self._lock:
+                if url:
+                    self._igms[(np.name, zone)] = url.rsplit("/", 1)[-1]
+                if sizes and len(np.locations) <= 1:  # pool() refuses multi-zone pools: keep that check
+                    self._seen[(np.name, zone)] = (now, state)
         return out
 
     def _target_size(self, np: Any, igm_url: str) -> int:
@@ -332,7 +353,7 @@ class GkeProvider:
         same = prev is not None and prev[0] == size
         if prev is not None and same and not prev[1].done:
             return prev[1]  # still converging to this very size
-        state = self.pool(ref)
+        state = self._just_read(ref) or self.pool(ref)
         if not 0 <= size <= state.max_size:
             raise InvalidSpec(f"size[{ref.pool}/{ref.zone}]", size, f"must be in [0, {state.max_size}] (pool max)")
         pools_mod.check_reservation(state, size)
@@ -347,6 +368,15 @@ class GkeProvider:
         if op.status is OpStatus.FAILED and op.error is not None:
             raise op.error
         return op
+
+    def _just_read(self, ref: PoolRef) -> PoolState | None:
+        """The state a :meth:`pools` read returned for ``ref`` less than ``FRESH_S`` ago, once: the resize
+        that follows a plan made from that read does not read the pool again (two round trips saved)."""
+        with self._lock:
+            seen = self._seen.pop((ref.pool, ref.zone), None)
+        if seen is None or time.monotonic() - seen[0] > FRESH_S:
+            return None
+        return seen[1]
 
     def operation(self, op: Operation) -> Operation:
         """Poll ``op``; a FAILED result carries its classified error (checked from error,

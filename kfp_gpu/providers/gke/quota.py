@@ -64,7 +64,8 @@ def _unknown(p: GkeProvider, metric: str, loc: str, err: KfpGpuError) -> QuotaAm
 
 
 def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str]) -> list[QuotaAmount]:
-    r = p._call("regions", "get", at_region=region, project=p.project, region=region)
+    r = p.shared_read(("regions.get", p.project, region), lambda: p._call(
+        "regions", "get", at_region=region, project=p.project, region=region))
     by_metric = {str(q.metric): q for q in r.quotas}
     rows = []
     for m in metrics:
@@ -119,12 +120,20 @@ def _global(p: GkeProvider) -> list[QuotaAmount]:
 
 def _family(p: GkeProvider, region: str, family: str) -> list[QuotaAmount]:
     name = f"projects/{p.project}/locations/global/services/{_SERVICE}/quotaInfos/{GCP_GPU_FAMILY_QUOTA_ID}"
-    info = p._call("quotas", "get_quota_info", at_region=region, name=name)
+    # the row (Cloud Quotas) and the usage (this cluster's pools) in one round: neither needs the other
+    info, counted = p.parallel([
+        lambda: p.shared_read(("quotaInfos.get", name), lambda: p._call("quotas", "get_quota_info",
+                                                                         at_region=region, name=name)),
+        lambda: _family_usage(p, region, family)])
+    if isinstance(info, KfpGpuError):
+        raise info
     raise_path = console_url(p.project, GCP_GPU_FAMILY_QUOTA_ID, region)
     for d in info.dimensions_infos:
         dims = dict(d.dimensions)
         if dims.get("region") == region and dims.get("gpu_family") == family:
-            usage, note = _family_usage(p, region, family)
+            if isinstance(counted, KfpGpuError):
+                raise counted
+            usage, note = counted
             return [QuotaAmount(family, region, float(d.details.value), usage, raise_path=raise_path,
                                 reason=note, lead_time_days=LEAD_TIME_DAYS["family"])]
     return [QuotaAmount(family, region, 0.0, 0.0, raise_path=raise_path, lead_time_days=LEAD_TIME_DAYS["family"],
