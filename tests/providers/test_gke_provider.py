@@ -102,6 +102,39 @@ def test_pools(sim: SimServer) -> None:
     assert _provider(sim).pools("us-east1") == []
 
 
+def test_resize_right_after_pools_reads_nothing_again(sim: SimServer) -> None:
+    p, ref = _provider(sim), PoolRef("a100-80gb-c", "us-central1-c")
+    p.pools(REGION)
+    sim.reset(requests_only=True)
+    op = p.resize(ref, 2, OWNER)  # planned from that read: straight to setSize
+    assert sim.request_counts() == {"container.nodePools.setSize": 1}
+    _until_done(p, op)
+    sim.reset(requests_only=True)
+    p.resize(ref, 0, OWNER)  # the read was used once: this one reads the pool again
+    counts = sim.request_counts()
+    assert counts["container.nodePools.get"] == 1 and counts["compute.instanceGroupManagers.get"] == 1
+    wait_until("the VMs gone", lambda: sim.nodes("a100-80gb-c") == [], timeout=30, every=0.05)
+
+
+def test_concurrent_identical_reads_share_one_request() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with running(scenario(api_latency_ms=300)) as sim:  # slow answers: the 8 asks overlap for sure
+        p, other = _provider(sim), _provider(sim)  # same endpoint and (anonymous) credentials
+        sim.reset(requests_only=True)
+        with ThreadPoolExecutor(8) as ex:
+            lists = list(ex.map(lambda i: (p if i % 2 else other).pools(REGION, sizes=False), range(8)))
+        assert all(len(x) == 24 for x in lists)
+        assert sim.request_counts() == {"container.nodePools.list": 1}
+        with ThreadPoolExecutor(4) as ex:
+            quotas = list(ex.map(lambda i: p.quota("h100-80gb", REGION, spot=False), range(4)))
+        assert all(q == quotas[0] for q in quotas)
+        counts = sim.request_counts()
+        assert (counts["compute.regions.get"], counts["cloudquotas.quotaInfos.get"]) == (1, 1), counts
+        p.pools(REGION, sizes=False)  # a read after the shared one finished is a request of its own
+        assert sim.request_counts()["container.nodePools.list"] == counts["container.nodePools.list"] + 1
+
+
 def test_resize_is_idempotent_and_async(sim: SimServer) -> None:
     p, ref = _provider(sim), PoolRef("a100-80gb-c", "us-central1-c")
     op = p.resize(ref, 3, OWNER)
