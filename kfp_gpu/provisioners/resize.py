@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from kubernetes import client
 
@@ -39,7 +40,6 @@ from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 
@@ -221,45 +221,73 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
                since: float = 0.0) -> tuple[str, KfpGpuError | None]:
     """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
     check the cloud operations, and the ``watched`` pools' instance groups (stockouts since ``since``),
-    meanwhile. A failure is returned as (zone, error)."""
-    next_op_check = next_activity_check = next_progress = 0.0
-    with tracker.cond:
-        while True:
-            if tracker.watch_error is not None:  # a refused Node watch never heals: fail now, in one line
-                from kfp_gpu.cluster.kube import api_refusal
-
-                raise api_refusal(tracker.watch_error) or PermissionDenied(
-                    f"the Kubernetes API refused the Node watch: {tracker.watch_error}",
-                    remediation="grant list and watch on nodes in deploy/rbac.yaml")
-            if tracker.ready_count_locked(zones) >= gang:
-                _progress(tracker, gang)
-                return "", None
-            now = time.time()
-            if now >= next_progress:
-                _progress(tracker, gang)
-                next_progress = now + 1.0
-            if now >= deadline:
-                return "", None
-            if ops and now >= next_op_check:
-                next_op_check = now + 0.5
-                ops, failed = _unlocked(tracker, functools.partial(_refresh, provider, ops))
-                if failed is not None:
-                    return failed
-            if watched and now >= next_activity_check:  # its own timer: resize ops must not starve it
-                next_activity_check = now + 1.0
-                failed = _unlocked(tracker, functools.partial(_stockout, provider, watched, since))
-                if failed is not None:
-                    return failed
-            tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
-
-
-def _unlocked(tracker: GangTracker, fn: Callable[[], T]) -> T:
-    """Run a cloud read without holding the tracker's lock (the Node watch keeps feeding it meanwhile)."""
-    tracker.cond.release()
+    meanwhile, on a thread of their own (:class:`_CloudChecks`): a cloud read in flight never delays the
+    moment the watch shows the gang Ready. A failure is returned as (zone, error)."""
+    next_progress = 0.0
+    checks = _CloudChecks(tracker, provider, ops, watched, since).start()
     try:
-        return fn()
+        with tracker.cond:
+            while True:
+                if tracker.watch_error is not None:  # a refused Node watch never heals: fail now, in one line
+                    from kfp_gpu.cluster.kube import api_refusal
+
+                    raise api_refusal(tracker.watch_error) or PermissionDenied(
+                        f"the Kubernetes API refused the Node watch: {tracker.watch_error}",
+                        remediation="grant list and watch on nodes in deploy/rbac.yaml")
+                if tracker.ready_count_locked(zones) >= gang:
+                    _progress(tracker, gang)
+                    return "", None
+                if checks.failed is not None:
+                    return checks.failed
+                now = time.time()
+                if now >= next_progress:
+                    _progress(tracker, gang)
+                    next_progress = now + 1.0
+                if now >= deadline:
+                    return "", None
+                tracker.cond.wait(timeout=min(0.5, max(0.01, deadline - now)))
     finally:
-        tracker.cond.acquire()
+        checks.stop()
+
+
+class _CloudChecks:
+    """The cloud side of :func:`_wait_gang`: resize operations every 0.5 s, the watched instance groups'
+    stockouts every 1 s (its own timer: resize ops must not starve it). The first failure is set as
+    ``failed`` ((zone, error)) and the waiter is woken; a read that fails is retried at the next tick."""
+
+    def __init__(self, tracker: GangTracker, provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]],
+                 watched: Sequence[PoolRef], since: float) -> None:
+        self.tracker, self.provider, self.ops, self.watched, self.since = tracker, provider, ops, watched, since
+        self.failed: tuple[str, KfpGpuError] | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> _CloudChecks:
+        if self.ops or self.watched:
+            threading.Thread(target=self._run, name="kfp-gpu-cloud-checks", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()  # a read in flight finishes on its own; its answer is then ignored
+
+    def _run(self) -> None:
+        next_op = next_activity = 0.0
+        while not self._stop.is_set() and (self.ops or self.watched):
+            now = time.time()
+            failed = None
+            if self.ops and now >= next_op:
+                next_op = now + 0.5
+                self.ops, failed = _refresh(self.provider, self.ops)
+            if failed is None and self.watched and now >= next_activity:
+                next_activity = now + 1.0
+                failed = _stockout(self.provider, self.watched, self.since)
+            if failed is not None:
+                with self.tracker.cond:
+                    if not self._stop.is_set():
+                        self.failed = failed
+                    self.tracker.cond.notify_all()
+                return
+            due = min([t for t, on in ((next_op, bool(self.ops)), (next_activity, bool(self.watched))) if on] or [now])
+            self._stop.wait(max(0.01, due - time.time()))
 
 
 def _stockout(provider: CapacityProvider, watched: Sequence[PoolRef], since: float
