@@ -21,6 +21,7 @@ def test_node_groups_as_the_lead_tests_expect() -> None:
         ("ca-a100-b", "us-central1-b", "a100-80gb", 8, 4, False),
         ("ca-a100-spot-a", "us-central1-a", "a100-80gb", 8, 4, True),
         ("ca-l4-a", "us-central1-a", "l4", 8, 2, False),
+        ("ca-a100-bench", "us-central1-c", "a100-80gb", 8, 512, False),  # the bench's only, its own taint
     }
     assert ca_profile.default_gpus("l4") == max(m.gpus for m in accelerators.get("l4").gce_machines)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -49,8 +50,9 @@ def test_template_looks_like_a_gke_gpu_node_of_its_group(g: ca_profile.NodeGroup
         assert node["status"][key]["nvidia.com/gpu"] == str(g.gpus)
         assert {"cpu", "memory", "pods"} <= set(node["status"][key])
     taints = {(t["key"], t.get("value"), t["effect"]) for t in node["spec"]["taints"]}
+    own = {tuple(ca_profile.taint_dict(t).values()) for t in g.taints}  # the bench group's fence
     assert taints == {("nvidia.com/gpu", "present", "NoSchedule"),
-                      ("kfp-gpu.io/dedicated", "training", "NoSchedule")}
+                      ("kfp-gpu.io/dedicated", "training", "NoSchedule")} | own
 
 
 def test_taint_and_toleration_parse_the_one_constant() -> None:
@@ -127,3 +129,22 @@ def test_crd_rename_refuses_an_unexpected_upstream(mutate: object) -> None:
     mutate(doc)  # type: ignore[operator]
     with pytest.raises(provreq_crd.CrdError):
         provreq_crd.as_v1(doc)
+
+
+def _taints(g: ca_profile.NodeGroup) -> list[str]:
+    return [f"{t['key']}={t['value']}:{t['effect']}" for t in ca_profile.template_node(g)["spec"]["taints"]]
+
+
+def test_bench_group_needs_its_own_toleration() -> None:
+    g = next(g for g in ca_profile.NODE_GROUPS if g.name == ca_profile.BENCH_GROUP)
+    node = ca_profile.template_node(g)
+    assert node["metadata"]["annotations"]["cluster-autoscaler.kwok.nodegroup/max-count"] == "512"
+    assert ca_profile.BENCH_TAINT in _taints(g) and ca_profile.TAINT in _taints(g)
+    assert g.zone not in {o.zone for o in ca_profile.NODE_GROUPS if o.name != ca_profile.BENCH_GROUP}
+
+
+def test_test_groups_unchanged() -> None:
+    others = {g.name: g for g in ca_profile.NODE_GROUPS if g.name != ca_profile.BENCH_GROUP}
+    assert set(others) == {"ca-a100-a", "ca-a100-b", "ca-a100-spot-a", "ca-l4-a"}
+    assert [others[n].max_size for n in ("ca-a100-a", "ca-a100-b", "ca-a100-spot-a", "ca-l4-a")] == [4, 4, 4, 2]
+    assert all(ca_profile.BENCH_TAINT not in _taints(g) for g in others.values())
