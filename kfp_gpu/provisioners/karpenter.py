@@ -9,7 +9,9 @@ events (:class:`kfp_gpu.cluster.karpenter.PoolWatch`). Ready nodes are claimed l
 
 A blocked candidate (:func:`kfp_gpu.plan.karpenter.assess`: an ICE, a failed launch, "no offering") is given up:
 its placeholders, NodeClaims and claims are dropped and the NodePool's requirements are patched to the next
-(zone, capacity type) of :func:`kfp_gpu.plan.karpenter.candidates`; when none is left, ``CapacityUnavailable``
+(zone, capacity type) of :func:`kfp_gpu.plan.karpenter.candidates`. With no zone named (and no zone spread
+allowed) one placeholder goes first and the NodePool is pinned to the zone its NodeClaim launched in (or the
+survivors' zone in a recovery) before the rest are created; when none is left, ``CapacityUnavailable``
 names every zone and Karpenter's reason. replace (spot recovery: Karpenter deleted an interrupted node's
 NodeClaim, tainting the node ``karpenter.sh/disrupted``) asks the same NodePool for the lost nodes, raising its
 limit by the lost nodes still draining. release deletes the run's NodePool (Karpenter terminates its NodeClaims
@@ -42,6 +44,7 @@ from kfp_gpu.timeline import NodeState, Timeline
 NAME = "karpenter"
 SCHEME = "karpenter"
 RELEASE_WAIT_S = 120.0
+LEADER_WAIT_S = 60.0  # a leader NodeClaim without a zone by then: pod affinity alone keeps the gang together
 log = logging.getLogger(__name__)
 
 
@@ -62,7 +65,7 @@ class KarpenterProvisioner(NothingExtra):
         return self._acquire(spec, run_id, request, list(spec.zones))
 
     def _acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest, zones: list[str]) -> Capacity:
-        ns, label = spec.target.namespace, label_safe(run_id)
+        ns = spec.target.namespace
         count = request.extra if request.extra is not None else (request.nodes or spec.nodes)
         keep = dict(request.keep or {})
         pool = plan.nodepool_name(run_id)
@@ -84,9 +87,11 @@ class KarpenterProvisioner(NothingExtra):
             raise _api_error(exc) from None
         if not request.wait:  # the warm pool: placeholders make Karpenter launch; scale-up claims the nodes later
             names = api_k.placeholder_names(pool, request.step, 0, count)
-            api_k.create_placeholders(self.api, ns, names, labels=owner.labels(), nodepool=pool,
-                                      gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label))
-            return self._capacity(spec, run_id, {}, timeline, pool, cands[0])
+            try:
+                cand = self._place(spec, pool, types, cands[0], names, count, keep, owner, deadline)
+            except ApiException as exc:
+                raise _api_error(exc) from None
+            return self._capacity(spec, run_id, {}, timeline, pool, cand)
         while attempt < len(cands):
             cand = cands[attempt]
             ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(), "started": started,
@@ -94,9 +99,7 @@ class KarpenterProvisioner(NothingExtra):
             names = api_k.placeholder_names(pool, request.step, attempt, count)
             try:
                 self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
-                api_k.create_placeholders(self.api, ns, names, labels=owner.labels(), nodepool=pool,
-                                          gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label),
-                                          one_zone=not cand.zone and not spec.allow_zone_spread)
+                cand = self._place(spec, pool, types, cand, names, count, keep, owner, deadline)
             except ApiException as exc:
                 raise _api_error(exc) from None
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
@@ -142,6 +145,42 @@ class KarpenterProvisioner(NothingExtra):
         limit = plan.limit_for_replace(gang=gang, still_listed=len(others) if keep else 0, gpus_per_node=gpus_per_node)
         api_k.patch_nodepool(self.api, pool, {"spec": {"limits": limit, "template": {"spec": {
             "requirements": plan.requirements(types, cand)}}}})
+
+    def _place(self, spec: ProvisioningSpec, pool: str, types: list[str], cand: plan.Candidate, names: list[str],
+               count: int, keep: dict[str, tuple[str, str]], owner: Owner, deadline: float) -> plan.Candidate:
+        """Create the placeholders that make Karpenter launch for ``cand``; returns the candidate they were
+        pinned to. With no zone named (and no zone spread allowed) the gang goes to the survivors' zone in a
+        recovery, else one placeholder goes first and the NodePool is pinned to the zone its NodeClaim launched
+        in: pod affinity alone spreads a gang that Karpenter sees in two batches. Raises: ApiException."""
+        ns, label = spec.target.namespace, label_safe(owner.run_id)
+        one_zone = not cand.zone and not spec.allow_zone_spread
+
+        def create(some: list[str]) -> None:
+            api_k.create_placeholders(self.api, ns, some, labels=owner.labels(), nodepool=pool,
+                                      gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label),
+                                      one_zone=one_zone)
+
+        kept = {z for _, z in keep.values() if z}
+        zone = kept.pop() if one_zone and len(kept) == 1 else ""
+        if one_zone and not zone and count > 1:
+            create(names[:1])
+            zone = self._leader_zone(pool, keep, min(deadline, time.time() + LEADER_WAIT_S))
+        if zone:
+            cand = dataclasses.replace(cand, zone=zone)
+            self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
+        create(names)
+        return cand
+
+    def _leader_zone(self, pool: str, keep: dict[str, tuple[str, str]], until: float) -> str:
+        """The zone Karpenter launched the first placeholder's NodeClaim in ("" if none by ``until``): the
+        rest of the gang is pinned to it. Raises: ApiException."""
+        while time.time() < until:
+            for c in api_k.list_nodeclaims(self.api, pool):
+                view = plan.read_claim(c)
+                if view.zone and view.node not in keep and not (c.get("metadata") or {}).get("deletionTimestamp"):
+                    return view.zone
+            time.sleep(0.25)
+        return ""
 
     def _gather(self, spec: ProvisioningSpec, run_id: str, owner: Owner, pool: str, cand: plan.Candidate,
                 names: list[str], count: int, deadline: float, request: GangRequest, timeline: Timeline,

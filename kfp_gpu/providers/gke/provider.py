@@ -1,6 +1,6 @@
 """GkeProvider: the CapacityProvider for GKE, on the google-cloud-* REST clients.
 
-google.cloud / google.auth are imported lazily, inside methods, so ``import kfp_gpu`` never needs
+google.cloud / google.auth are imported lazily (:mod:`kfp_gpu.providers.gke.clients`), so ``import kfp_gpu`` never needs
 them. Every SDK call goes through :meth:`GkeProvider._call`, which turns exceptions into
 classified :class:`~kfp_gpu.errors.KfpGpuError` via :mod:`kfp_gpu.providers.gke.classify`.
 Client-side retries are disabled (``retry=None``); instead every call goes through the one retry loop,
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from kfp_gpu import accelerators
 from kfp_gpu import retry as retry_mod
-from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, PermissionDenied
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
 from kfp_gpu.providers.base import (
     Operation,
     OpStatus,
@@ -36,7 +36,7 @@ from kfp_gpu.providers.base import (
     QuotaAmount,
     ReservationRequest,
 )
-from kfp_gpu.providers.gke import activity, flight
+from kfp_gpu.providers.gke import activity, clients, flight
 from kfp_gpu.providers.gke import classify as cl
 from kfp_gpu.providers.gke import pools as pools_mod
 from kfp_gpu.providers.gke import preferences as prefs
@@ -107,63 +107,20 @@ class GkeProvider:
         return f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
 
     def credentials(self) -> Any:
-        """The credentials in use, resolving ADC on first use.
-
-        Raises:
-            PermissionDenied: no credentials could be found, with the command that fixes it.
-        """
+        """The credentials in use, resolving ADC on first use. Raises: PermissionDenied (none found)."""
         if self._credentials is None:
-            if self.endpoint.startswith("http://"):
-                from google.auth.credentials import AnonymousCredentials
-
-                self._credentials = AnonymousCredentials()  # type: ignore[no-untyped-call,unused-ignore]
-            else:
-                import google.auth
-                from google.auth.exceptions import DefaultCredentialsError
-
-                try:
-                    self._credentials, _ = google.auth.default(  # type: ignore[no-untyped-call,unused-ignore]
-                        scopes=["https://www.googleapis.com/auth/cloud-platform"])
-                except DefaultCredentialsError as exc:
-                    raise PermissionDenied(
-                        f"no Google Cloud credentials found: {exc}",
-                        remediation="run `gcloud auth application-default login`, or set "
-                        "GOOGLE_APPLICATION_CREDENTIALS to a service-account key, or run on GCP with a "
-                        "workload identity / service account",
-                    ) from None
+            self._credentials = clients.credentials_for(self.endpoint)
         return self._credentials
 
     def client(self, kind: str) -> Any:
-        """A cached REST client: regions, projects, reservations, zone_ops, igm, container, quotas.
+        """A cached REST client (kinds: :data:`kfp_gpu.providers.gke.clients.KINDS`).
 
         Raises: PermissionDenied (no credentials).
         """
         with self._lock:
             if kind in self._clients:
                 return self._clients[kind]
-        creds = self.credentials()
-        from google.api_core.client_options import ClientOptions
-
-        opts = ClientOptions(api_endpoint=self.endpoint) if self.endpoint else None
-        if kind == "container":
-            from google.cloud import container_v1
-
-            factory: Any = container_v1.ClusterManagerClient
-        elif kind == "quotas":
-            from google.cloud import cloudquotas_v1
-
-            factory = cloudquotas_v1.CloudQuotasClient
-        else:
-            from google.cloud import compute_v1
-
-            factory = {
-                "regions": compute_v1.RegionsClient, "projects": compute_v1.ProjectsClient,
-                "reservations": compute_v1.ReservationsClient, "zone_ops": compute_v1.ZoneOperationsClient,
-                "igm": compute_v1.InstanceGroupManagersClient,
-            }[kind]
-        from kfp_gpu.providers.gke.http_pool import size_pool
-
-        c = size_pool(factory(transport="rest", credentials=creds, client_options=opts))
+        c = clients.build(kind, self.endpoint, self.credentials())
         with self._lock:
             return self._clients.setdefault(kind, c)
 
