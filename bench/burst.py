@@ -13,8 +13,8 @@ Where a side's nodes come from:
   requests would fight over their status), node group ``bench-ca`` (max 600). Its nodes wait for the bench's
   boot injector, which draws from the same seeded lognormal as the stand-in (:class:`Injector`).
 * ``cluster_autoscaler_provreq``, ``ours_provisioning_request``: the dev cluster's CA profile (the only CA allowed
-  to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-a`` (max 4 nodes; fixed 240 s boot
-  from its template).
+  to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-bench`` (us-central1-c, max 512 nodes, a taint
+  only the bench tolerates; fixed 240 s boot from its template).
 * ``karpenter``, ``ours_karpenter``: the dev cluster's Karpenter kwok provider (KWOKNodeClass ``kfp-gpu``: fixed
   240 s registration delay).
 """
@@ -46,8 +46,8 @@ SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node
          "ours_provisioning_request", "ours_karpenter")  # run in this order; shared node groups are apart
 STANDIN_SIDES = ("naive", "sequential", "ours_node_pool")
 CA_POOL = "bench-ca"
-PROFILE_POOL = "ca-a100-a"
-PROFILE_MAX = 4
+PROFILE_POOL = "ca-a100-bench"  # kfp_gpu.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
+PROFILE_MAX = 512
 INJECT_LABEL = "kfp-gpu.io/boot-injection"
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0

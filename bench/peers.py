@@ -124,11 +124,11 @@ class Side:
     def go_cluster_autoscaler_provreq(self) -> None:
         from kfp_gpu.devcluster import ca_profile
 
-        tol = ca_profile.toleration()
+        tols = [ca_profile.toleration(), ca_profile.toleration(ca_profile.BENCH_TAINT)]
         sel = {"cloud.google.com/gke-nodepool": self.a["pool"]}
         name = self.tag
         tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name, "labels": {GANG_LABEL + "-obj": name}},
-                "template": {"spec": _gang_pod(name, 0, selector=sel, tolerations=[tol])["spec"]}}
+                "template": {"spec": _gang_pod(name, 0, selector=sel, tolerations=tols)["spec"]}}
         self.core.create_namespaced_pod_template(self.ns, tmpl)
         pr = {"apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest", "metadata": {"name": name},
               "spec": {"provisioningClassName": PROVREQ_CLASS,
@@ -145,7 +145,7 @@ class Side:
             time.sleep(POLL_S)
         ann = {"autoscaling.x-k8s.io/consume-provisioning-request": name,
                "autoscaling.x-k8s.io/provisioning-class-name": PROVREQ_CLASS}
-        self.gang([_gang_pod(self.tag, i, selector=sel, tolerations=[tol], annotations=ann) for i in range(self.n)])
+        self.gang([_gang_pod(self.tag, i, selector=sel, tolerations=tols, annotations=ann) for i in range(self.n)])
 
     def release_cluster_autoscaler_provreq(self) -> None:
         self.delete_gang()
@@ -191,11 +191,12 @@ class Side:
                                                   endpoint=self.a["url"], namespace=self.ns,
                                                   pools=tuple(self.a["pools"]), provisioner="node-pool"))
         if backend == "provisioning-request":
-            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=("us-central1-a",),
+            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=(ca_profile.BENCH_ZONE,),
                                     scale_up_deadline_s=120.0,
                                     target=Target(kind="local", cluster=ca_profile.CLUSTER, region=REGION,
                                                   namespace=self.ns, pools=(self.a["pool"],),
-                                                  tolerations=(ca_profile.TAINT,), provisioner=backend))
+                                                  tolerations=(ca_profile.TAINT, ca_profile.BENCH_TAINT),
+                                                  provisioner=backend))
         if backend == "karpenter":
             return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
                                     zones=(KARPENTER_ZONE,), scale_up_deadline_s=120.0,

@@ -124,7 +124,7 @@ when this file and the JSON disagree. -->
 
 ```
 make bench-quick    # every side at N=4, one repeat, small scenarios; < 2 min; writes bench/results/quick.json
-make bench          # N = 4, 16, 64, 128, 512, 3 interleaved repeats, every scenario; writes latest.json + this doc
+make bench          # N = 4, 16, 64, 128, 512, 2 interleaved repeats, every scenario; writes latest.json + this doc
 ```
 
 Both bring up the local cluster with the cluster-autoscaler and Karpenter profiles first
@@ -161,10 +161,10 @@ Sides:
 | naive | one `setSize(N)` on the stand-in (REST, retried on 5xx like a script with a retry loop), then listing Nodes every 10 world seconds until N are Ready with GPUs |
 | sequential | `setSize(i)`, wait for node i, for i = 1..N (the old anecdotal baseline) |
 | cluster_autoscaler | the real cluster-autoscaler (`kfp_gpu.devcluster.autoscaler`, kwok provider), the CA profile's flags minus its ProvisioningRequest ones (`bench/burst.py: BenchCA`), node group `bench-ca` (max 600) whose nodes boot on the bench's seeded sampler; N pending pods |
-| cluster_autoscaler_provreq | PodTemplate + ProvisioningRequest (`best-effort-atomic-scale-up`) served by the dev cluster's CA profile, polled at 10 world seconds, then N consuming pods; its node group `ca-a100-a` has max 4 nodes and a fixed 240 s boot |
+| cluster_autoscaler_provreq | PodTemplate + ProvisioningRequest (`best-effort-atomic-scale-up`) served by the dev cluster's CA profile, polled at 10 world seconds, then N consuming pods; its node group `ca-a100-bench` (us-central1-c, max 512, a taint only the bench tolerates) has a fixed 240 s boot |
 | karpenter | the dev cluster's Karpenter kwok provider: a NodePool (p4d.24xlarge spot, us-east-1a, limits N x 8 GPUs, consolidate when empty after 5 s) + N pending pods; fixed 240 s registration delay |
 | ours_node_pool | `kfp_gpu.steps.scale_up.run` (provisioner `node-pool`) against the stand-in, gang pinned to the returned nodes, `teardown.run` after |
-| ours_provisioning_request | the same step, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-a`) |
+| ours_provisioning_request | the same step, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-bench`) |
 | ours_karpenter | the same step, provisioner `karpenter`, against the dev cluster's Karpenter |
 
 Caveats a reader needs (each is in the side's favour or against it, as stated):

@@ -1,7 +1,7 @@
 """Run the kfp-gpu benchmarks: every peer run on one world (bench/world.py), one external watch (bench/observe.py).
 
     python -m bench.run --quick    # make bench-quick: every side at N=4, one repeat, small scenarios (< 2 min)
-    python -m bench.run --full     # make bench: N = 4..512, 3 interleaved repeats, every scenario
+    python -m bench.run --full     # make bench: N = 4..512, 2 interleaved repeats, every scenario
 
 Writes ``bench/results/quick.json`` / ``latest.json`` (with the git commit and dirty flag) and regenerates
 ``docs/benchmarks.md`` from the JSON (bench/report.py; --quick never touches the doc: the doc is the full run's).
@@ -43,7 +43,7 @@ def _modes() -> dict[str, Mode]:
 
     return {
         "quick": Mode("quick", (4,), 1, SIDES, 2.0, (64,), 1, 0, 4),
-        "full": Mode("full", (4, 16, 64, 128, 512), 3, SIDES, 40.0, (512, 4096), 3, 3, 16),
+        "full": Mode("full", (4, 16, 64, 128, 512), 2, SIDES, 40.0, (512, 4096), 3, 3, 16),
     }
 
 

@@ -70,6 +70,7 @@ GPU_LABEL = "cloud.google.com/gke-accelerator"
 REGION = "us-central1"
 BOOT_DELAY_S = compress(240.0)  # a GPU VM boots in ~4 min (the stand-in scenario's median): 2 s here
 BENCH_GROUP = "ca-a100-bench"  # the benchmark's ProvisioningRequest sides only (see NODE_GROUPS)
+BENCH_ZONE = "us-central1-c"
 BENCH_TAINT = "kfp-gpu.io/bench=ca:NoSchedule"  # only pods that tolerate it (the bench's) land there
 
 
@@ -119,7 +120,7 @@ NODE_GROUPS: tuple[NodeGroup, ...] = (
     NodeGroup("ca-l4-a", "us-central1-a", "l4", default_gpus("l4"), 2),
     # the benchmark's bursts up to N=512 (bench/burst.yaml): a zone no other group uses and a taint of its own,
     # so a request that tolerates only TAINT (every test's) never scales it; the groups above keep max 4
-    NodeGroup(BENCH_GROUP, "us-central1-c", "a100-80gb", 8, 512, taints=(BENCH_TAINT,)),
+    NodeGroup(BENCH_GROUP, BENCH_ZONE, "a100-80gb", 8, 512, taints=(BENCH_TAINT,)),
 )
 
 
