@@ -21,6 +21,7 @@ forms in one zone; a blocked candidate is replaced by the next one by patching t
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -71,10 +72,12 @@ def capacity_type(capacity: str) -> str:
 class Candidate:
     zone: str  # "" = any zone the NodePool allows
     capacity_type: str
+    avoid: tuple[str, ...] = ()  # with no zone: zones a gang was pinned to and blocked in (NotIn)
 
     @property
     def label(self) -> str:
-        return f"{self.zone or 'any zone'}/{self.capacity_type}"
+        where = self.zone or ("any zone but " + ", ".join(self.avoid) if self.avoid else "any zone")
+        return f"{where}/{self.capacity_type}"
 
 
 def candidates(zones: Sequence[str], capacity: str, *, on_demand_fallback: bool) -> list[Candidate]:
@@ -88,6 +91,18 @@ def candidates(zones: Sequence[str], capacity: str, *, on_demand_fallback: bool)
     return out
 
 
+def lead_again(base: Candidate, placed: Candidate, *, recovering: bool) -> Candidate | None:
+    """After ``placed`` was blocked: the candidate to try next in its place, or None to move on to the next one.
+    ``placed`` is ``base`` (no zone) pinned to the zone its leader placeholder launched in; a blocked leader zone
+    is excluded and the gang led again, until ``ICE_RETRIES_ANY_ZONE`` zones were tried. A recovery (pinned to
+    its survivors' zone) and a candidate that named its zone move on."""
+    if base.zone or not placed.zone or recovering or placed.zone in base.avoid:
+        return None
+    if len(base.avoid) + 1 >= ICE_RETRIES_ANY_ZONE:
+        return None
+    return dataclasses.replace(base, avoid=(*base.avoid, placed.zone))
+
+
 def requirements(instance_types: Sequence[str], cand: Candidate) -> list[dict[str, Any]]:
     """The NodePool's requirements for one candidate: the catalog's instance types, the capacity type, the zone."""
     out: list[dict[str, Any]] = [
@@ -96,6 +111,8 @@ def requirements(instance_types: Sequence[str], cand: Candidate) -> list[dict[st
     ]
     if cand.zone:
         out.append({"key": ZONE_LABEL, "operator": "In", "values": [cand.zone]})
+    elif cand.avoid:
+        out.append({"key": ZONE_LABEL, "operator": "NotIn", "values": list(cand.avoid)})
     return out
 
 

@@ -11,7 +11,8 @@ A blocked candidate (:func:`kfp_gpu.plan.karpenter.assess`: an ICE, a failed lau
 its placeholders, NodeClaims and claims are dropped and the NodePool's requirements are patched to the next
 (zone, capacity type) of :func:`kfp_gpu.plan.karpenter.candidates`. With no zone named (and no zone spread
 allowed) one placeholder goes first and the NodePool is pinned to the zone its NodeClaim launched in (or the
-survivors' zone in a recovery) before the rest are created; when none is left, ``CapacityUnavailable``
+survivors' zone in a recovery) before the rest are created; a gang blocked in that zone is dropped and led again
+with the zone excluded (``NotIn``), up to ``ICE_RETRIES_ANY_ZONE`` zones; when none is left, ``CapacityUnavailable``
 names every zone and Karpenter's reason. replace (spot recovery: Karpenter deleted an interrupted node's
 NodeClaim, tainting the node ``karpenter.sh/disrupted``) asks the same NodePool for the lost nodes, raising its
 limit by the lost nodes still draining. release deletes the run's NodePool (Karpenter terminates its NodeClaims
@@ -96,7 +97,7 @@ class KarpenterProvisioner(NothingExtra):
             cand = cands[attempt]
             ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(), "started": started,
                                                "attempt": attempt, "history": history, "nodepool": pool})
-            names = api_k.placeholder_names(pool, request.step, attempt, count)
+            names = api_k.placeholder_names(pool, request.step, attempt * 10 + len(cand.avoid), count)
             try:
                 self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
                 cand = self._place(spec, pool, types, cand, names, count, keep, owner, deadline)
@@ -121,6 +122,10 @@ class KarpenterProvisioner(NothingExtra):
             log.warning("NodePool %s: %s blocked (%s); trying the next candidate", pool, cand.label, verdict.reason)
             if request.on_zone_blocked is not None and cand.zone:
                 request.on_zone_blocked(cand.zone)
+            again = plan.lead_again(cands[attempt], cand, recovering=bool(keep))
+            if again is not None:  # the zone a leader chose is blocked: lead again, that zone excluded
+                cands[attempt] = again
+                continue
             attempt += 1
         self._rollback(pool, keep, len(keep), spec.gpus_per_node)
         raise plan.exhausted(history, nodes=count, gpus_per_node=spec.gpus_per_node, accelerator=spec.accelerator,
@@ -164,20 +169,22 @@ class KarpenterProvisioner(NothingExtra):
         zone = kept.pop() if one_zone and len(kept) == 1 else ""
         if one_zone and not zone and count > 1:
             create(names[:1])
-            zone = self._leader_zone(pool, keep, min(deadline, time.time() + LEADER_WAIT_S))
+            zone = self._leader_zone(pool, keep, min(deadline, time.time() + LEADER_WAIT_S), cand.avoid)
         if zone:
             cand = dataclasses.replace(cand, zone=zone)
             self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
         create(names)
         return cand
 
-    def _leader_zone(self, pool: str, keep: dict[str, tuple[str, str]], until: float) -> str:
+    def _leader_zone(self, pool: str, keep: dict[str, tuple[str, str]], until: float,
+                     avoid: tuple[str, ...] = ()) -> str:
         """The zone Karpenter launched the first placeholder's NodeClaim in ("" if none by ``until``): the
         rest of the gang is pinned to it. Raises: ApiException."""
         while time.time() < until:
             for c in api_k.list_nodeclaims(self.api, pool):
                 view = plan.read_claim(c)
-                if view.zone and view.node not in keep and not (c.get("metadata") or {}).get("deletionTimestamp"):
+                if (view.zone and view.node not in keep and view.zone not in avoid
+                        and not (c.get("metadata") or {}).get("deletionTimestamp")):
                     return view.zone
             time.sleep(0.25)
         return ""

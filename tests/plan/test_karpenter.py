@@ -165,3 +165,24 @@ def test_exhausted_names_every_zone_and_reason() -> None:
     assert err.fields["zones"] == ["us-east-1a", "us-east-1b"] and err.remediation
     t = k.timed_out(ready=1, wanted=2, nodepool="np", cand=k.Candidate("z", "spot"), deadline_s=60, history=hist)
     assert isinstance(t, ProvisioningTimeout) and "1/2 nodes Ready in z/spot" in t.message
+
+
+def test_a_blocked_leader_zone_is_excluded_and_the_gang_led_again() -> None:
+    base = k.Candidate("", "spot")
+    again = k.lead_again(base, k.Candidate("us-east-1a", "spot"), recovering=False)
+    assert again == k.Candidate("", "spot", avoid=("us-east-1a",))
+    reqs = {r["key"]: r for r in k.requirements(["p4d.24xlarge"], again)}
+    assert reqs[k.ZONE_LABEL] == {"key": k.ZONE_LABEL, "operator": "NotIn", "values": ["us-east-1a"]}
+    third = k.lead_again(again, k.Candidate("us-east-1b", "spot", avoid=again.avoid), recovering=False)
+    assert third is not None and third.avoid == ("us-east-1a", "us-east-1b")
+    # ICE_RETRIES_ANY_ZONE zones tried: the candidate is given up, as an unpinned one is after that many ICEs
+    assert k.lead_again(third, k.Candidate("us-east-1c", "spot", avoid=third.avoid), recovering=False) is None
+
+
+def test_a_named_zone_a_recovery_or_an_unled_candidate_moves_on() -> None:
+    pinned = k.Candidate("us-east-1a", "spot")
+    assert k.lead_again(pinned, pinned, recovering=False) is None  # the user named the zone
+    base = k.Candidate("", "spot")
+    assert k.lead_again(base, k.Candidate("us-east-1a", "spot"), recovering=True) is None  # survivors' zone
+    assert k.lead_again(base, base, recovering=False) is None  # no leader zone: Karpenter's ICEs blocked it
+    assert "any zone but us-east-1a" in k.Candidate("", "spot", avoid=("us-east-1a",)).label
