@@ -69,18 +69,22 @@ def _one(n: int, namespace: str) -> dict[str, float]:
         out["job_launch"] = time.perf_counter() - t
         out["total"] = sum(out[k] for k in ("preflight", "warm_pool", "scale_up", "job_launch"))
         return out
-    finally:
-        if job:
-            try:
-                pytorchjob.delete(api, namespace, job)
-            except client.ApiException:
-                pass
+    finally:  # each cleanup step on its own: a failing one never leaves the stand-in's nodes behind
         core = client.CoreV1Api(api)
-        core.delete_collection_namespaced_pod(namespace, label_selector=f"kfp-gpu.io/run-id={run_id}",
-                                              grace_period_seconds=0)
-        sim.stop()
-        delete_nodes(api, sel)
+        for step in ((lambda: pytorchjob.delete(api, namespace, job)) if job else None,
+                     lambda: core.delete_collection_namespaced_pod(
+                         namespace, label_selector=f"kfp-gpu.io/run-id={run_id}", grace_period_seconds=0),
+                     sim.stop, lambda: delete_nodes(api, sel, timeout_s=180.0)):
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - reported, the next step still runs
+                print(f"  cleanup of {cluster}: {type(exc).__name__}: {exc}"[:300], flush=True)
+        left = core.list_node(label_selector=sel).items
         api.close()
+        if left:
+            raise RuntimeError(f"control-plane scenario left {len(left)} nodes ({sel})")
 
 
 def run(n: int, repeats: int, namespace: str, log: Any = print) -> dict[str, Any]:
