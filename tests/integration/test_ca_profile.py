@@ -170,9 +170,10 @@ def test_pod_without_the_dedicated_toleration_never_scales_up(kube: Kube, namesp
 
     def refused() -> list[str]:  # CA evaluates GPU pods once they are 30 s old (its fixed GPU buffer)
         evs = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=no-toleration").items
-        return [e.message for e in evs if e.reason == "NotTriggerScaleUp"]
+        # one event per CA loop; a loop may name only other groups' reasons (selector), so wait for the taint
+        return [e.message for e in evs if e.reason == "NotTriggerScaleUp" and "taint" in e.message]
 
-    msgs = wait_until("CA's NotTriggerScaleUp event", refused, timeout=90, every=0.5)
+    msgs = wait_until("CA's NotTriggerScaleUp event naming the taint", refused, timeout=90, every=0.5)
     assert "taint" in msgs[0], msgs
     assert {n.name for n in nodes_of(kube, g)} == before
     pod = kube.core.read_namespaced_pod("no-toleration", namespace)
