@@ -259,8 +259,7 @@ class PoolWatch:
                 view = plan.read_claim(ev.obj, since=old.since if old else ev.at, launched_before=bool(old and old.launched))
                 if ev.type == "DELETED":
                     self.claims.pop(name, None)
-                    status = ev.obj.get("status") or {}
-                    if not (view.launched or view.node or status.get("providerID")):  # a launch sets providerID
+                    if not view.launched:
                         self.signals.append(plan.Signal("ice", ev.at, plan.ICE_REASON, f"NodeClaim {name} "
                                                         "was deleted before it launched (insufficient capacity)", name))
                 else:

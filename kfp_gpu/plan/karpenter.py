@@ -209,12 +209,15 @@ def read_claim(obj: Mapping[str, Any], *, since: float = 0.0, launched_before: b
         c = _cond(obj, kind)
         if c is not None and str(c.get("status")) == "True":
             st = state
+    got = obj.get("status") or {}
+    # a launch sets providerID; a deleting claim keeps its conditions, so a launched one never reads as an ICE
+    launched_now = st in (ClaimState.LAUNCHED, ClaimState.REGISTERED, ClaimState.INITIALIZED) or bool(
+        got.get("providerID") or got.get("nodeName"))
     if meta.get("deletionTimestamp"):
         st = ClaimState.DELETING
-    return ClaimView(str(meta.get("name", "")), st, reason, message, str((obj.get("status") or {}).get("nodeName", "")),
+    return ClaimView(str(meta.get("name", "")), st, reason, message, str(got.get("nodeName", "")),
                      str(labels.get(ZONE_LABEL, "")), str(labels.get(CAPACITY_TYPE_LABEL, "")),
-                     launched_before or st in (ClaimState.LAUNCHED, ClaimState.REGISTERED, ClaimState.INITIALIZED),
-                     since)
+                     launched_before or launched_now, since)
 
 
 @dataclass(frozen=True)

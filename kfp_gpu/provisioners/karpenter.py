@@ -89,7 +89,7 @@ class KarpenterProvisioner(NothingExtra):
         if not request.wait:  # the warm pool: placeholders make Karpenter launch; scale-up claims the nodes later
             names = api_k.placeholder_names(pool, request.step, 0, count)
             try:
-                cand = self._place(spec, pool, types, cands[0], names, count, keep, owner, deadline)
+                cand = self._place(spec, pool, types, cands[0], names, count, keep, owner, deadline, retarget=False)
             except ApiException as exc:
                 raise _api_error(exc) from None
             return self._capacity(spec, run_id, {}, timeline, pool, cand)
@@ -99,8 +99,7 @@ class KarpenterProvisioner(NothingExtra):
                                                "attempt": attempt, "history": history, "nodepool": pool})
             names = api_k.placeholder_names(pool, request.step, attempt * 10 + len(cand.avoid), count)
             try:
-                self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
-                cand = self._place(spec, pool, types, cand, names, count, keep, owner, deadline)
+                cand = self._place(spec, pool, types, cand, names, count, keep, owner, deadline, retarget=True)
             except ApiException as exc:
                 raise _api_error(exc) from None
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
@@ -152,11 +151,13 @@ class KarpenterProvisioner(NothingExtra):
             "requirements": plan.requirements(types, cand)}}}})
 
     def _place(self, spec: ProvisioningSpec, pool: str, types: list[str], cand: plan.Candidate, names: list[str],
-               count: int, keep: dict[str, tuple[str, str]], owner: Owner, deadline: float) -> plan.Candidate:
-        """Create the placeholders that make Karpenter launch for ``cand``; returns the candidate they were
-        pinned to. With no zone named (and no zone spread allowed) the gang goes to the survivors' zone in a
-        recovery, else one placeholder goes first and the NodePool is pinned to the zone its NodeClaim launched
-        in: pod affinity alone spreads a gang that Karpenter sees in two batches. Raises: ApiException."""
+               count: int, keep: dict[str, tuple[str, str]], owner: Owner, deadline: float, *, retarget: bool,
+               ) -> plan.Candidate:
+        """Point the NodePool at ``cand`` (``retarget``: it was just created for it otherwise) and create the
+        placeholders that make Karpenter launch; returns the candidate they were pinned to. With no zone named
+        (and no zone spread allowed) the gang goes to the survivors' zone in a recovery, else one placeholder goes
+        first and the NodePool is pinned to the zone its NodeClaim launched in: pod affinity alone spreads a gang
+        that Karpenter sees in two batches. Raises: ApiException."""
         ns, label = spec.target.namespace, label_safe(owner.run_id)
         one_zone = not cand.zone and not spec.allow_zone_spread
 
@@ -165,14 +166,22 @@ class KarpenterProvisioner(NothingExtra):
                                       gpus_per_node=spec.gpus_per_node, tolerations=_pod_tolerations(spec, label),
                                       one_zone=one_zone)
 
+        def point(at: plan.Candidate) -> None:
+            self._retarget(pool, types, at, len(keep) + count, spec.gpus_per_node, keep)
+
         kept = {z for _, z in keep.values() if z}
-        zone = kept.pop() if one_zone and len(kept) == 1 else ""
-        if one_zone and not zone and count > 1:
-            create(names[:1])
-            zone = self._leader_zone(pool, keep, min(deadline, time.time() + LEADER_WAIT_S), cand.avoid)
-        if zone:
-            cand = dataclasses.replace(cand, zone=zone)
-            self._retarget(pool, types, cand, len(keep) + count, spec.gpus_per_node, keep)
+        if one_zone and len(kept) == 1:  # one patch, straight to the survivors' zone
+            cand = dataclasses.replace(cand, zone=kept.pop())
+            point(cand)
+        else:
+            if retarget:
+                point(cand)
+            if one_zone and count > 1:
+                create(names[:1])
+                zone = self._leader_zone(pool, keep, min(deadline, time.time() + LEADER_WAIT_S), cand.avoid)
+                if zone:
+                    cand = dataclasses.replace(cand, zone=zone)
+                    point(cand)
         create(names)
         return cand
 
@@ -184,7 +193,7 @@ class KarpenterProvisioner(NothingExtra):
             for c in api_k.list_nodeclaims(self.api, pool):
                 view = plan.read_claim(c)
                 if (view.zone and view.node not in keep and view.zone not in avoid
-                        and not (c.get("metadata") or {}).get("deletionTimestamp")):
+                        and view.state is not plan.ClaimState.DELETING):
                     return view.zone
             time.sleep(0.25)
         return ""

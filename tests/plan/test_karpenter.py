@@ -186,3 +186,12 @@ def test_a_named_zone_a_recovery_or_an_unled_candidate_moves_on() -> None:
     assert k.lead_again(base, k.Candidate("us-east-1a", "spot"), recovering=True) is None  # survivors' zone
     assert k.lead_again(base, base, recovering=False) is None  # no leader zone: Karpenter's ICEs blocked it
     assert "any zone but us-east-1a" in k.Candidate("", "spot", avoid=("us-east-1a",)).label
+
+
+def test_a_deleted_claim_that_launched_is_never_read_as_an_ice() -> None:
+    gone = {"metadata": {"name": "c", "deletionTimestamp": "2026-12-01T00:00:00Z"},
+            "status": {"providerID": "kwok://n", "conditions": [{"type": "Launched", "status": "True"}]}}
+    view = k.read_claim(gone)
+    assert view.state is k.ClaimState.DELETING and view.launched
+    bare = {"metadata": {"name": "c", "deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {}}
+    assert not k.read_claim(bare).launched  # deleted before any launch: the ICE shape
