@@ -63,6 +63,8 @@ def test_a_failed_run_is_loud() -> None:
     s = out["burst"]["4"]["summary"]["ours_node_pool"]
     assert s["runs"] == 0 and s["failed"] == ["RuntimeError: x"]
     assert "Failed run, ours_node_pool: RuntimeError: x" in report.render(out)
+    t = {x["name"]: x for x in report.targets(out)}["burst_n4_ours_node_pool_lowest_overhead"]
+    assert t["met"] is False and t["value"] == "every run failed (1): RuntimeError: x"  # never "not run"
 
 
 def test_measure_reads_one_timeline() -> None:
@@ -98,3 +100,24 @@ def test_recovery_targets_cover_one_and_two_overlapping_preemptions() -> None:
     t = {t["name"]: t for t in report.targets(out)}["recovery_2x_vs_best_peer"]
     assert t["met"] is None and t["value"] == "not run in --quick"
     assert "Two overlapping preemptions (0.1 s apart): not run in --quick" in report.render(out)
+
+
+def test_a_side_process_that_writes_much_to_stderr_is_not_blocked() -> None:
+    import sys
+    import time
+
+    from bench.burst import _Child
+
+    # 300 KB of stderr before READY: a pipe nobody reads holds 64 KB, then the writer blocks
+    code = "import sys; sys.stderr.write('x' * 300_000 + '\\nlast words\\n'); print('RUN r-1'); print('READY', flush=True)"
+    child = _Child({}, cmd=[sys.executable, "-c", code])
+    try:
+        assert child.expect("READY", 20.0) == "READY"
+        assert child.run_id == "r-1"
+        child.p.wait(10)
+        end = time.time() + 5.0
+        while not child.stderr_tail().endswith("last words") and time.time() < end:
+            time.sleep(0.05)
+        assert child.stderr_tail().endswith("last words")
+    finally:
+        child.close()
