@@ -21,6 +21,7 @@ Where a side's nodes come from:
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import random
@@ -50,7 +51,13 @@ PROFILE_POOL = "ca-a100-bench"  # kfp_gpu.devcluster.ca_profile.BENCH_GROUP: us-
 PROFILE_MAX = 512
 INJECT_LABEL = "kfp-gpu.io/boot-injection"
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
-GANG_TIMEOUT_S = 150.0
+GANG_TIMEOUT_S = 150.0  # plus GANG_TIMEOUT_PER_NODE_S per node: 406 s at N=512 (a 2-core control plane)
+GANG_TIMEOUT_PER_NODE_S = 0.5
+CLEAN_WAIT_S = 300.0  # before t0: how long earlier side-runs' nodes may take to go (their controllers' scale-down)
+
+
+def gang_timeout(n: int) -> float:
+    return GANG_TIMEOUT_S + GANG_TIMEOUT_PER_NODE_S * n
 SEQUENTIAL_MAX = 16
 
 
@@ -153,17 +160,31 @@ def _kubeconfig() -> str:
 
 
 class _Child:
-    def __init__(self, args: dict[str, Any]) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "bench.peers", json.dumps(args)], cwd=str(ROOT),
+    """A side's process (``python -m bench.peers '<args>'``; ``cmd`` replaces it in tests): stdout lines queued for
+    :meth:`expect`, stderr drained into a short tail (an unread stderr pipe would block a chatty child)."""
+
+    def __init__(self, args: dict[str, Any], cmd: list[str] | None = None) -> None:
+        self.p = subprocess.Popen(cmd or [sys.executable, "-m", "bench.peers", json.dumps(args)], cwd=str(ROOT),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
+        self.run_id = ""  # ours' step run id, from the child's "RUN <id>" line (its teardown if the child dies)
+        self.err: collections.deque[str] = collections.deque(maxlen=40)
         threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain, daemon=True).start()  # an unread stderr pipe blocks the child
 
     def _read(self) -> None:
         assert self.p.stdout is not None
         for line in self.p.stdout:
+            if line.startswith("RUN "):
+                self.run_id = line[4:].strip()
+                continue
             self.lines.put(line.rstrip("\n"))
         self.lines.put("EOF")
+
+    def _drain(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:
+            self.err.append(line.rstrip("\n"))
 
     def expect(self, prefix: str, timeout_s: float) -> str:
         end = time.time() + timeout_s
@@ -185,17 +206,58 @@ class _Child:
             pass
 
     def stderr_tail(self) -> str:
-        try:
-            self.p.wait(5)
-            assert self.p.stderr is not None
-            return self.p.stderr.read()[-600:]
-        except Exception:  # noqa: BLE001
-            return ""
+        return " | ".join(list(self.err)[-6:])[-600:]
 
     def close(self) -> None:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait(10)
+
+
+class Canary:
+    """A GPU-less KWOK node of the bench's own and a pod bound to it: :meth:`ping` is True once KWOK has turned a
+    fresh pod Running (on this 2-core machine KWOK's pod pipeline was seen to stall for minutes after a large gang
+    was deleted: a side starting then would be charged for it)."""
+
+    NAME = "kfp-gpu-bench-canary"
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        from kfp_gpu.devcluster.nodes import make_gpu_node
+
+        self.core, self.ns = client.CoreV1Api(api), namespace
+        node = make_gpu_node(self.NAME, "bench-canary", "none", "us-central1-a", 0, False, 0.0,
+                             {"kfp-gpu.io/bench": "canary"})
+        try:
+            self.core.create_node(node)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def ping(self, timeout_s: float) -> bool:
+        end = time.time() + timeout_s
+        while time.time() < end:
+            name = uid("canary-")
+            self.core.create_namespaced_pod(self.ns, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"kfp-gpu.io/bench": "canary"}},
+                "spec": {"nodeName": self.NAME, "terminationGracePeriodSeconds": 0,
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "infinity"]}]}})
+            try:
+                until = min(end, time.time() + 60.0)  # a pod KWOK never picked up is replaced after a minute
+                while time.time() < until:
+                    if self.core.read_namespaced_pod(name, self.ns).status.phase == "Running":
+                        return True
+                    time.sleep(0.1)
+            finally:
+                self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
+        return False
+
+    def close(self) -> None:
+        try:
+            self.core.delete_node(self.NAME, grace_period_seconds=0)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 class Harness:
@@ -217,6 +279,8 @@ class Harness:
         from kfp_gpu.devcluster import karpenter_profile
 
         self.karpenter_delay_s = parse_go_duration(karpenter_profile.REGISTRATION_DELAY)
+        self.started = time.time()
+        self.canary = Canary(self.api, namespace)
 
     def start_ca(self) -> None:
         try:
@@ -253,6 +317,7 @@ class Harness:
             t = time.time()
             self.ca.stop()
             self.log(f"  cleanup: the bench's cluster-autoscaler stopped in {time.time() - t:.1f}s")
+        self.canary.close()
         self.obs.close()
 
     def availability(self, side: str, n: int) -> str:
@@ -305,8 +370,10 @@ class Harness:
             args["pool"] = PROFILE_POOL
         elif side == "karpenter":
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
+        r.extra.update(self.quiesce())
         child = _Child(args)
         t0 = t_job = time.time()
+        limit = gang_timeout(n)
         try:
             line = child.expect("READY", 120.0)
             if line != "READY":
@@ -315,16 +382,15 @@ class Harness:
             t0 = time.time()
             child.say("go")
             ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None or not child.lines.empty(),
-                               GANG_TIMEOUT_S)
+                               limit)
             while ok and self.obs.gang_running_at(tag, n) is None:
-                line = child.expect("GANG", GANG_TIMEOUT_S - (time.time() - t0))
+                line = child.expect("GANG", limit - (time.time() - t0))
                 if line != "GANG":
-                    raise RuntimeError(f"side reported {line}")
-                ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None,
-                                   GANG_TIMEOUT_S - (time.time() - t0))
+                    raise RuntimeError(f"side reported {line} (stderr: {child.stderr_tail()})")
+                ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None, limit - (time.time() - t0))
             got = self.obs.gang_running_at(tag, n)
             if got is None:
-                raise RuntimeError(f"gang of {n} not Running within {GANG_TIMEOUT_S:g}s "
+                raise RuntimeError(f"gang of {n} not Running within {limit:g}s "
                                    f"({sum(p.running is not None for p in self.obs.gang(tag))} Running)")
             t_job = got
             cloud_req = (sim.requests() - base_req) if sim else 0
@@ -355,7 +421,9 @@ class Harness:
         except Exception as exc:  # noqa: BLE001 - a failed side-run is reported, never dropped
             r.error = f"{type(exc).__name__}: {exc}"[:800]
             child.say("release")
-            child.expect("RESULT", 60.0)
+            if not child.expect("RESULT", 60.0).startswith("RESULT") and child.run_id:
+                # the step was still running (it reads `release` only when it returns): its teardown, by run id
+                r.extra["teardown_by_harness"] = self._release_ours(args, child.run_id)
         finally:
             child.close()
             self._cleanup(side, tag, sim, selector, t0)
@@ -363,6 +431,39 @@ class Harness:
             r.extra["injector_errors"] = self.injector.errors[:3]
             self.injector.errors.clear()
         return r
+
+    def _release_ours(self, args: dict[str, Any], run_id: str) -> str:
+        """ours' teardown step for ``run_id`` in a fresh process (the side's own was killed mid-step)."""
+        try:
+            out = subprocess.run([sys.executable, "-m", "bench.peers", "--release", json.dumps({**args, "run_id": run_id})],
+                                 cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+            return "ok" if out.returncode == 0 else f"exit {out.returncode}: {out.stderr[-300:]}"
+        except subprocess.TimeoutExpired:
+            return "teardown still running after 600 s"
+
+    def quiesce(self) -> dict[str, Any]:
+        """Before t0: earlier side-runs' nodes are gone (up to :data:`CLEAN_WAIT_S`), and KWOK turns a canary pod
+        Running (its pod pipeline answers). What it waited, and any node left, go into the row."""
+        t = time.time()
+
+        def left() -> list[NodeRec]:
+            with self.obs.cond:
+                return [x for x in self.obs.nodes.values()
+                        if x.gone is None and x.added >= self.started and x.name != Canary.NAME]
+
+        if not self.defer_cleanup:  # --quick overlaps controllers' scale-down with the next side on purpose
+            self.obs.wait(lambda: not left(), CLEAN_WAIT_S)
+        out: dict[str, Any] = {"quiesce_nodes_s": round(time.time() - t, 2)}
+        if left() and not self.defer_cleanup:
+            out["world_not_clean_nodes"] = len(left())
+            self.log(f"  quiesce: {len(left())} nodes of earlier side-runs still there after {CLEAN_WAIT_S:g}s")
+        t = time.time()
+        ok = self.canary.ping(CLEAN_WAIT_S)
+        out["quiesce_kwok_s"] = round(time.time() - t, 2)
+        if not ok:
+            out["kwok_canary_timeout"] = True
+            self.log(f"  quiesce: KWOK did not run a canary pod within {CLEAN_WAIT_S:g}s")
+        return out
 
     def _cleanup(self, side: str, tag: str, sim: StandIn | None, selector: Callable[[NodeRec], bool],
                  t0: float) -> None:

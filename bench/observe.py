@@ -184,7 +184,8 @@ class Observer:
         return True
 
     def gang(self, tag: str) -> list[PodRec]:
-        return [p for p in self.pods.values() if p.tag == tag]
+        with self.cond:  # the watch thread adds pods meanwhile (re-entrant: callers may hold it already)
+            return [p for p in self.pods.values() if p.tag == tag]
 
     def gang_running_at(self, tag: str, n: int) -> float | None:
         """When the n-th gang pod turned Running (all n live and Running), else None."""

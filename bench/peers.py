@@ -210,6 +210,7 @@ class Side:
 
         self.spec = self.ours_spec()
         self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        print(f"RUN {self.run_id}", flush=True)  # the harness tears this run down if this process dies mid-step
         calls = _log_cloud_calls()
         res = scale_up.run(self.spec, self.run_id, "", api=self.api)
         self.extra["cloud_calls_abs"] = calls[:16]
@@ -267,7 +268,18 @@ def _warm_imports(side: str) -> None:
         from kfp_gpu.steps import scale_up, teardown  # noqa: F401
 
 
+def release_only(a: dict[str, Any]) -> int:
+    """``--release '<args + run_id>'``: ours' teardown step for a run whose side process was killed mid-step."""
+    from kfp_gpu.steps import teardown
+
+    s = Side(a)
+    teardown.run(s.ours_spec(), str(a["run_id"]), "", api=s.api)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--release":
+        return release_only(json.loads(argv[1]))
     a = json.loads(argv[0])
     side_name = str(a["side"])
     _warm_imports(side_name)
