@@ -54,11 +54,11 @@ JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0  # plus GANG_TIMEOUT_PER_NODE_S per node: 406 s at N=512 (a 2-core control plane)
 GANG_TIMEOUT_PER_NODE_S = 0.5
 CLEAN_WAIT_S = 300.0  # before t0: how long earlier side-runs' nodes may take to go (their controllers' scale-down)
+SEQUENTIAL_MAX = 16
 
 
 def gang_timeout(n: int) -> float:
     return GANG_TIMEOUT_S + GANG_TIMEOUT_PER_NODE_S * n
-SEQUENTIAL_MAX = 16
 
 
 @dataclass
@@ -352,6 +352,7 @@ class Harness:
                 forced = [f for other in shared for f in self.finish(other + " ")]
                 if forced:
                     r.extra["previous_cleanup_forced"] = forced
+        r.extra.update(self.quiesce())
         tag = uid(f"b{side[:4].replace('_', '')}-")
         args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag}
         sim: StandIn | None = None
@@ -370,7 +371,6 @@ class Harness:
             args["pool"] = PROFILE_POOL
         elif side == "karpenter":
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
-        r.extra.update(self.quiesce())
         child = _Child(args)
         t0 = t_job = time.time()
         limit = gang_timeout(n)
@@ -454,9 +454,10 @@ class Harness:
         if not self.defer_cleanup:  # --quick overlaps controllers' scale-down with the next side on purpose
             self.obs.wait(lambda: not left(), CLEAN_WAIT_S)
         out: dict[str, Any] = {"quiesce_nodes_s": round(time.time() - t, 2)}
-        if left() and not self.defer_cleanup:
-            out["world_not_clean_nodes"] = len(left())
-            self.log(f"  quiesce: {len(left())} nodes of earlier side-runs still there after {CLEAN_WAIT_S:g}s")
+        still = [] if self.defer_cleanup else left()
+        if still:
+            out["world_not_clean_nodes"] = len(still)
+            self.log(f"  quiesce: {len(still)} nodes of earlier side-runs still there after {CLEAN_WAIT_S:g}s")
         t = time.time()
         ok = self.canary.ping(CLEAN_WAIT_S)
         out["quiesce_kwok_s"] = round(time.time() - t, 2)

@@ -79,39 +79,37 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         peers = {p: _med(summ.get(p), "overhead_s") for p in PEERS}
         ran = {p: v for p, v in peers.items() if v is not None}
         for ours in OURS:
-            o = _med(summ.get(ours), "overhead_s")
+            s = summ.get(ours) or {}
+            o = _med(s, "overhead_s")
+            name, what = f"burst_n{n}_{ours}_lowest_overhead", f"{ours} has the lowest overhead of every side, N={n}"
             if o is None:
-                if (summ.get(ours) or {}).get("failed"):
-                    rows.append(_t(f"burst_n{n}_{ours}_lowest_overhead", f"{ours} has the lowest overhead of every "
-                                   f"side, N={n}", _all_failed(summ[ours]), False, ""))
+                if s.get("failed"):
+                    rows.append(_t(name, what, _all_failed(s), False))
                 continue
             best = min(ran.items(), key=lambda kv: kv[1]) if ran else None
             met = None if best is None else o <= best[1]
-            rows.append(_t(f"burst_n{n}_{ours}_lowest_overhead", f"{ours} has the lowest overhead of every side, N={n}",
-                           f"{o:.2f} s vs best peer {best[0]} {best[1]:.2f} s" if best else f"{o:.2f} s, no peer ran",
-                           met, "" if met else _ours_profile(b, ours)))
+            rows.append(_t(name, what, f"{o:.2f} s vs best peer {best[0]} {best[1]:.2f} s" if best else
+                           f"{o:.2f} s, no peer ran", met, "" if met else _ours_profile(b, ours)))
     for n, lim in ((128, 1.0), (512, 2.5)):
-        s = ((burst.get(str(n)) or {}).get("summary") or {}).get("ours_node_pool")
+        s = ((burst.get(str(n)) or {}).get("summary") or {}).get("ours_node_pool") or {}
         o = _med(s, "overhead_s")
-        if o is None and (s or {}).get("failed"):
-            rows.append(_t(f"burst_n{n}_overhead", f"ours overhead <= {lim} s at N={n} (100 ms API latency)",
-                           _all_failed(s), False, ""))
+        name, what = f"burst_n{n}_overhead", f"ours overhead <= {lim} s at N={n} (100 ms API latency)"
+        if o is None and s.get("failed"):
+            rows.append(_t(name, what, _all_failed(s), False))
             continue
-        rows.append(_t(f"burst_n{n}_overhead", f"ours overhead <= {lim} s at N={n} (100 ms API latency)",
-                       "not run in this mode" if o is None else f"{o:.2f} s", None if o is None else o <= lim,
+        rows.append(_t(name, what, "not run in this mode" if o is None else f"{o:.2f} s", None if o is None else o <= lim,
                        "" if o is None or o <= lim else _ours_profile(burst[str(n)], "ours_node_pool")))
     cp = out.get("control_plane") or {}
     for gpus, lim in ((512, 2.0), (4096, 6.0)):
         st = ((cp.get(str(gpus)) or {}).get("stats") or {})
         v = _med(st, "total")
+        name, what = f"control_plane_{gpus}", f"control-plane overhead < {lim:g} s at {gpus} GPUs, zero boot"
         if v is None and "error" in cp:
-            rows.append(_t(f"control_plane_{gpus}", f"control-plane overhead < {lim:g} s at {gpus} GPUs, zero boot",
-                           f"the stage failed: {cp['error'][:200]}", False, ""))
+            rows.append(_t(name, what, f"the stage failed: {cp['error'][:200]}", False))
             continue
         prof = ", ".join(f"{k} {_med(st, k):.2f} s" for k in ("preflight", "warm_pool", "scale_up", "job_launch")
                          if _med(st, k) is not None)
-        rows.append(_t(f"control_plane_{gpus}", f"control-plane overhead < {lim:g} s at {gpus} GPUs, zero boot",
-                       "not run in this mode" if v is None else f"{v:.2f} s", None if v is None else v < lim,
+        rows.append(_t(name, what, "not run in this mode" if v is None else f"{v:.2f} s", None if v is None else v < lim,
                        "" if v is None or v < lim else f"per step (median): {prof}"))
     pf = out.get("preflight") or {}
     rt = pf.get("ours_round_trips")
