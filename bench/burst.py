@@ -354,7 +354,9 @@ class Harness:
                     r.extra["previous_cleanup_forced"] = forced
         r.extra.update(self.quiesce())
         tag = uid(f"b{side[:4].replace('_', '')}-")
-        args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag}
+        # ours gets the peers' budget for the gang, less 10 s so its own TIMEOUT arrives before the harness gives up
+        args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag,
+                                "deadline_s": gang_timeout(n) - 10.0}
         sim: StandIn | None = None
         selector: Callable[[NodeRec], bool] = lambda rec: False  # noqa: E731
         if side in STANDIN_SIDES:

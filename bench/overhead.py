@@ -42,7 +42,7 @@ def _one(n: int, namespace: str) -> dict[str, float]:
         spec = ProvisioningSpec("a100-80gb", n, gpus_per_node=GPUS, target=Target(
             kind="local", cluster=cluster, region="us-central1", endpoint=sim.url, namespace=namespace,
             pools=(pool_name("us-central1-a"),), provisioner="node-pool"),
-            zones=("us-central1-a",), scale_up_deadline_s=120.0, warm_pool=WarmPool(nodes=n, ttl_s=600))
+            zones=("us-central1-a",), scale_up_deadline_s=300.0, warm_pool=WarmPool(nodes=n, ttl_s=600))
         provider = GkeProvider.from_target(spec.target)
         t = time.perf_counter()
         run_preflight(spec, provider, api)

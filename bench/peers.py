@@ -184,22 +184,24 @@ class Side:
         from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 
         backend = self.a["side"][len("ours_"):].replace("_", "-")
+        # the harness's own budget for the gang (burst.gang_timeout) less a margin, so ours reports TIMEOUT itself
+        deadline_s = float(self.a.get("deadline_s", 300))
         if backend == "node-pool":
             return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=tuple(self.a["zones"]),
-                                    scale_up_deadline_s=float(self.a.get("deadline_s", 300)),
+                                    scale_up_deadline_s=deadline_s,
                                     target=Target(kind="local", cluster=self.a["cluster"], region=REGION,
                                                   endpoint=self.a["url"], namespace=self.ns,
                                                   pools=tuple(self.a["pools"]), provisioner="node-pool"))
         if backend == "provisioning-request":
             return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=(ca_profile.BENCH_ZONE,),
-                                    scale_up_deadline_s=120.0,
+                                    scale_up_deadline_s=deadline_s,
                                     target=Target(kind="local", cluster=ca_profile.CLUSTER, region=REGION,
                                                   namespace=self.ns, pools=(self.a["pool"],),
                                                   tolerations=(ca_profile.TAINT, ca_profile.BENCH_TAINT),
                                                   provisioner=backend))
         if backend == "karpenter":
             return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
-                                    zones=(KARPENTER_ZONE,), scale_up_deadline_s=120.0,
+                                    zones=(KARPENTER_ZONE,), scale_up_deadline_s=deadline_s,
                                     target=Target(kind="eks", cluster="kfp-gpu-karpenter", region="us-east-1",
                                                   namespace=self.ns, provisioner=backend))
         raise ValueError(f"unknown backend {backend!r}")
