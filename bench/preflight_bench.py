@@ -96,7 +96,8 @@ def run(repeats: int, log: Any = print, sequential: bool = True) -> Result:
     rt = res.median("ours_round_trips")
     res.met = rt is not None and rt <= 1.5
     if not res.met:
-        res.notes.append("MISS: every read is issued at once (one round trip each; pool sizes come from "
-                         "the cluster's nodes, not instanceGroupManagers), the rest is client-side work for ~70 "
-                         "concurrent REST calls on 2 cores (protobuf parsing, threads); see ours_routes.")
+        res.notes.append("MISS: every read is issued at once, one round trip each (the GPU-family quota's usage "
+                         "reads pool sizes by one instanceGroupManagers.aggregatedList beside nodePools.list); "
+                         "the rest is client-side work for the concurrent REST calls of three preflights on 2 "
+                         "cores (protobuf parsing, threads); see ours_routes.")
     return res

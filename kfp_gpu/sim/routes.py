@@ -65,6 +65,26 @@ def igm_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]
     return 200, st.igm_json(m["z"], m["igm"])
 
 
+@route("GET", _C + "/aggregated/instanceGroupManagers", "compute.instanceGroupManagers.aggregatedList")
+def igm_aggregated(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
+    """instanceGroupManagers.aggregatedList: ``items`` keyed ``zones/{z}``, paged by ``maxResults`` (default and
+    maximum 500) and ``pageToken``."""
+    st.check_project(m["p"])
+    groups = st.igm_names()
+    size = max(1, min(500, int(q.get("maxResults") or 500)))
+    start = int(q.get("pageToken") or 0)
+    items: dict[str, Any] = {}
+    for zone, name in groups[start:start + size]:
+        items.setdefault(f"zones/{zone}", {"instanceGroupManagers": []})["instanceGroupManagers"].append(
+            st.igm_json(zone, name))
+    out: dict[str, Any] = {"kind": "compute#instanceGroupManagerAggregatedList",
+                           "id": f"projects/{m['p']}/aggregated/instanceGroupManagers", "items": items,
+                           "selfLink": f"{shapes.COMPUTE}/projects/{m['p']}/aggregated/instanceGroupManagers"}
+    if start + size < len(groups):
+        out["nextPageToken"] = str(start + size)
+    return 200, out
+
+
 @route("POST", _C + "/zones/(?P<z>[^/]+)/instanceGroupManagers/(?P<igm>[^/]+)/deleteInstances",
        "compute.instanceGroupManagers.deleteInstances")
 def igm_delete_instances(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:

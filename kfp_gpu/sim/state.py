@@ -278,6 +278,11 @@ class SimState:
             self.world.later(compress(ops.pending_s), running)
             return dict(op)
 
+    def igm_names(self) -> list[tuple[str, str]]:
+        """(zone, group name) of every managed instance group, sorted (aggregatedList's order)."""
+        with self.lock:
+            return sorted((p.spec.zone, igm_name(self.scenario.cluster, p)) for p in self.pools.values())
+
     def _igm_pool(self, zone: str, igm: str) -> PoolRuntime:
         s = self.scenario
         for p in self.pools.values():

@@ -67,12 +67,30 @@ def test_quota_amounts_regional_preemptible_and_global(sim: SimServer) -> None:
 def test_quota_h100_family_comes_from_cloud_quotas(sim: SimServer) -> None:
     p = _provider(sim)
     _until_done(p, p.resize(PoolRef("h100-80gb-b", "us-central1-b"), 2, OWNER))
+    sim.reset(requests_only=True)
     rows = {q.metric: q for q in p.quota("h100-80gb", REGION, spot=False)}
     fam = rows["NVIDIA_H100"]
     assert (fam.limit, fam.usage, fam.free, fam.status) == (64, 16, 48, "ok")
     assert "GPUS-PER-GPU-FAMILY" in fam.raise_path and "Cloud Quotas" in fam.reason
     assert rows["GPUS_ALL_REGIONS"].usage == 16
-    assert sim.request_counts()["cloudquotas.quotaInfos.get"] == 1
+    counts = sim.request_counts()
+    assert counts["cloudquotas.quotaInfos.get"] == 1
+    # the pools' sizes: one aggregatedList beside nodePools.list, never a get per group after it
+    assert counts["compute.instanceGroupManagers.aggregatedList"] == 1
+    assert "compute.instanceGroupManagers.get" not in counts
+
+
+def test_igm_aggregated_list_pages_through_every_group(sim: SimServer) -> None:
+    from google.cloud import compute_v1
+
+    p = _provider(sim)
+    groups = [(str(scope).rsplit("/", 1)[-1], g.name) for scope, listed in p.client("igm").aggregated_list(
+        request=compute_v1.AggregatedListInstanceGroupManagersRequest(project=PROJECT, max_results=1))
+        for g in listed.instance_group_managers]
+    pools = {(s.ref.zone, s.ref.pool) for r in (REGION, "us-east1") for s in p.pools(r, sizes=False)}
+    assert len(groups) == len(set(groups)) >= len(pools) > 1
+    assert {(z, n) for z, n in groups if n.startswith(f"gke-{CLUSTER}-")} == {
+        (z, f"gke-{CLUSTER}-{pool}-grp") for z, pool in pools}
 
 
 def test_failed_quota_read_is_unknown_never_ok() -> None:

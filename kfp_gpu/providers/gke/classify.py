@@ -87,6 +87,7 @@ IAM_PERMISSIONS: tuple[tuple[str, str, str], ...] = (
     ("GET", r"/reservations", "compute.reservations.list"),
     ("POST", r"/instanceGroupManagers/[^/]+/deleteInstances", "compute.instanceGroupManagers.update"),
     ("GET", r"/instanceGroupManagers/", "compute.instanceGroupManagers.get"),
+    ("GET", r"/aggregated/instanceGroupManagers", "compute.instanceGroupManagers.list"),
     ("GET", r"/zones/[^/]+/operations/", "compute.zoneOperations.get"),
     ("GET", r"/regions/[^/]+$|/regions/[^/?]+\?", "compute.regions.get"),
     ("GET", r"/compute/v1/projects/[^/?]+($|\?)", "compute.projects.get"),
