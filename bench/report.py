@@ -65,6 +65,11 @@ def _ours_profile(burst_n: dict[str, Any], side: str) -> str:
             f"{runs[0]['total_s']:.2f} s, largest boot {runs[0]['limit_s']:.2f} s{call_text}")
 
 
+def _stage_error(stage: dict[str, Any]) -> str:
+    """A failed stage's error as bench.run stored it, without its own "FAILED: " (the caller says it failed)."""
+    return str(stage["error"]).removeprefix("FAILED: ")
+
+
 def _all_failed(side_summary: dict[str, Any]) -> str:
     errs = side_summary.get("failed") or []
     return f"every run failed ({len(errs)}): {errs[0][:160]}" if errs else "no measurement"
@@ -105,7 +110,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
         v = _med(st, "total")
         name, what = f"control_plane_{gpus}", f"control-plane overhead < {lim:g} s at {gpus} GPUs, zero boot"
         if v is None and "error" in cp:
-            rows.append(_t(name, what, f"the stage failed: {cp['error'][:200]}", False))
+            rows.append(_t(name, what, f"the stage failed: {_stage_error(cp)[:200]}", False))
             continue
         prof = ", ".join(f"{k} {_med(st, k):.2f} s" for k in ("preflight", "warm_pool", "scale_up", "job_launch")
                          if _med(st, k) is not None)
@@ -219,7 +224,7 @@ def _burst(out: dict[str, Any]) -> list[str]:
              "world GPU-minutes.", ""]
     burst = out.get("burst") or {}
     if "error" in burst:
-        return [*lines, f"**FAILED**: {burst['error']}", ""]
+        return [*lines, f"**FAILED**: {_stage_error(burst)}", ""]
     for n in sorted(int(k) for k in burst):
         b = burst[str(n)]
         lines += [f"### N = {n} nodes x 8 GPUs", "",
@@ -262,7 +267,7 @@ def _other(out: dict[str, Any]) -> list[str]:
     lines += ["## Control-plane overhead at zero boot (ours only, timed by the harness around each step call)", "",
               "| GPUs | total | preflight | warm pool | scale-up | job launch |", "|---|---|---|---|---|---|"]
     if "error" in cp:
-        lines.append(f"| FAILED: {cp['error']} | | | | | |")
+        lines.append(f"| FAILED: {_stage_error(cp)} | | | | | |")
     for g in sorted(int(k) for k in cp if k.isdigit()):
         st = cp[str(g)]["stats"]
         lines.append(f"| {g} | {_cell(st, 'total')} | {_cell(st, 'preflight')} | {_cell(st, 'warm_pool')} | "

@@ -67,6 +67,14 @@ def test_a_failed_run_is_loud() -> None:
     assert t["met"] is False and t["value"] == "every run failed (1): RuntimeError: x"  # never "not run"
 
 
+def test_a_failed_stage_is_named_failed_once() -> None:
+    out = _out([_row("naive", 0.3)])
+    out["control_plane"] = {"error": "FAILED: ProvisioningTimeout: only 63/64"}  # as bench.run stores a stage error
+    t = {x["name"]: x for x in report.targets(out)}["control_plane_512"]
+    assert t["met"] is False and t["value"] == "the stage failed: ProvisioningTimeout: only 63/64"
+    assert "| FAILED: ProvisioningTimeout: only 63/64 | | | | | |" in report.render(out)
+
+
 def test_measure_reads_one_timeline() -> None:
     a = NodeRec("a", added=10.5, annotations={"kfp-gpu.io/boot-sample": "1.5"}, ready=12.0, gone=20.0)
     b = NodeRec("b", added=10.6, annotations={"kfp-gpu.io/boot-delay": "2s"}, ready=12.5, gone=None)
