@@ -19,15 +19,15 @@ Public API (wired by the CLI as ``kfp-gpu preflight`` / ``kfp-gpu quota request`
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, QuotaExceeded
 from kfp_gpu.plan.placement import candidate_zones, matching_pools, plan_placements
 from kfp_gpu.plan.preflight import NOT_ASKED, CapacityNow, ClusterCheck, PreflightResult
@@ -42,6 +42,11 @@ GPU = "nvidia.com/gpu"
 KUEUE_CRD = "clusterqueues.kueue.x-k8s.io"
 # probes an object-store URI: returns a kfp_gpu.checkpoint.probe.ProbeResult (or None: writable), raises: not writable
 CheckpointProbe = Callable[[str], Any]
+T = TypeVar("T")
+
+
+def _spawn(fn: Callable[..., T], *args: Any, **kwargs: Any) -> fanout.Task[T]:
+    return fanout.spawn(functools.partial(fn, *args, **kwargs))
 
 
 def run_preflight(
@@ -67,46 +72,46 @@ def run_preflight(
 
     started = time.monotonic()
     cands = list(dict.fromkeys([spec.target.region, *(regions or ())]))
-    with ThreadPoolExecutor(max_workers=2 * len(cands) + 6, thread_name_prefix="preflight") as ex:
-        wait_s = check_capacity.WAIT_S if capacity_wait_s is None else capacity_wait_s
-        quota_f = {r: ex.submit(provider.quota, spec.accelerator, r, spot=spec.spot) for r in cands}
-        pools_f = {r: ex.submit(provider.pools, r, sizes=False) for r in cands}
-        now_f = ex.submit(_capacity_now, spec, kube_api, provider, pools_f[spec.target.region], run_id, wait_s)
-        kube_f: dict[str, Future[ClusterCheck]] = {}
-        if kube_api is not None:
-            kube_f = {
-                "namespace-quota": ex.submit(_namespace_quota, spec, kube_api),
-                "kueue": ex.submit(_kueue, spec, kube_api),
-            }
-            nodes_f = ex.submit(_ready_gpu_nodes, spec, kube_api)
-        ckpt_f = ex.submit(check_checkpoint_uri, spec.checkpoint_uri, checkpoint_probe) if spec.checkpoint_uri else None
+    # every read on the shared pool at once (kfp_gpu.fanout: reused threads; nothing here waits on a queued read)
+    wait_s = check_capacity.WAIT_S if capacity_wait_s is None else capacity_wait_s
+    quota_f = {r: _spawn(provider.quota, spec.accelerator, r, spot=spec.spot) for r in cands}
+    pools_f = {r: _spawn(provider.pools, r, sizes=False) for r in cands}
+    now_f = _spawn(_capacity_now, spec, kube_api, provider, pools_f[spec.target.region], run_id, wait_s)
+    kube_f: dict[str, fanout.Task[ClusterCheck]] = {}
+    if kube_api is not None:
+        kube_f = {
+            "namespace-quota": _spawn(_namespace_quota, spec, kube_api),
+            "kueue": _spawn(_kueue, spec, kube_api),
+        }
+        nodes_f = _spawn(_ready_gpu_nodes, spec, kube_api)
+    ckpt_f = _spawn(check_checkpoint_uri, spec.checkpoint_uri, checkpoint_probe) if spec.checkpoint_uri else None
 
-        checks_by_region: dict[str, list[QuotaCheck]] = {}
-        pools_by_region: dict[str, list[PoolState] | None] = {}
-        unknown_by_region: dict[str, list[str]] = {}
-        provisioner, capacity_now = now_f.result()
-        for r in cands:
-            try:
-                pools_by_region[r] = pools_f[r].result()
-            except NotFound as exc:
-                pools_by_region[r] = []
-                unknown_by_region.setdefault(r, [])
-                log.info("preflight: no pools in %s: %s", r, exc.message)
-            except Exception as exc:
-                pools_by_region[r] = None
-                unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
-            if provisioner.get("name") == "provisioning-request" and not matching_pools(spec, pools_by_region[r] or []):
-                # the autoscaler's node groups are not the cloud's pools here (a self-managed autoscaler):
-                # their headroom is the autoscaler's to judge (check-capacity above, the request itself)
-                pools_by_region[r] = None
-                unknown_by_region.setdefault(r, []).append(
-                    "pools: the autoscaler's node groups are not visible to the cloud provider")
-            checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
-        cluster = [f.result() for f in kube_f.values()]
-        if kube_api is not None:
-            cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
-        if ckpt_f is not None:
-            cluster.append(ckpt_f.result())
+    checks_by_region: dict[str, list[QuotaCheck]] = {}
+    pools_by_region: dict[str, list[PoolState] | None] = {}
+    unknown_by_region: dict[str, list[str]] = {}
+    provisioner, capacity_now = now_f.result()
+    for r in cands:
+        try:
+            pools_by_region[r] = pools_f[r].result()
+        except NotFound as exc:
+            pools_by_region[r] = []
+            unknown_by_region.setdefault(r, [])
+            log.info("preflight: no pools in %s: %s", r, exc.message)
+        except Exception as exc:
+            pools_by_region[r] = None
+            unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
+        if provisioner.get("name") == "provisioning-request" and not matching_pools(spec, pools_by_region[r] or []):
+            # the autoscaler's node groups are not the cloud's pools here (a self-managed autoscaler):
+            # their headroom is the autoscaler's to judge (check-capacity above, the request itself)
+            pools_by_region[r] = None
+            unknown_by_region.setdefault(r, []).append(
+                "pools: the autoscaler's node groups are not visible to the cloud provider")
+        checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
+    cluster = [f.result() for f in kube_f.values()]
+    if kube_api is not None:
+        cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+    if ckpt_f is not None:
+        cluster.append(ckpt_f.result())
     placements = plan_placements(spec, checks_by_region, pools_by_region,
                                  unknown_by_region={r: v for r, v in unknown_by_region.items() if v})
     reservation: dict[str, Any] = {}
@@ -120,7 +125,7 @@ def run_preflight(
     )
 
 
-def _capacity_now(spec: ProvisioningSpec, api: Any, provider: CapacityProvider, pools: Future[list[PoolState]],
+def _capacity_now(spec: ProvisioningSpec, api: Any, provider: CapacityProvider, pools: fanout.Task[list[PoolState]],
                   run_id: str, wait_s: float) -> tuple[dict[str, str], CapacityNow]:
     """The backend choice and, where an autoscaler serves ProvisioningRequests, its check-capacity answer."""
     from kfp_gpu.steps import check_capacity
@@ -237,7 +242,7 @@ def _msg(exc: BaseException) -> str:
     return exc.message if isinstance(exc, KfpGpuError) else f"{type(exc).__name__}: {exc}"
 
 
-def _quota_checks(spec: ProvisioningSpec, region: str, fut: Future[list[QuotaAmount]], reserved: int = 0,
+def _quota_checks(spec: ProvisioningSpec, region: str, fut: fanout.Task[list[QuotaAmount]], reserved: int = 0,
                   ) -> list[QuotaCheck]:
     try:
         rows = fut.result()
@@ -312,7 +317,7 @@ def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, i
     return count, per_pool
 
 
-def _capacity_check(spec: ProvisioningSpec, nodes_f: Future[tuple[int, dict[str, int]]],
+def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int]]],
                     pools: list[PoolState] | None) -> ClusterCheck:
     name = "gpu-capacity"
     try:

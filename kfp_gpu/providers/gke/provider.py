@@ -19,10 +19,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu import retry as retry_mod
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
 from kfp_gpu.providers.base import (
@@ -162,11 +161,8 @@ class GkeProvider:
                 return fn()
             except KfpGpuError as exc:
                 return exc
-        if len(fns) <= 1:
-            return [run(fn) for fn in fns]
-        # a fresh executor per call: nested parallel() calls (quota -> pools) can never deadlock
-        with ThreadPoolExecutor(max_workers=min(16, len(fns)), thread_name_prefix="gke-provider") as ex:
-            return list(ex.map(run, fns))
+        # the shared pool (nested parallel() calls, quota -> pools, cannot deadlock: see kfp_gpu.fanout)
+        return fanout.run_all([functools.partial(run, fn) for fn in fns])
 
     def classify(self, exc: BaseException, *, zone: str = "", region: str = "") -> Exception:
         """Map a raw SDK exception to a KfpGpuError via the tables in ``classify`` (a ``Retry-After``

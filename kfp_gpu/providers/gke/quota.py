@@ -35,24 +35,26 @@ def read(p: GkeProvider, acc: Accelerator, region: str, *, spot: bool) -> list[Q
     """
     p.credentials()
     metrics = [acc.gcp_quota_metric] + ([acc.gcp_preemptible_metric] if spot else [])
-    jobs: list[Callable[[], list[QuotaAmount]]] = [
-        lambda: _regional(p, acc, region, metrics), lambda: _global(p)]
+    # the GPU family's reads first: they are the longest chain (quotaInfos + pools + group sizes, two fan-outs
+    # deep), so they leave before the flat regions.get / projects.get
+    kinds: list[tuple[str, Callable[[], list[QuotaAmount]]]] = []
     if acc.gcp_gpu_family:
         family = acc.gcp_gpu_family
-        jobs.append(lambda: _family(p, region, family))
-    rows: list[QuotaAmount] = []
-    for i, result in enumerate(p.parallel(jobs)):
-        if isinstance(result, NotFound) and i == 0:
+        kinds.append(("family", lambda: _family(p, region, family)))
+    kinds += [("regional", lambda: _regional(p, acc, region, metrics)), ("global", lambda: _global(p))]
+    names = {"regional": metrics, "global": [GCP_ALL_REGIONS_METRIC], "family": [str(acc.gcp_gpu_family)]}
+    rows: dict[str, list[QuotaAmount]] = {}
+    for (kind, _), result in zip(kinds, p.parallel([fn for _, fn in kinds]), strict=True):
+        if isinstance(result, NotFound) and kind == "regional":
             raise NotFound(f"region {region} does not exist in project {p.project}: {result.message}",
                            remediation="use a GCP region such as us-central1", region=region,
                            scope=Scope.REGION)
         if isinstance(result, KfpGpuError):
-            names = (metrics if i == 0 else [GCP_ALL_REGIONS_METRIC] if i == 1 else [str(acc.gcp_gpu_family)])
-            loc = "global" if i == 1 else region
-            rows += [_unknown(p, m, loc, result) for m in names]
+            loc = "global" if kind == "global" else region
+            rows[kind] = [_unknown(p, m, loc, result) for m in names[kind]]
         else:
-            rows += result
-    return rows
+            rows[kind] = result
+    return [row for kind in ("regional", "global", "family") for row in rows.get(kind, [])]
 
 
 def _unknown(p: GkeProvider, metric: str, loc: str, err: KfpGpuError) -> QuotaAmount:
@@ -83,18 +85,18 @@ def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str])
     return rows
 
 
-_GLOBAL_TTL_S = 2.0
+GLOBAL_TTL_S = 2.0
 _global_lock = threading.Lock()
 _global_memo: dict[tuple[str, str], tuple[float, Future[Any]]] = {}  # (endpoint, project) -> in flight
 
 
 def _global(p: GkeProvider) -> list[QuotaAmount]:
     """GPUS_ALL_REGIONS. A preflight asks once per candidate region at the same moment; those concurrent
-    asks share one projects.get (single flight, reused for ``_GLOBAL_TTL_S``)."""
+    asks share one projects.get (single flight, reused for ``GLOBAL_TTL_S``)."""
     key = (p.endpoint, p.project)  # the same project's global quota, whichever provider object asks
     with _global_lock:
         hit = _global_memo.get(key)
-        mine = hit is None or time.monotonic() - hit[0] > _GLOBAL_TTL_S
+        mine = hit is None or time.monotonic() - hit[0] > GLOBAL_TTL_S
         if mine:
             fut: Future[Any] = Future()
             _global_memo[key] = (time.monotonic(), fut)

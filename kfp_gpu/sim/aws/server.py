@@ -96,6 +96,7 @@ class AwsSimServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall (docs/sim.md)
 
             def log_message(self, *_: Any) -> None:
                 pass
