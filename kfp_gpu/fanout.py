@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -42,16 +42,16 @@ class _Pool:
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         fut: Future[T] = Future()
-        start = False
+        number = 0  # of the thread to start, if one is
         with self._lock:
             self._q.put((fut, fn))
             if self._idle:
                 self._idle -= 1
             elif self._threads < self.max_threads:
                 self._threads += 1
-                start = True
-        if start:
-            threading.Thread(target=self._work, name=f"kfp-gpu-fanout-{self._threads}", daemon=True).start()
+                number = self._threads
+        if number:
+            threading.Thread(target=self._work, name=f"kfp-gpu-fanout-{number}", daemon=True).start()
         return fut
 
     def _work(self) -> None:
@@ -77,23 +77,19 @@ def run_all(fns: Sequence[Callable[[], T]]) -> list[T]:
     """
     if len(fns) <= 1:
         return [fn() for fn in fns]
-    futs: list[Future[T]] = [_pool.submit(fn) for fn in fns[1:]]
-    first: list[T] = []
-    errors: list[BaseException | None] = [None] * len(fns)
+    tasks = [Task(fn) for fn in fns[1:]]
+    outcomes = [_outcome(fns[0]), *(_outcome(t.result) for t in tasks)]  # the caller runs the first
+    for _, exc in outcomes:
+        if exc is not None:
+            raise exc
+    return [cast(T, value) for value, _ in outcomes]  # no exception: every outcome is a value
+
+
+def _outcome(fn: Callable[[], T]) -> tuple[T | None, BaseException | None]:
     try:
-        first.append(fns[0]())
-    except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others finished
-        errors[0] = exc
-    out: list[T] = []
-    for i, (fn, fut) in enumerate(zip(fns[1:], futs, strict=True), start=1):
-        try:
-            out.append(fn() if fut.cancel() else fut.result())  # queued: the caller runs it
-        except BaseException as exc:  # noqa: BLE001
-            errors[i] = exc
-    raised = [e for e in errors if e is not None]
-    if raised:
-        raise raised[0]
-    return first + out
+        return fn(), None
+    except BaseException as exc:  # noqa: BLE001 - re-raised by run_all, after the others finished
+        return None, exc
 
 
 class Task(Generic[T]):
