@@ -393,7 +393,8 @@ class Harness:
             got = self.obs.gang_running_at(tag, n)
             if got is None:
                 raise RuntimeError(f"gang of {n} not Running within {limit:g}s "
-                                   f"({sum(p.running is not None for p in self.obs.gang(tag))} Running)")
+                                   f"({sum(p.running is not None for p in self.obs.gang(tag))} Running; "
+                                   f"side's stderr: {child.stderr_tail()})")
             t_job = got
             cloud_req = (sim.requests() - base_req) if sim else 0
             time.sleep(JOB_S)
