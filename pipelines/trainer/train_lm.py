@@ -295,6 +295,10 @@ def train(args: argparse.Namespace) -> int:
     if distributed:
         import torch.distributed as dist
 
+        # Every rank reaches the end before any tears down: a rank that destroys its gloo group and exits
+        # while a peer is still saving or pruning leaves that peer's transport to fail at its own exit
+        # (seen once in CI as SIGABRT, "terminate called without an active exception", on the later rank).
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
