@@ -6,11 +6,12 @@ This is the cluster-autoscaler overprovisioning pattern: balloons hold warm GPU 
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import functools
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import fanout
 from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.nodes import GPU, run_toleration
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
@@ -79,10 +80,7 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
                 raise
         return name
 
-    if count == 0:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, count)) as ex:
-        return list(ex.map(create, range(count)))
+    return fanout.run_all([functools.partial(create, i) for i in range(count)])
 
 
 def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:

@@ -16,12 +16,12 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import fanout
 from kfp_gpu.cluster.balloons import BALLOON_LABEL, PAUSE_IMAGE, PRIORITY_CLASS, ensure_priority_class
 from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
@@ -201,9 +201,7 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
             if exc.status != 409:
                 raise
 
-    if names:
-        with ThreadPoolExecutor(max_workers=min(16, len(names))) as ex:
-            list(ex.map(create, names))
+    fanout.run_all([functools.partial(create, n) for n in names])
 
 
 def delete_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str]) -> None:

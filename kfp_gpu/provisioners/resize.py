@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
@@ -77,13 +77,12 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     ns, region = spec.target.namespace, spec.target.region
     owner = Owner.for_step(run_id, step, lease_ttl_s or spec.lease_ttl_s)
     selector = node_selector(spec)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kfp-gpu-pools") as early_read:
-        pools_read = early_read.submit(provider.pools, region)  # the cloud round trips overlap the kube reads
-        led = ledger.read(api, ns, run_id, step)
-        warm = ledger.read(api, ns, run_id, "warm_pool") if step == STEP else {}
-        nodes, rv = list_nodes(api, selector)
-        listed_at = time.time()
-        states = matching_pools(spec, pools_read.result())
+    pools_read = fanout.spawn(lambda: provider.pools(region))  # the cloud round trips overlap the kube reads
+    led = ledger.read(api, ns, run_id, step)
+    warm = ledger.read(api, ns, run_id, "warm_pool") if step == STEP else {}
+    nodes, rv = list_nodes(api, selector)
+    listed_at = time.time()
+    states = matching_pools(spec, pools_read.result())
     started = float(led.get("started", time.time()))
     deadline = started + spec.scale_up_deadline_s
     if not states:
@@ -121,6 +120,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                                       "failover": failover.to_dict(), "timeline": timeline.to_json(), **more})
 
     early: dict[str, Future[bool]] = {}
+    # Its own bounded executor, not kfp_gpu.fanout: up to a gang's worth of claim writes trickle in while nodes
+    # boot; on the shared pool they would hold every thread and push the step's reads into their callers.
     claimer = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kfp-gpu-claim")
     try:
         while True:
@@ -207,8 +208,7 @@ def _resize_all(provider: CapacityProvider, owner: Owner, sizes: dict[PoolRef, i
         except KfpGpuError as exc:
             return ref, exc
 
-    with ThreadPoolExecutor(max_workers=min(32, len(sizes))) as pool:
-        results = list(pool.map(lambda kv: one(*kv), sizes.items()))
+    results = fanout.run_all([functools.partial(one, ref, size) for ref, size in sizes.items()])
     ops = [(ref, res) for ref, res in results if isinstance(res, Operation)]
     for ref, res in results:
         if isinstance(res, KfpGpuError):
@@ -343,9 +343,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
-        with ThreadPoolExecutor(max_workers=min(32, len(batch))) as pool:
-            won = list(pool.map(lambda n: claim(api, by_name[n], run_id, owner.lease_expires,
-                                                protect=NodeView.of(by_name[n]).pool in protected), batch))
+        won = fanout.run_all([functools.partial(claim, api, by_name[n], run_id, owner.lease_expires,
+                                                protect=NodeView.of(by_name[n]).pool in protected) for n in batch])
         mine += [n for n, ok in zip(batch, won, strict=True) if ok]
     views = {v.name: v for v in tracker.claimable()}
     placements: dict[tuple[str, str], list[str]] = {}

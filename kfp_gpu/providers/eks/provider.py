@@ -24,10 +24,9 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
 from kfp_gpu.providers.base import (
     Operation,
@@ -173,10 +172,8 @@ class EksProvider(ReservationsMixin):
             f"or `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
             f"--desired-value <vCPUs> --region {region}` or `kfp-gpu quota request`"
         )
-        with ThreadPoolExecutor(2) as pool:
-            f_limit = pool.submit(self._quota_limit, code, region)
-            f_usage = pool.submit(self._family_usage, family, code in _SPOT_CODES, region)
-            limit, usage = f_limit.result(), f_usage.result()
+        limit, usage = fanout.run_all([lambda: self._quota_limit(code, region),
+                                       lambda: self._family_usage(family, code in _SPOT_CODES, region)])
         for r in (limit, usage):
             if isinstance(r, PermissionDenied) and r.fields.get("credentials_missing"):
                 raise r
@@ -287,8 +284,7 @@ class EksProvider(ReservationsMixin):
             if not resp.get("nextToken"):
                 break
             kw["nextToken"] = resp["nextToken"]
-        with ThreadPoolExecutor(max(1, min(8, len(names)))) as ex:
-            groups = list(ex.map(lambda n: self._nodegroup(n, region), names))
+        groups = fanout.run_all([functools.partial(self._nodegroup, n, region) for n in names])
         subnets = sorted({s for g in groups for s in g.get("subnets", [])})
         az: dict[str, str] = {}
         if subnets:
