@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import fanout
 from kfp_gpu.cluster import node_labels
+from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import GPU, run_toleration
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 
@@ -84,15 +85,12 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
 
 
 def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:
-    """Delete the balloons of ``run_id`` (all runs when None). Missing ones are a no-op."""
+    """Delete the balloons of ``run_id`` (all runs when None), concurrently; returns the names deleted. Missing
+    ones are a no-op. Raises: ApiException but 404."""
     core = client.CoreV1Api(api)
     selector = f"{BALLOON_LABEL}=true" + (f",{LABEL_RUN_ID}={label_safe(run_id)}" if run_id else "")
-    gone = []
-    for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
-        try:
-            core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-            gone.append(pod.metadata.name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    return gone
+
+    names = [pod.metadata.name for pod in core.list_namespaced_pod(namespace, label_selector=selector).items]
+    ran = fanout.run_all([functools.partial(ignore_404, functools.partial(core.delete_namespaced_pod, n, namespace,
+                                                                          grace_period_seconds=0)) for n in names])
+    return [n for n, ok in zip(names, ran, strict=True) if ok]

@@ -205,9 +205,10 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
 
 
 def delete_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str]) -> None:
+    """Delete the pods ``names`` (concurrently; missing ones are a no-op). Raises: ApiException but 404."""
     core = client.CoreV1Api(api)
-    for name in names:
-        ignore_404(functools.partial(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0))
+    fanout.run_all([functools.partial(ignore_404, functools.partial(core.delete_namespaced_pod, name, namespace,
+                                                                    grace_period_seconds=0)) for name in names])
 
 
 # ---- the watch ------------------------------------------------------------------------------------------

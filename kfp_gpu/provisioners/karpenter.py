@@ -22,6 +22,7 @@ and nodes) and waits until they are gone. The job's pods carry ``karpenter.sh/do
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.balloons import delete_balloons
@@ -213,20 +214,25 @@ class KarpenterProvisioner(NothingExtra):
 
                     raise api_refusal(watch.error) or KfpGpuError(f"watch of NodePool {pool}: {watch.error}")
                 by_name = {str(n["metadata"]["name"]): n for n in raw}
-                for v in views:
-                    if len(mine) >= count:
-                        break
-                    if (v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
-                            and v.uid not in excluded and v.name not in mine and v.name not in keep
-                            and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)
-                            and claim(self.api, by_name[v.name], run_id, owner.lease_expires)):
-                        mine[v.name] = (pool, v.zone)
-                        tl = timeline.node(v.name, pool=pool, zone=v.zone, gpus=spec.gpus_per_node,
-                                           spot=cand.capacity_type == "spot")
-                        tl.times.setdefault(NodeState.REQUESTED.value, asked_at)
-                        for st in (NodeState.REGISTERED, NodeState.READY):
-                            if tl.state is not NodeState.READY:
-                                tl.advance(st, time.time())
+                free = [v for v in views
+                        if v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
+                        and v.uid not in excluded and v.name not in mine and v.name not in keep
+                        and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)]
+                batch = free[: max(0, count - len(mine))]
+                # concurrently: one claim write per node, so a gang of N is not N round trips in a row
+                won = fanout.run_all([functools.partial(claim, self.api, by_name[v.name], run_id, owner.lease_expires)
+                                      for v in batch])
+                seen = time.time()
+                for v, ok in zip(batch, won, strict=True):
+                    if not ok:  # another run claimed it first
+                        continue
+                    mine[v.name] = (pool, v.zone)
+                    tl = timeline.node(v.name, pool=pool, zone=v.zone, gpus=spec.gpus_per_node,
+                                       spot=cand.capacity_type == "spot")
+                    tl.times.setdefault(NodeState.REQUESTED.value, asked_at)
+                    for st in (NodeState.REGISTERED, NodeState.READY):
+                        if tl.state is not NodeState.READY:
+                            tl.advance(st, seen)
                 verdict = plan.assess(ready=len(mine), wanted=count, claims=claims, signals=signals, asked_at=asked_at,
                                       now=time.time(), deadline=deadline, pinned=bool(cand.zone))
                 if verdict.verdict is not plan.Verdict.WAIT:
