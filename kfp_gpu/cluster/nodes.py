@@ -13,14 +13,16 @@ list + watch cost over a second of CPU. ``Node`` below is that dict.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import fanout
 from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
@@ -197,6 +199,18 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
     name = name_of(node)
     return patch_conditionally(node, change, lambda body: core.patch_node(name, body, _preload_content=False),
                                lambda: read_node(api, name), attempts=attempts)
+
+
+def claim_all(api: client.ApiClient, nodes: Sequence[Node], run_id: str, lease_expires: float, *,
+              protect: Callable[[Node], bool] | None = None) -> list[bool]:
+    """:func:`claim` every node of ``nodes`` at once (one write each, concurrently: a gang of N is not N round
+    trips in a row); the outcomes in order. ``protect(node)``: claim that node with ``protect=True``.
+
+    Raises:
+        ApiException: as :func:`claim`, the first one in ``nodes`` order, once every claim has finished.
+    """
+    return fanout.run_all([functools.partial(claim, api, node, run_id, lease_expires,
+                                             protect=bool(protect is not None and protect(node))) for node in nodes])
 
 
 def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:

@@ -22,7 +22,6 @@ and nodes) and waits until they are gone. The job's pods carry ``karpenter.sh/do
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any
@@ -30,12 +29,12 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import accelerators, fanout
+from kfp_gpu import accelerators
 from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
-from kfp_gpu.cluster.nodes import claim, unclaim
+from kfp_gpu.cluster.nodes import claim_all, unclaim
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
@@ -219,9 +218,7 @@ class KarpenterProvisioner(NothingExtra):
                         and v.uid not in excluded and v.name not in mine and v.name not in keep
                         and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)]
                 batch = free[: max(0, count - len(mine))]
-                # concurrently: one claim write per node, so a gang of N is not N round trips in a row
-                won = fanout.run_all([functools.partial(claim, self.api, by_name[v.name], run_id, owner.lease_expires)
-                                      for v in batch])
+                won = claim_all(self.api, [by_name[v.name] for v in batch], run_id, owner.lease_expires)
                 seen = time.time()
                 for v, ok in zip(batch, won, strict=True):
                     if not ok:  # another run claimed it first

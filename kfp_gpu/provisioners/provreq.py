@@ -42,7 +42,7 @@ from kfp_gpu.cluster.nodes import (
     Node,
     NodeView,
     NodeWatch,
-    claim,
+    claim_all,
     list_nodes,
     run_toleration,
     unclaim,
@@ -208,14 +208,20 @@ class ProvisioningRequestProvisioner:
                         and v.uid not in excluded and v.name not in mine and v.name not in (request.keep or {})
                         and v.run_id in ("", label_safe(run_id)) and (not zone or v.zone == zone)
                         and _fits_pools(pools, v.pool)]
-                for v in fits[: count - len(mine)]:
-                    if claim(self.api, seen[v.name], run_id, owner.lease_expires):
-                        mine[v.name] = (v.pool, v.zone)
-                        tl = timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node, spot=spec.spot)
-                        tl.times.setdefault(NodeState.REQUESTED.value, made_at)
-                        for st in (NodeState.REGISTERED, NodeState.READY):
-                            if tl.state is not NodeState.READY:
-                                tl.advance(st, time.time())
+                batch = fits[: count - len(mine)]
+                with cond:
+                    bodies = [seen[v.name] for v in batch]
+                won = claim_all(self.api, bodies, run_id, owner.lease_expires)
+                at = time.time()
+                for v, ok in zip(batch, won, strict=True):
+                    if not ok:  # another run claimed it first
+                        continue
+                    mine[v.name] = (v.pool, v.zone)
+                    tl = timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node, spot=spec.spot)
+                    tl.times.setdefault(NodeState.REQUESTED.value, made_at)
+                    for st in (NodeState.REGISTERED, NodeState.READY):
+                        if tl.state is not NodeState.READY:
+                            tl.advance(st, at)
                 if len(mine) < count:
                     with cond:
                         cond.wait(timeout=0.5)

@@ -27,7 +27,7 @@ from kfp_gpu import accelerators, fanout
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
-from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, list_nodes, name_of
+from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, claim_all, list_nodes, name_of
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, PermissionDenied, ProvisioningTimeout
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
@@ -343,8 +343,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
-        won = fanout.run_all([functools.partial(claim, api, by_name[n], run_id, owner.lease_expires,
-                                                protect=NodeView.of(by_name[n]).pool in protected) for n in batch])
+        won = claim_all(api, [by_name[n] for n in batch], run_id, owner.lease_expires,
+                        protect=lambda node: NodeView.of(node).pool in protected)
         mine += [n for n, ok in zip(batch, won, strict=True) if ok]
     views = {v.name: v for v in tracker.claimable()}
     placements: dict[tuple[str, str], list[str]] = {}

@@ -7,7 +7,6 @@ decides *when* each happens (kfp_gpu.sim.mig).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -173,21 +172,13 @@ class KubeBackend:
             if exc.status != 404:
                 raise
 
-    def gpus_ready(self, name: str, gpus: int, *, settle_s: float = 3.0) -> None:
-        """The GPU device plugin registered: ``nvidia.com/gpu`` capacity/allocatable becomes ``gpus``.
-        Waits (up to ``settle_s``) for KWOK to have initialized the Node, so its status write cannot
-        overwrite this one. Raises: ApiException for failures other than the node being gone."""
+    def gpus_ready(self, name: str, gpus: int) -> None:
+        """The GPU device plugin registered: ``nvidia.com/gpu`` capacity/allocatable becomes ``gpus`` (one
+        status patch, whether or not KWOK has initialized the Node yet: the dev cluster's node-initialize stage
+        never writes resources a Node already has, kfp_gpu/devcluster/kwok/stages.yaml). Raises: ApiException
+        for failures other than the node being gone."""
         from kubernetes.client import ApiException
 
-        deadline = time.monotonic() + settle_s
-        while True:
-            node = self._read(name)
-            if node is None:
-                return
-            ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
-            if ready or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
         amount = {"nvidia.com/gpu": str(gpus)}
         try:
             self.core.patch_node_status(name, {"status": {"capacity": amount, "allocatable": amount}})

@@ -33,7 +33,7 @@ def test_gpu_allocatable_survives_a_burst_with_concurrent_node_writes(kube: Kube
         # another controller's write while the Node is NotReady (the node lifecycle controller's taint does this
         # in a real burst): KWOK queues a second node-initialize job from this copy, still at 0 GPUs
         backend.core.patch_node(name, {"metadata": {"annotations": {"kfp-gpu.io/test-poke": "1"}}})
-        backend.gpus_ready(name, 8, settle_s=30.0)
+        backend.gpus_ready(name, 8)
 
     try:
         run_all([partial(register, n) for n in names])

@@ -100,7 +100,7 @@ def test_persistent_5xx_gives_up_after_the_bound_as_transient() -> None:
 def test_seeded_5xx_default_world_is_survived() -> None:
     with running(scenario(api={"error_rate": 0.3, "seed": 11})) as sim:
         p = _provider(sim)
-        for _ in range(5):
+        for _ in range(12):  # 2 reads each (nodePools.list beside one instanceGroupManagers.aggregatedList)
             assert len(p.pools(REGION)) == 24
         assert sum(v for k, v in sim.gate.snapshot().items() if k.startswith("5xx")) >= 10
 

@@ -199,8 +199,13 @@ class GkeProvider:
     def gpu_pools(self, region: str, accelerator_types: Sequence[str] = (), *, sizes: bool = True) -> list[PoolState]:
         """Like :meth:`pools`, optionally only pools whose GKE accelerator type is listed.
 
+        The sizes come from one instanceGroupManagers.aggregatedList read beside nodePools.list (one round trip,
+        not a get per group after the list); a group the list does not show, or a refused list, falls back to
+        instanceGroupManagers.get for that group.
+
         Raises: PermissionDenied, NotFound, RateLimited, TransientCloudError.
         """
+        listed = fanout.spawn(lambda: pools_mod.igm_target_sizes(self)) if sizes else None
         resp = self.shared_read(("list_node_pools", self.cluster_path), functools.partial(
             self._call, "container", "list_node_pools", at_region=region, parent=self.cluster_path))
         rows: list[tuple[Any, str, str]] = []
@@ -213,8 +218,17 @@ class GkeProvider:
             for zone in list(np.locations) or list(urls):
                 if zone.rsplit("-", 1)[0] == region:
                     rows.append((np, zone, urls.get(zone, "")))
+        known: dict[tuple[str, str], int] = {}
+        if listed is not None and rows:
+            try:
+                known = listed.result()
+            except KfpGpuError as exc:  # e.g. no compute.instanceGroupManagers.list: a get per group instead
+                log.info("instanceGroupManagers.aggregatedList refused (%s); reading each group", exc)
+
         def read(np: Any, zone: str, url: str) -> tuple[int, int | None]:  # both reads of a row, one round
-            return (self._target_size(np, url) if sizes else -1), pools_mod.reservation_free(self, np, zone)
+            group = (zone, url.rsplit("/", 1)[-1]) if url else None
+            size = -1 if not sizes else known[group] if group in known else self._target_size(np, url)
+            return size, pools_mod.reservation_free(self, np, zone)
 
         got = self.parallel([functools.partial(read, np, zone, url) for np, zone, url in rows])
         out = []

@@ -143,19 +143,14 @@ def _family(p: GkeProvider, region: str, family: str) -> list[QuotaAmount]:
 
 
 def _family_usage(p: GkeProvider, region: str, family: str) -> tuple[float, str]:
-    """Cloud Quotas reports limits only: usage is counted from this cluster's pools in ``region``, their sizes
-    from one instanceGroupManagers.aggregatedList read beside nodePools.list (not one get per group after it)."""
-    from kfp_gpu.providers.gke.pools import igm_target_sizes
-
+    """Cloud Quotas reports limits only: usage is counted from this cluster's pools in ``region`` (their sizes
+    from one instanceGroupManagers.aggregatedList read beside nodePools.list: see GkeProvider.gpu_pools)."""
     note = "usage counted from this cluster's node pools (Cloud Quotas reports limits only)"
     labels = [a.gke_label for a in map(accelerators.get, accelerators.names()) if a.gcp_gpu_family == family]
-    pools, sizes = p.parallel([lambda: p.gpu_pools(region, labels, sizes=False), lambda: igm_target_sizes(p)])
-    if isinstance(pools, NotFound):
+    try:
+        pools = p.gpu_pools(region, labels)
+    except NotFound:
         return 0.0, note + f"; the cluster has no pools in {region}"
-    for got in (pools, sizes):
-        if isinstance(got, KfpGpuError):
-            raise got
-    assert isinstance(pools, list) and isinstance(sizes, dict)
     used = 0
     for s in pools:
         try:
@@ -163,9 +158,7 @@ def _family_usage(p: GkeProvider, region: str, family: str) -> tuple[float, str]
                 continue
         except InvalidSpec:
             continue
-        with p._lock:  # gpu_pools noted each pool's group name
-            group = p._igms.get((s.ref.pool, s.ref.zone), "")
-        used += sizes.get((s.ref.zone, group), 0) * s.gpus_per_node
+        used += max(0, s.size) * s.gpus_per_node
     return float(used), note
 
 
