@@ -65,6 +65,17 @@ class NodeTimeline:
         self.state = to
         self.times.setdefault(to.value, at)
 
+    def claimed_ready(self, requested_at: float, at: float) -> None:
+        """A node first seen Ready when it was claimed: requested at ``requested_at`` (unless already
+        recorded), registered and Ready at ``at`` (unless it is Ready already).
+
+        Raises: ValueError for a node in a state that cannot become Ready.
+        """
+        self.times.setdefault(NodeState.REQUESTED.value, requested_at)
+        for st in (NodeState.REGISTERED, NodeState.READY):
+            if self.state is not NodeState.READY:
+                self.advance(st, at)
+
     def at(self, state: NodeState) -> float | None:
         return self.times.get(state.value)
 

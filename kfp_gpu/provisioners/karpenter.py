@@ -40,7 +40,7 @@ from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.spec import ProvisioningSpec
-from kfp_gpu.timeline import NodeState, Timeline
+from kfp_gpu.timeline import Timeline
 
 NAME = "karpenter"
 SCHEME = "karpenter"
@@ -224,12 +224,8 @@ class KarpenterProvisioner(NothingExtra):
                     if not ok:  # another run claimed it first
                         continue
                     mine[v.name] = (pool, v.zone)
-                    tl = timeline.node(v.name, pool=pool, zone=v.zone, gpus=spec.gpus_per_node,
-                                       spot=cand.capacity_type == "spot")
-                    tl.times.setdefault(NodeState.REQUESTED.value, asked_at)
-                    for st in (NodeState.REGISTERED, NodeState.READY):
-                        if tl.state is not NodeState.READY:
-                            tl.advance(st, seen)
+                    timeline.node(v.name, pool=pool, zone=v.zone, gpus=spec.gpus_per_node,
+                                  spot=cand.capacity_type == "spot").claimed_ready(asked_at, seen)
                 verdict = plan.assess(ready=len(mine), wanted=count, claims=claims, signals=signals, asked_at=asked_at,
                                       now=time.time(), deadline=deadline, pinned=bool(cand.zone))
                 if verdict.verdict is not plan.Verdict.WAIT:

@@ -53,7 +53,7 @@ from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Owner, label_safe
 from kfp_gpu.provisioners.base import GangRequest, Released
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
-from kfp_gpu.timeline import NodeState, Timeline
+from kfp_gpu.timeline import Timeline
 
 NAME = "provisioning-request"
 SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
@@ -217,11 +217,8 @@ class ProvisioningRequestProvisioner:
                     if not ok:  # another run claimed it first
                         continue
                     mine[v.name] = (v.pool, v.zone)
-                    tl = timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node, spot=spec.spot)
-                    tl.times.setdefault(NodeState.REQUESTED.value, made_at)
-                    for st in (NodeState.REGISTERED, NodeState.READY):
-                        if tl.state is not NodeState.READY:
-                            tl.advance(st, at)
+                    timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node,
+                                  spot=spec.spot).claimed_ready(made_at, at)
                 if len(mine) < count:
                     with cond:
                         cond.wait(timeout=0.5)
