@@ -18,6 +18,7 @@ The janitor (:mod:`kfp_gpu.steps.janitor`) reads these Leases and decides with :
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import socket
@@ -32,6 +33,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import fanout
 from kfp_gpu.cluster import owned
 from kfp_gpu.plan.lease import LOCAL_OWNER, POD_OWNER, WORKFLOW_OWNER, LeaseRecord, OwnerRef, lock_free
 from kfp_gpu.providers.base import LABEL_MANAGED, Owner, label_safe
@@ -242,9 +244,16 @@ class Heartbeat:
         return False
 
     def _raise_labels(self, expires: float) -> None:
+        """Every object of the run, its lease label raised: one conditional patch each, concurrently (a warm
+        pool of N nodes and N balloons is 2N writes; one after another they held the step's start for seconds)."""
         ann = {owned.NAMESPACE_ANNOTATION: f"{self.namespace}/{label_safe(self.run_id)}"}
-        for kind, obj in owned.run_objects(self.api, self.namespace, self.run_id):
-            owned.raise_lease_label(self.api, kind, obj, expires, annotations=ann if kind is owned.NODE else None)
+        def of_kind(kind: owned.Kind) -> list[tuple[owned.Kind, owned.Obj]]:
+            return list(owned.run_objects(self.api, self.namespace, self.run_id, (kind,)))
+
+        listed = fanout.run_all([functools.partial(of_kind, kind) for kind in owned.LABELLED])  # lists at once
+        fanout.run_all([functools.partial(owned.raise_lease_label, self.api, kind, obj, expires,
+                                          annotations=ann if kind is owned.NODE else None)
+                        for objs in listed for kind, obj in objs])
 
     def _write_lease(self, *, renew_at: float | None = None, release: bool = False) -> None:
         ident = self.identity or OwnerIdentity(holder="")
