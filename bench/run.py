@@ -144,7 +144,7 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
         ca.join(120.0)
         stage("burst", lambda: run_burst(h, mode, log))
         stage("stockout", lambda: run_stockout(h, mode, log))
-        stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, log=log)
+        stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, log=log, obs=h.obs)
                                         for g in mode.control_plane_gpus})
         stage("preflight", lambda: preflight_bench.run(mode.preflight_repeats, log=log,
                                                      sequential=mode.name == "full").to_json())

@@ -143,8 +143,8 @@ class Heartbeat:
     ``Heartbeat(api, namespace, run_id, step, ttl_s)`` keeps the Lease ``kfp-gpu-lease-<run>-<step>`` in
     ``namespace`` held and every lease-labelled object of ``run_id`` (in ``namespace``, and claimed Nodes)
     unexpired for ``ttl_s`` past the latest beat. ``interval_s`` defaults to ``min(ttl_s / 4, 300)``.
-    ``start()`` renews once synchronously, then on a daemon thread; ``stop()`` (or leaving the ``with``
-    block) ends the beats and releases the Lease. ``owner`` is the :class:`Owner` to write objects with: its
+    ``start()`` renews the Lease synchronously, then the labels and the later beats on a daemon thread;
+    ``stop()`` (or leaving the ``with`` block) ends the beats and releases the Lease. ``owner`` is the :class:`Owner` to write objects with: its
     ``lease_expires`` is the latest renewed expiry, so a write never shortens what the heartbeat extended.
 
     Renewal failures are logged (``last_error``, ``failures``) and retried on the next beat; they never
@@ -184,11 +184,15 @@ class Heartbeat:
             return Owner(self.run_id, self.step, self._expires)
 
     def start(self) -> Heartbeat:
-        """First renewal now (synchronously), then one every ``interval_s`` on a daemon thread."""
+        """The Lease now (synchronously: the step counts as live once this returns); the run's labels at once
+        on the daemon thread (a large warm pool is hundreds of writes the step need not wait for: each label
+        still holds the expiry its writer gave it), then a whole beat every ``interval_s`` there."""
         if self.identity is None:
             self.identity = detect_identity(self.api, self.namespace)
-        self.renew()
-        self._thread = threading.Thread(target=self._run, name=f"kfp-gpu-heartbeat-{self.step}", daemon=True)
+        expires = self._clock() + self.ttl_s
+        lease_ok = self._renew_lease(expires)
+        self._thread = threading.Thread(target=self._run, args=(expires, lease_ok), daemon=True,
+                                        name=f"kfp-gpu-heartbeat-{self.step}")
         self._thread.start()
         return self
 
@@ -213,27 +217,36 @@ class Heartbeat:
                  tb: TracebackType | None) -> None:
         self.stop()
 
-    def _run(self) -> None:
+    def _run(self, first_expires: float, lease_ok: bool) -> None:
+        if self._renew_labels(first_expires) and lease_ok:
+            self.renewals += 1
         while not self._stop.wait(self.interval_s):
             self.renew()
 
     def renew(self) -> bool:
         """One beat: the Lease, then the labels. True when both succeeded. Raises: nothing."""
         expires = self._clock() + self.ttl_s
-        ok = True
+        ok = self._renew_lease(expires)
+        ok = self._renew_labels(expires) and ok
+        if ok:
+            self.renewals += 1
+        return ok
+
+    def _renew_lease(self, expires: float) -> bool:
         try:
             self._write_lease(renew_at=expires - self.ttl_s)
             with self._lock:
                 self._expires = max(self._expires, expires)
+            return True
         except Exception as exc:
-            ok = self._failed("lease", exc)
+            return self._failed("lease", exc)
+
+    def _renew_labels(self, expires: float) -> bool:
         try:
             self._raise_labels(expires)
+            return True
         except Exception as exc:
-            ok = self._failed("labels", exc)
-        if ok:
-            self.renewals += 1
-        return ok
+            return self._failed("labels", exc)
 
     def _failed(self, what: str, exc: Exception) -> bool:
         self.failures += 1

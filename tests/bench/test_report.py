@@ -129,3 +129,15 @@ def test_a_side_process_that_writes_much_to_stderr_is_not_blocked() -> None:
         assert child.stderr_tail().endswith("last words")
     finally:
         child.close()
+
+
+def test_a_control_plane_miss_names_the_worlds_floor() -> None:
+    out = _out([_row("naive", 0.3)])
+    st = {k: {"median": v, "min": v, "max": v, "n": 3} for k, v in
+          (("total", 3.1), ("preflight", 0.1), ("warm_pool", 1.0), ("scale_up", 1.9), ("job_launch", 0.1),
+           ("world_nodes_ready", 2.2))}
+    out["control_plane"] = {"512": {"gpus": 512, "nodes": 64, "samples": {}, "stats": st}}
+    t = {x["name"]: x for x in report.targets(out)}["control_plane_512"]
+    assert t["met"] is False and "last node was Ready 2.20 s after warm pool began" in t["profile"]
+    assert "| 512 | 3.10 (3.10-3.10) | 0.10 (0.10-0.10) | 1.00 (1.00-1.00) | 1.90 (1.90-1.90) | 0.10 (0.10-0.10) | " \
+           "2.20 (2.20-2.20) |" in report.render(out)
