@@ -188,12 +188,21 @@ class Observer:
             return [p for p in self.pods.values() if p.tag == tag]
 
     def gang_running_at(self, tag: str, n: int) -> float | None:
-        """When the n-th gang pod turned Running (all n live and Running), else None."""
-        pods = self.gang(tag)
-        run = [p.running for p in pods if p.running is not None]
-        if len(run) < n:
+        """The first moment n gang pods were Running at once, else None. A pod that ran and was then deleted
+        (evicted: the taint-eviction controller removes a pod bound to a node with a NoExecute taint it does not
+        tolerate) counts only while it lived, so a gang that fell apart as it started is not a gang."""
+        with self.cond:
+            spans = [(p.running, p.gone) for p in self.gang(tag) if p.running is not None]
+        if len(spans) < n:
             return None
-        return max(run)
+        events = sorted([(r, 1) for r, _ in spans] + [(g, -1) for _, g in spans if g is not None],
+                        key=lambda e: (e[0], e[1]))  # at a tie a departure goes first: the two never overlapped
+        live = 0
+        for t, step in events:
+            live += step
+            if live >= n:
+                return t
+        return None
 
     def matching(self, pred: Callable[[NodeRec], bool], since: float) -> list[NodeRec]:
         with self.cond:

@@ -162,7 +162,7 @@ Every side-run is its own process (`bench/peers.py`) that imports and builds its
 `go` (t0). It obtains capacity its own way and starts the gang: N pods x 8 GPUs, label `kfp-gpu.io/bench-gang`.
 **One external watch in the harness (`bench/observe.py`: all Nodes, every gang Pod; one clock) times every side**:
 
-* **total** = t0 -> the whole gang Running (the job can start);
+* **total** = t0 -> the whole gang Running{gang_rule} (the job can start);
 * **limit** = the largest boot latency sampled for that side's nodes (the stand-in's / injector's
   `kfp-gpu.io/boot-sample`; the CA profile's fixed `kfp-gpu.io/boot-delay`; Karpenter's KWOKNodeClass delay);
 * **overhead** = total - limit;
@@ -348,7 +348,9 @@ def render(out: dict[str, Any], src: str = "") -> str:
     if defined:
         run += ["Scenarios (the full set; `make bench` runs every one, `make bench-quick` a small version):", "",
                 *(f"* `{k}`: {v}" for k, v in defined.items()), ""]
-    body = [HEAD.format(src=src or "the bench JSON", world=_world(out.get("world", {}))), *run, *_burst(out),
+    body = [HEAD.format(src=src or "the bench JSON", world=_world(out.get("world", {})),
+                       gang_rule=" (all N pods Running at once: a pod evicted meanwhile does not count)"
+                       if out.get("gang_running") == "simultaneous" else ""), *run, *_burst(out),
             *_other(out), *_targets(out)]
     return "\n".join(body).rstrip() + "\n"
 

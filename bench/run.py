@@ -125,7 +125,8 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
                            "command": f"python -m bench.run --{mode.name}", "world": description(),
                            "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
                                        "platform": platform.platform(), "load_avg_start": list(os.getloadavg())},
-                           "scenarios_defined": SCENARIOS, "sides": list(mode.sides), "repeats": mode.repeats}
+                           "scenarios_defined": SCENARIOS, "sides": list(mode.sides), "repeats": mode.repeats,
+                           "gang_running": "simultaneous"}  # bench/observe.py Observer.gang_running_at
     h = burst.Harness(ns, after_cap_s=mode.after_cap_s, defer_cleanup=mode.name == "quick", log=log)
     ca = threading.Thread(target=h.start_ca, daemon=True)
     ca.start()  # the bench's cluster-autoscaler comes up while the first sides run

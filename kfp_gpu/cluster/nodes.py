@@ -76,7 +76,18 @@ def is_going(node: Node) -> bool:
         t.get("key") in SHUTDOWN_TAINTS for t in spec.get("taints") or [])
 
 
+# Taints a node is born with and that its controller removes once it may run pods; a Ready node that still carries
+# one is not usable yet. Karpenter launches every node with karpenter.sh/unregistered:NoExecute and removes it when
+# it registers the NodeClaim (sigs.k8s.io/karpenter pkg/apis/v1/taints.go, nodeclaim/lifecycle/registration.go): a
+# pod bound to the node before that, by nodeName, is evicted at once by the taint-eviction controller. The cloud
+# controller manager removes node.cloudprovider.kubernetes.io/uninitialized once it has initialized the node.
+STARTUP_TAINTS: frozenset[str] = frozenset({"karpenter.sh/unregistered", "node.cloudprovider.kubernetes.io/uninitialized"})
+
+
 def is_ready(node: Node) -> bool:
+    """The Ready condition is True and no :data:`STARTUP_TAINTS` taint is left on the node."""
+    if any(t.get("key") in STARTUP_TAINTS for t in (node.get("spec") or {}).get("taints") or []):
+        return False
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
             return bool(cond.get("status") == "True")

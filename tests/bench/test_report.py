@@ -141,3 +141,26 @@ def test_a_control_plane_miss_names_the_worlds_floor() -> None:
     assert t["met"] is False and "last node was Ready 2.20 s after warm pool began" in t["profile"]
     assert "| 512 | 3.10 (3.10-3.10) | 0.10 (0.10-0.10) | 1.00 (1.00-1.00) | 1.90 (1.90-1.90) | 0.10 (0.10-0.10) | " \
            "2.20 (2.20-2.20) |" in report.render(out)
+
+
+def test_a_gang_is_running_only_while_all_its_pods_live_at_once() -> None:
+    from kubernetes import client
+
+    from bench.observe import Observer, PodRec
+
+    obs = Observer(client.ApiClient())  # its watches are never started: the records are set by hand
+    obs.pods = {"a": PodRec("a", "g-w0", "ns", "g", 1.0, running=2.0),
+                "b": PodRec("b", "g-w1", "ns", "g", 1.0, running=3.0, gone=3.5),  # evicted as it started
+                "c": PodRec("c", "g-w2", "ns", "g", 1.0, running=4.0)}
+    assert obs.gang_running_at("g", 3) is None  # three ran, never all at once
+    assert obs.gang_running_at("g", 2) == 3.0
+    obs.pods["d"] = PodRec("d", "g-w3", "ns", "g", 1.0, running=5.0)
+    assert obs.gang_running_at("g", 3) == 5.0
+
+
+def test_the_doc_states_the_gang_rule_its_json_was_measured_with() -> None:
+    out = _out([_row("naive", 0.3)])
+    assert "all N pods Running at once" not in report.render(out)  # a run from before the rule
+    out["gang_running"] = "simultaneous"
+    assert "the whole gang Running (all N pods Running at once: a pod evicted meanwhile does not count)" \
+        in report.render(out)
