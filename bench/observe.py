@@ -195,8 +195,8 @@ class Observer:
             spans = [(p.running, p.gone) for p in self.gang(tag) if p.running is not None]
         if len(spans) < n:
             return None
-        events = sorted([(r, 1) for r, _ in spans] + [(g, -1) for _, g in spans if g is not None],
-                        key=lambda e: (e[0], e[1]))  # at a tie a departure goes first: the two never overlapped
+        # (time, +1 arrival / -1 departure): at a tie a departure sorts first, so the two never overlapped
+        events = sorted([(r, 1) for r, _ in spans] + [(g, -1) for _, g in spans if g is not None])
         live = 0
         for t, step in events:
             live += step

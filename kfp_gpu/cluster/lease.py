@@ -144,8 +144,9 @@ class Heartbeat:
     ``namespace`` held and every lease-labelled object of ``run_id`` (in ``namespace``, and claimed Nodes)
     unexpired for ``ttl_s`` past the latest beat. ``interval_s`` defaults to ``min(ttl_s / 4, 300)``.
     ``start()`` renews the Lease synchronously, then the labels and the later beats on a daemon thread;
-    ``stop()`` (or leaving the ``with`` block) ends the beats and releases the Lease. ``owner`` is the :class:`Owner` to write objects with: its
-    ``lease_expires`` is the latest renewed expiry, so a write never shortens what the heartbeat extended.
+    ``stop()`` (or leaving the ``with`` block) ends the beats and releases the Lease. ``owner`` is the
+    :class:`Owner` to write objects with: its ``lease_expires`` is the latest renewed expiry, so a write never
+    shortens what the heartbeat extended.
 
     Renewal failures are logged (``last_error``, ``failures``) and retried on the next beat; they never
     raise into the step.
@@ -260,6 +261,7 @@ class Heartbeat:
         """Every object of the run, its lease label raised: one conditional patch each, concurrently (a warm
         pool of N nodes and N balloons is 2N writes; one after another they held the step's start for seconds)."""
         ann = {owned.NAMESPACE_ANNOTATION: f"{self.namespace}/{label_safe(self.run_id)}"}
+
         def of_kind(kind: owned.Kind) -> list[tuple[owned.Kind, owned.Obj]]:
             return list(owned.run_objects(self.api, self.namespace, self.run_id, (kind,)))
 

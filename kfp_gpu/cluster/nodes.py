@@ -86,7 +86,7 @@ STARTUP_TAINTS: frozenset[str] = frozenset({"karpenter.sh/unregistered", "node.c
 
 def is_ready(node: Node) -> bool:
     """The Ready condition is True and no :data:`STARTUP_TAINTS` taint is left on the node."""
-    if any(t.get("key") in STARTUP_TAINTS for t in (node.get("spec") or {}).get("taints") or []):
+    if any(t.get("key") in STARTUP_TAINTS for t in _taints(node)):
         return False
     for cond in (node.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
