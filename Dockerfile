@@ -31,7 +31,7 @@ COPY pyproject.toml README.md ./
 COPY kfp_gpu ./kfp_gpu
 
 # kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False).
-RUN pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks]" \
+RUN pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks,controller]" \
  && python -c "import kfp_gpu.image as i, sys; sys.exit(i.VERSION != '${KFP_GPU_VERSION}')" \
  && useradd --uid 10001 --create-home kfpgpu
 

@@ -42,7 +42,7 @@ sysdeps:
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev,controller]'
 	$(BIN)/pip install -q --no-deps $(TORCH_CPU) $(FRAMEWORKS)
 	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy 'setuptools>=77.0.3' psutil
 	$(BIN)/python -c "import torch; torch.ones(1)"  # fail fast: a broken torch install must stop here

@@ -64,13 +64,11 @@ def cancellable(step: str) -> Iterator[None]:
             signal.signal(s, h)
 
 
-def run_step(
-    step: str, spec_json: str, run_id: str, upstream_json: str, *, runtime: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> StepResult:
-    """Parse inputs, apply the run-time values (``runtime``: the task's executor-input parameters) and run one
-    step in-process. Teardown falls back to the compiled spec when the run-time values are invalid (the run
-    failed in preflight; what it made is found by label anyway). Raises: KfpGpuError."""
+def _inputs(step: str, spec_json: str, run_id: str, runtime: Mapping[str, Any] | None,
+            kwargs: dict[str, Any]) -> ProvisioningSpec:
+    """The spec with the run-time values (``runtime``: the task's executor-input parameters) applied, and the
+    job's filled in (``kwargs['job_json']``, in place). Teardown falls back to the compiled spec when the run-time
+    values are invalid (the run failed in preflight; what it made is released anyway). Raises: InvalidSpec."""
     if spec_json == "__kfp_gpu_unprovisioned__":
         raise InvalidSpec("pipeline", "train()", "this pipeline was compiled without @kfp_gpu.provisioned(spec)",
                           remediation="decorate the pipeline with @kfp_gpu.provisioned(spec) and recompile")
@@ -85,17 +83,49 @@ def run_step(
         kwargs["job_json"] = runtime_values.resolve_job(kwargs["job_json"], kwargs.pop("job_runtime_json", ""), values)
     if not run_id:
         raise InvalidSpec("run_id", run_id, "must be the pipeline run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+    return spec
+
+
+def _one_line_refusals(fn: Callable[[], StepResult]) -> StepResult:
+    try:
+        return fn()
+    except Exception as exc:  # a Kubernetes RBAC refusal is an environment problem: one line, not a traceback
+        from kfp_gpu.cluster.kube import api_refusal
+
+        err = api_refusal(exc)
+        if err is None:
+            raise
+        raise err from None
+
+
+def run_step(
+    step: str, spec_json: str, run_id: str, upstream_json: str, *, runtime: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> StepResult:
+    """Run one step function in this process, with this process's identity: what the controller's work units
+    (:mod:`kfp_gpu.controller.work`) do. Raises: KfpGpuError."""
+    spec = _inputs(step, spec_json, run_id, runtime, kwargs)
     fn = resolve(step)
     with cancellable(step):
-        try:
-            return fn(spec, run_id, upstream_json, **kwargs)
-        except Exception as exc:  # a Kubernetes RBAC refusal is an environment problem: one line, not a traceback
-            from kfp_gpu.cluster.kube import api_refusal
+        return _one_line_refusals(lambda: fn(spec, run_id, upstream_json, **kwargs))
 
-            err = api_refusal(exc)
-            if err is None:
-                raise
-            raise err from None
+
+def request_step(
+    step: str, spec_json: str, run_id: str, *, runtime: Mapping[str, Any] | None = None, **kwargs: Any,
+) -> StepResult:
+    """What a component does: write the step's intent into the run's GpuGang (namespaced rights only) and wait for
+    the controller's answer (:mod:`kfp_gpu.gang.client`). Raises: KfpGpuError."""
+    from kfp_gpu.cluster.kube import api_client
+    from kfp_gpu.gang import client as gang_client
+
+    spec = _inputs(step, spec_json, run_id, runtime, kwargs)
+    resolve(step)
+    with cancellable(step):
+        api = api_client(spec.target)
+        try:
+            return _one_line_refusals(lambda: gang_client.request(step, spec, spec.to_json(), run_id, api, **kwargs))
+        finally:
+            api.close()
 
 
 def run_component(
@@ -106,7 +136,7 @@ def run_component(
     report and metrics, exit non-zero on error."""
     try:
         params = runtime_values.executor_parameters(sys.argv)
-        result = run_step(step, spec_json, run_id, upstream_json, runtime=params, **kwargs)
+        result = request_step(step, spec_json, run_id, runtime=params, **kwargs)
     except KfpGpuError as err:
         print(f"kfp-gpu {step} failed: {err}", file=sys.stderr)
         print(json.dumps({"error": err.to_dict()}), file=sys.stderr)

@@ -1,0 +1,105 @@
+"""The kopf handlers and ``kfp-gpu controller``.
+
+Per GpuGang: a daemon (a thread that lives as long as the object and this replica's lease on it) turning the gang's
+:class:`~kfp_gpu.controller.runner.Runner`, and a deletion handler behind kopf's finalizer ``kfp-gpu.io/release``
+that cancels the gang's work and runs the release to the end before the object may go. A daemon stopped because the
+controller exits (upgrade, ``kill``) leaves the work to the next replica: its children are killed without
+cleaning up (SIGKILL, as ``kill -9`` of the controller would), and the next controller re-attaches through the
+steps' ledgers. kopf's own state lives in annotations (``kfp-gpu.io/``), never in ``status``, which is ours.
+Two replicas: kopf peering (``--peering``) keeps one active; ``--standalone`` for a single local process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from kfp_gpu.controller import metrics
+from kfp_gpu.controller.runner import Obj, Runner, post_event
+from kfp_gpu.gang import api as gang
+
+log = logging.getLogger(__name__)
+FINALIZER = "kfp-gpu.io/release"
+TURN_S = 0.1
+_runners: dict[tuple[str, str], Runner] = {}
+_state: dict[str, Any] = {}
+
+
+def _api() -> Any:
+    if "api" not in _state:
+        from kfp_gpu.cluster.kube import api_client
+
+        _state["api"] = api_client(check=False)
+    return _state["api"]
+
+
+def _runner(namespace: str, name: str) -> Runner:
+    key = (namespace, name)
+    if key not in _runners:
+        _runners[key] = Runner(_api(), namespace, name, _event, Path(_state.get("log_dir") or "/tmp/kfp-gpu-controller"))
+    return _runners[key]
+
+
+def _event(obj: Obj, etype: str, reason: str, message: str) -> None:
+    meta = obj.get("metadata") or {}
+    log.info("%s/%s %s: %s", meta.get("namespace"), meta.get("name"), reason, message)
+    post_event(_api(), obj, etype, reason, message)
+
+
+@kopf.on.startup()
+def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kfp-gpu.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kfp-gpu.io")
+    settings.posting.level = logging.INFO
+    settings.execution.max_workers = int(os.environ.get("KFP_GPU_CONTROLLER_WORKERS", "256"))
+    settings.watching.server_timeout = 300
+    settings.peering.name = "kfp-gpu-controller"
+
+
+@kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_timeout=30.0)  # type: ignore[arg-type]
+def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    runner = _runner(namespace, name)
+    while not stopped:
+        obj: Obj = json.loads(json.dumps(dict(body)))
+        if (obj.get("metadata") or {}).get("deletionTimestamp"):
+            break
+        try:
+            runner.turn(obj)
+        except Exception as exc:  # noqa: BLE001 - one failed turn (API hiccup) is retried on the next
+            log.warning("gang %s/%s: turn failed: %s", namespace, name, exc)
+            stopped.wait(1.0)
+        stopped.wait(TURN_S)
+    deleting = stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason
+    if not deleting:  # the controller exits: leave the work to the next one (as kill -9 would)
+        with runner.lock:
+            for w in runner.work.values():
+                w.proc.kill()
+            runner.work.clear()
+
+
+@kopf.on.delete(gang.GROUP, gang.VERSION, gang.PLURAL)  # type: ignore[arg-type]
+def gang_deleted(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+    obj: Obj = json.loads(json.dumps(dict(body)))
+    runner = _runner(namespace, name)
+    out = runner.release_now(obj, "the GpuGang is being deleted")
+    if out is not None and not out.ok:
+        raise kopf.TemporaryError(f"release failed: {(out.error or {}).get('message')}", delay=5)
+    _runners.pop((namespace, name), None)
+    metrics.forget(namespace, name)
+
+
+def run(namespaces: list[str], *, standalone: bool, peering: str = "", metrics_port: int = 8080,
+        log_dir: str = "", liveness: str = "") -> None:
+    """Run the controller until SIGTERM/SIGINT. ``namespaces`` empty: every namespace (cluster-wide)."""
+    _state["log_dir"] = log_dir or os.environ.get("KFP_GPU_CONTROLLER_LOGS", "/tmp/kfp-gpu-controller")
+    _api()
+    if metrics_port:
+        metrics.serve(metrics_port)
+    kopf.run(standalone=standalone, peering_name=peering or None, namespaces=namespaces,
+             clusterwide=not namespaces, liveness_endpoint=liveness or None)

@@ -1,0 +1,138 @@
+"""One unit of a gang's work in a child process of the controller: a step function, run under the controller's
+identity (its kubeconfig or in-cluster token, its cloud credentials).
+
+Why a process: a step may run for minutes (scale-up) or hours (training supervision), and it must be stoppable at
+any point the way a step pod is: SIGTERM raises :class:`~kfp_gpu.errors.Cancelled` in the step, whose ``finally``
+blocks clean up what it started (:func:`kfp_gpu.steps.entry.cancellable`). The child dies with the controller
+(``PR_SET_PDEATHSIG``): a controller killed with ``kill -9`` leaves no worker acting on its own, and the restarted
+controller runs the unit again, which the steps' ledgers make converge.
+
+Protocol: ``python -m kfp_gpu.controller.work REQUEST RESULT``; REQUEST is a JSON file
+``{step, spec_json, run_id, upstream_json, kwargs}``, RESULT is written as ``{ok, output_json, metrics, markdown}``
+or ``{ok: false, error: KfpGpuError.to_dict()}``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kfp_gpu.errors import KfpGpuError
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    output_json: str = ""
+    metrics: dict[str, float] | None = None
+    markdown: str = ""
+    error: dict[str, Any] | None = None
+
+
+def _die_with_parent() -> None:  # preexec_fn: runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class Work:
+    """A running unit: ``poll()`` is None until it ended, then its :class:`Outcome`."""
+
+    def __init__(self, key: str, step: str, spec_json: str, run_id: str, upstream_json: str,
+                 log_path: Path, **kwargs: Any) -> None:
+        self.key, self.step = key, step
+        self._dir = Path(tempfile.mkdtemp(prefix=f"kfp-gpu-work-{step}-"))
+        req = self._dir / "request.json"
+        req.write_text(json.dumps({"step": step, "spec_json": spec_json, "run_id": run_id,
+                                   "upstream_json": upstream_json, "kwargs": kwargs}), encoding="utf-8")
+        self._result = self._dir / "result.json"
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in _finish
+        self.proc = subprocess.Popen(  # noqa: S603 - our own module, argv is ours
+            [sys.executable, "-m", "kfp_gpu.controller.work", str(req), str(self._result)],
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+        )
+        self.outcome: Outcome | None = None
+
+    def poll(self) -> Outcome | None:
+        if self.outcome is None and self.proc.poll() is not None:
+            self.outcome = self._finish()
+        return self.outcome
+
+    def cancel(self) -> None:
+        """SIGTERM: the step cancels and cleans up what it started (its ``finally`` blocks)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> Outcome:
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        out = self.poll()
+        assert out is not None
+        return out
+
+    def _finish(self) -> Outcome:
+        self._log.close()
+        try:
+            data = json.loads(self._result.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            code = self.proc.returncode
+            return Outcome(False, error=KfpGpuError(
+                f"the controller's {self.step} worker ended with exit code {code} and no result",
+                remediation="see the controller log; the controller runs the step again").to_dict())
+        finally:
+            for p in self._dir.iterdir():
+                p.unlink()
+            self._dir.rmdir()
+        return Outcome(bool(data.get("ok")), str(data.get("output_json", "")), data.get("metrics"),
+                       str(data.get("markdown", "")), data.get("error"))
+
+
+def execute(step: str, spec_json: str, run_id: str, upstream_json: str, result_path: str = "",
+            **kwargs: Any) -> int:
+    """Run one step function here and now (:func:`kfp_gpu.steps.entry.run_step`), as a work unit does: the output
+    on stdout, an error as one line on stderr; the outcome also to ``result_path`` when given. Returns the exit
+    code (the error's, e.g. 130 for Cancelled)."""
+    from kfp_gpu.steps.entry import run_step
+
+    code = 0
+    try:
+        res = run_step(step, spec_json, run_id, upstream_json, **kwargs)
+        out: dict[str, Any] = {"ok": True, "output_json": res.output_json, "metrics": res.metrics,
+                               "markdown": res.markdown}
+        print(res.output_json, flush=True)
+    except KfpGpuError as err:
+        print(f"kfp-gpu {step} failed: {err}", file=sys.stderr, flush=True)
+        out, code = {"ok": False, "error": err.to_dict()}, err.exit_code
+    except Exception as exc:  # noqa: BLE001 - a bug must still reach the gang's status, not vanish
+        logging.exception("step %s failed", step)
+        out, code = {"ok": False, "error": KfpGpuError(f"{type(exc).__name__}: {exc}").to_dict()}, 1
+    if result_path:
+        tmp = result_path + ".tmp"
+        Path(tmp).write_text(json.dumps(out), encoding="utf-8")
+        os.replace(tmp, result_path)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    req = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    return execute(req["step"], req["spec_json"], req["run_id"], req["upstream_json"], argv[1], **req["kwargs"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""The kfp-gpu controller as a local process on the dev cluster, under its own ServiceAccount token, and the
+tenant step identity beside it: what ``kfp-gpu run``, ``make demo`` and the integration tier use.
+
+:func:`prepare` installs the CRDs, the controller's RBAC and the admission policy (``kfp-gpu install
+--no-controller``) and makes ``namespace`` a tenant (``kfp-gpu tenant add``); :func:`sa_kubeconfig` mints a
+TokenRequest token into a kubeconfig; :class:`LocalController` runs ``kfp-gpu controller --standalone`` with the
+controller's token as its only credentials.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from kfp_gpu.gang import api as gang
+
+
+def sa_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, path: Path, ttl_s: int = 86400) -> Path:
+    """A kubeconfig at ``path`` whose only credential is a fresh TokenRequest token of ``namespace/sa``.
+    Raises: ApiException."""
+    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[],
+                                                                             expiration_seconds=ttl_s))
+    token = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, namespace, req).status.token
+    src = admin.configuration
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "kfp-gpu", "cluster": {"server": src.host, "certificate-authority": src.ssl_ca_cert}}],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "kfp-gpu", "user": sa, "namespace": namespace}}],
+    }))
+    path.chmod(0o600)
+    return path
+
+
+def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: Any) -> tuple[Path, Path]:
+    """Install (no Deployment), make ``namespace`` a tenant, and return (controller kubeconfig, step kubeconfig)."""
+    from kfp_gpu import install
+
+    install.apply(admin, controller=False)
+    install.tenant_add(admin, namespace, **limits)
+    ctl = sa_kubeconfig(admin, gang.CONTROLLER_NAMESPACE, gang.CONTROLLER_SA, workdir / "kubeconfig-controller")
+    step = sa_kubeconfig(admin, namespace, gang.STEP_SA, workdir / f"kubeconfig-{namespace}-{gang.STEP_SA}")
+    return ctl, step
+
+
+class LocalController:
+    """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials."""
+
+    def __init__(self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path,
+                 env: Mapping[str, str] | None = None, metrics_port: int = 0) -> None:
+        self.kubeconfig, self.namespaces, self.log_path = kubeconfig, list(namespaces), log_path
+        self.env = dict(os.environ if env is None else env)
+        self.metrics_port = metrics_port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> LocalController:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "KUBECONFIG": str(self.kubeconfig)}
+        argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", "--standalone",
+                "--metrics-port", str(self.metrics_port),
+                "--log-dir", str(self.log_path.parent / "controller-work")]
+        for ns in self.namespaces:
+            argv += ["--namespace", ns]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """``kill -9``: no cleanup at all (its work units die with it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.proc.poll() is None:
+            self.kill()
+
+    def __enter__(self) -> LocalController:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

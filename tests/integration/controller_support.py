@@ -1,0 +1,167 @@
+"""A tenant namespace with the kfp-gpu controller running beside it, as `kfp-gpu run` arranges it: the controller
+as its own process under its ServiceAccount token, the steps (``gang_client.request``) as the namespace's
+``kfp-gpu`` ServiceAccount, and a GKE stand-in whose node pools become KWOK nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kfp_gpu.devcluster import controller as local_controller
+from kfp_gpu.devcluster import crds
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.gang import api as gang
+from kfp_gpu.gang import client as gang_client
+from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.sim import scenario as scenario_mod
+from kfp_gpu.sim.server import SimServer
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
+from kfp_gpu.steps.result import StepResult
+from tests.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario(cluster: str, median_s: float = 0.3, **changes: Any) -> Any:
+    data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data["cluster"] = cluster
+    for i, p in enumerate(data["pools"]):
+        p["boot"] = {"dist": "lognormal", "median_s": median_s, "sigma": 0.3, "seed": i}
+    data.update(changes)
+    return scenario_mod.from_dict(data)
+
+
+@dataclass
+class Tenant:
+    kube: Kube
+    ns: str
+    sim: SimServer
+    cluster: str
+    workdir: Path
+    ctl_kubeconfig: Path
+    step_kubeconfig: Path
+    controllers: list[local_controller.LocalController] = field(default_factory=list)
+
+    @property
+    def step_api(self) -> client.ApiClient:
+        return crds.api_client(self.step_kubeconfig)
+
+    def start_controller(self) -> local_controller.LocalController:
+        ctl = local_controller.LocalController(self.ctl_kubeconfig, [self.ns],
+                                               self.workdir / f"controller-{len(self.controllers)}.log").start()
+        self.controllers.append(ctl)
+        return ctl
+
+    def controller_log(self) -> str:
+        return "\n".join(c.log_path.read_text(errors="replace")[-4000:] for c in self.controllers
+                         if c.log_path.exists())
+
+    def spec(self, nodes: int = 2, *, zones: tuple[str, ...] = ("us-central1-a", "us-central1-b"),
+             deadline: float = 60.0) -> ProvisioningSpec:
+        return ProvisioningSpec("a100-80gb", nodes, capacity=CapacityType.SPOT, zones=zones,
+                                scale_up_deadline_s=deadline,
+                                target=Target(kind="local", cluster=self.cluster, region="us-central1",
+                                              endpoint=self.sim.url, namespace=self.ns))
+
+    def step(self, step: str, spec: ProvisioningSpec, run: str, **kwargs: Any) -> StepResult:
+        api = self.step_api
+        try:
+            return gang_client.request(step, spec, spec.to_json(), run, api, **kwargs)
+        finally:
+            api.close()
+
+    def gang(self, run: str) -> dict[str, Any] | None:
+        try:
+            return dict(client.CustomObjectsApi(self.kube.api).get_namespaced_custom_object(
+                gang.GROUP, gang.VERSION, self.ns, gang.PLURAL, gang.gang_name(run)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def claimed(self, run: str) -> list[str]:
+        sel = f"{LABEL_RUN_ID}={label_safe(run)}"
+        return [n.metadata.name for n in client.CoreV1Api(self.kube.api).list_node(label_selector=sel).items]
+
+    def sim_nodes(self) -> list[str]:
+        sel = f"kfp-gpu.io/sim-cluster={self.cluster}"
+        return [n.metadata.name for n in client.CoreV1Api(self.kube.api).list_node(label_selector=sel).items]
+
+    def pool_target(self, pool: str) -> int:
+        return int(self.sim.state.pools[pool].target) if pool in self.sim.state.pools else -1
+
+    def resizes(self) -> int:
+        return sum(v for k, v in self.sim.request_counts().items() if "setSize" in k)
+
+    def work_processes(self) -> list[str]:
+        out = subprocess.run(["pgrep", "-af", "kfp_gpu.controller.work"], capture_output=True, text=True).stdout
+        return [ln for ln in out.splitlines() if self.ns in ln or "kfp_gpu.controller.work" in ln]
+
+
+def new_run() -> str:
+    return f"run-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def tenant(kube: Kube, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
+    made: list[Tenant] = []
+
+    def make(max_gpus_per_gang: int = 64, max_gpus: int = 128, median_s: float = 0.3, start: bool = True,
+             **scenario_changes: Any) -> Tenant:
+        ns = f"tc-{uuid.uuid4().hex[:8]}"
+        work = tmp_path / ns
+        ctl_kc, step_kc = local_controller.prepare(kube.api, ns, work, max_gpus_per_gang=max_gpus_per_gang,
+                                                   max_gpus=max_gpus)
+        cluster = f"c{uuid.uuid4().hex[:6]}"
+        sim = SimServer(scenario(cluster, median_s, **scenario_changes), kube.kubeconfig)
+        sim.start()
+        t = Tenant(kube, ns, sim, cluster, work, ctl_kc, step_kc)
+        made.append(t)
+        if start:
+            t.start_controller()
+        return t
+
+    yield make
+    from kfp_gpu import install
+
+    custom, core = client.CustomObjectsApi(kube.api), client.CoreV1Api(kube.api)
+    for t in made:
+        live = [c for c in t.controllers if c.proc is not None and c.proc.poll() is None]
+        if not live:
+            t.start_controller()
+        for g in custom.list_namespaced_custom_object(gang.GROUP, gang.VERSION, t.ns, gang.PLURAL)["items"]:
+            custom.delete_namespaced_custom_object(gang.GROUP, gang.VERSION, t.ns, gang.PLURAL,
+                                                   g["metadata"]["name"])
+        try:
+            wait_until("gangs released", lambda t=t: not custom.list_namespaced_custom_object(
+                gang.GROUP, gang.VERSION, t.ns, gang.PLURAL)["items"], timeout=120)
+        finally:
+            for c in t.controllers:
+                c.stop()
+            t.sim.stop()
+            for n in t.sim_nodes():
+                core.delete_node(n)
+            install.tenant_remove(kube.api, t.ns)
+            core.delete_namespace(t.ns, propagation_policy="Background")
+
+
+def small(output_json: str) -> bool:
+    """A step output that names the gang and nothing that grows with it."""
+    return len(output_json) < 512 and json.loads(output_json).get("gang", "") != ""
+
+
+def wait_gone(t: Tenant, run: str, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    wait_until("gang gone", lambda: t.gang(run) is None, timeout=timeout)
+    return time.monotonic() - t0

@@ -1,0 +1,178 @@
+"""The kfp-gpu controller on the local cluster: its own process and ServiceAccount token, the steps as the tenant
+namespace's ``kfp-gpu`` ServiceAccount (tests/integration/controller_support.py).
+
+Each test drives the gang only through the step client, then checks the world (the stand-in's pools and call
+counts, the Nodes, the gang object) as the admin."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kfp_gpu.errors import KfpGpuError, PermissionDenied
+from kfp_gpu.gang import api as gang
+from kfp_gpu.gang.client import OWNER_PID_ENV
+from tests.integration.controller_support import new_run, small, wait_gone
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th, box
+
+
+def _pools_total(t: Any) -> int:
+    return sum(int(p.target) for p in t.sim.state.pools.values())
+
+
+def test_gang_goes_through_every_stage_and_release_leaves_nothing(tenant):
+    t = tenant()
+    spec, run = t.spec(2), new_run()
+    outs = [t.step(s, spec, run).output_json for s in ("preflight", "warm_pool", "scale_up")]
+    assert all(small(o) for o in outs), outs
+    g = t.gang(run)
+    assert g is not None
+    st = g["status"]
+    assert st["phase"] == "Ready" and st["ready"] == "2/2", st
+    assert {c["type"] for c in st["conditions"] if c["status"] == "True"} >= {
+        gang.POLICY_ADMITTED, gang.PREFLIGHTED, gang.WARM_POOL_HELD, gang.PROVISIONED}
+    assert sorted(st["gangNodes"]) == sorted(t.claimed(run))
+    events = client.CoreV1Api(t.kube.api).list_namespaced_event(
+        t.ns, field_selector=f"involvedObject.name={gang.gang_name(run)}").items
+    assert {"PolicyAdmitted", gang.PROVISIONED, "ScaleUpStarted"} <= {e.reason for e in events}
+    out = t.step("teardown", spec, run)
+    assert "nodes_released" in out.output_json
+    assert t.gang(run) is None or wait_gone(t, run) >= 0
+    assert t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_gang_beyond_policy_is_refused_naming_the_rule_and_no_cloud_call_is_made(tenant):
+    t = tenant(max_gpus_per_gang=8)
+    spec, run = t.spec(2), new_run()  # 2 nodes x 8 GPUs = 16 > 8
+    before = dict(t.sim.request_counts())
+    with pytest.raises(PermissionDenied, match="maxGpusPerGang") as ei:
+        t.step("preflight", spec, run)
+    assert "16" in str(ei.value) and "8" in str(ei.value)
+    g = t.gang(run)
+    assert g is not None and g["status"]["phase"] == "Denied"
+    cond = gang.condition(g, gang.POLICY_ADMITTED)
+    assert cond is not None and cond["status"] == "False" and "maxGpusPerGang" in cond["message"]
+    time.sleep(1.0)  # give a wrongly admitted gang the time to call the cloud
+    assert t.sim.request_counts() == before
+    t.step("teardown", spec, run)
+    assert t.sim.request_counts() == before
+
+
+def test_tenant_cannot_write_the_status_the_controller_owns(tenant):
+    t = tenant()
+    spec, run = t.spec(1), new_run()
+    t.step("preflight", spec, run)
+    api = t.step_api
+    with pytest.raises(ApiException) as ei:
+        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            gang.GROUP, gang.VERSION, t.ns, gang.PLURAL, gang.gang_name(run),
+            {"status": {"conditions": [{"type": gang.PROVISIONED, "status": "True"}]}})
+    assert ei.value.status == 403
+    api.close()
+    t.step("teardown", spec, run)
+
+
+def test_controller_killed_during_provisioning_converges_without_a_second_resize(tenant):
+    t = tenant(median_s=3.0)
+    spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
+    t.step("preflight", spec, run)
+    t.step("warm_pool", spec, run)
+    th, box = _in_thread(t.step, "scale_up", spec, run)
+    wait_until("resize issued", lambda: _pools_total(t) == 4, timeout=30)
+    first = t.controllers[-1]
+    first.kill()
+    wait_until("work died with the controller", lambda: not t.work_processes(), timeout=10)
+    assert len(t.claimed(run)) < 4  # killed before the gang was Ready
+    t.start_controller()
+    th.join(120)
+    assert "error" not in box, f"{box.get('error')}\n{t.controller_log()}"
+    assert small(box["result"].output_json)
+    assert len(t.claimed(run)) == 4 and _pools_total(t) == 4
+    assert len(t.sim_nodes()) == 4  # nothing added twice
+    assert t.resizes() <= 2, t.sim.request_counts()  # the rerun re-sends at most the same absolute size
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_controller_killed_during_release_converges_and_leaves_nothing(tenant):
+    t = tenant()
+    spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    th, box = _in_thread(t.step, "teardown", spec, run)
+    wait_until("releasing", lambda: ((t.gang(run) or {}).get("spec") or {}).get("release") is True, timeout=30,
+               every=0.02)
+    t.controllers[-1].kill()
+    t.start_controller()
+    th.join(120)
+    assert "error" not in box, f"{box.get('error')}\n{t.controller_log()}"
+    assert t.gang(run) is None or wait_gone(t, run) >= 0
+    assert t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_deleting_the_gang_releases_everything_through_the_finalizer(tenant):
+    t = tenant()
+    spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    assert len(t.claimed(run)) == 2
+    client.CustomObjectsApi(t.step_api).delete_namespaced_custom_object(
+        gang.GROUP, gang.VERSION, t.ns, gang.PLURAL, gang.gang_name(run))
+    wait_gone(t, run, timeout=60)
+    assert t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_owner_gone_releases_within_seconds_without_a_lease_wait(tenant, monkeypatch):
+    t = tenant()
+    owner = subprocess.Popen(["sleep", "600"])
+    monkeypatch.setenv(OWNER_PID_ENV, str(owner.pid))
+    spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    assert (t.gang(run) or {})["spec"]["owner"]["local"].endswith(f":{owner.pid}")
+    assert len(t.claimed(run)) == 2
+    owner.kill()
+    owner.wait()
+    took = wait_gone(t, run, timeout=30)
+    assert took < 15.0, took  # owner check every 1 s, then the release itself
+    assert t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_a_failed_stage_fails_the_step_with_the_controllers_error(tenant):
+    t = tenant(stockouts=[{"zone": "us-central1-a", "window": "always"}])
+    spec, run = t.spec(2, zones=("us-central1-a",), deadline=10.0), new_run()
+    t.step("preflight", spec, run)
+    t.step("warm_pool", spec, run)
+    with pytest.raises(KfpGpuError) as ei:
+        t.step("scale_up", spec, run)
+    assert type(ei.value).__name__ in ("CapacityUnavailable", "ProvisioningTimeout"), ei.value
+    assert (t.gang(run) or {})["status"]["phase"] == "Failed"
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
