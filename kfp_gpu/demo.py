@@ -189,7 +189,7 @@ def _teardown_output(root: str) -> dict[str, object]:
 
 def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str] = (),
               timeout_s: float = 20.0) -> dict[str, list[str]]:
-    """What ``run_id`` still owns: ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs, run
+    """What ``run_id`` still owns: its GpuGang, ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs, run
     Leases, ProvisioningRequests and PodTemplates in ``namespace`` (Nodes and Karpenter NodePools cluster-wide),
     plus any of ``deleted_nodes`` (the Nodes teardown deleted through the cloud or with the run's NodePool) still
     registered. Polls until nothing is left or ``timeout_s`` (deletions finish
@@ -198,9 +198,12 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
     Raises: kubernetes ApiException (refused or failed listing).
     """
     from kfp_gpu.cluster import owned
+    from kfp_gpu.gang import api as gang_api
+    from kfp_gpu.providers.base import LABEL_RUN_ID
 
+    gangs = owned.Kind("gpugang", f"/apis/{gang_api.API_VERSION}", gang_api.PLURAL, True, LABEL_RUN_ID)
     kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE,
-             owned.NODEPOOL)
+             owned.NODEPOOL, gangs)
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[str]] = {}
@@ -256,8 +259,10 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     """
     from kfp import local
 
-    from kfp_gpu.devcluster import boot
+    from kfp_gpu.devcluster import boot, controller, crds
     from kfp_gpu.dsl import resolved_spec, spec_of
+    from kfp_gpu.gang import api as gang_api
+    from kfp_gpu.gang.client import OWNER_PID_ENV
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
     from kfp_gpu.sim.server import SimServer
@@ -295,8 +300,17 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     log_path = Path(root) / LOG_NAME
     say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")
     say(f"executor logs: {log_path}\n")
+    ns = spec.target.namespace
+    ctl_kc, step_kc = controller.prepare(crds.api_client(ctx.kubeconfig), ns, Path(root),
+                                         max_gpus_per_gang=max(64, spec.nodes * spec.gpus_per_node),
+                                         max_gpus_per_namespace=max(128, 2 * spec.nodes * spec.gpus_per_node))
+    ctl = controller.LocalController(ctl_kc, [ns], Path(root) / "controller.log").start()
+    say(f"kfp-gpu controller: pid {ctl.pid}, ServiceAccount {gang_api.CONTROLLER_NAMESPACE}/"
+        f"{gang_api.CONTROLLER_SA}; steps run as {ns}/{gang_api.STEP_SA} (log {root}/controller.log)")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     t0, failure = time.time(), ""
+    admin_kc = os.environ["KUBECONFIG"]
+    os.environ.update({"KUBECONFIG": str(step_kc), OWNER_PID_ENV: str(os.getpid())})
     with open(log_path, "w", encoding="utf-8") as log:
         progress = Progress(log, out_)
         try:
@@ -306,6 +320,9 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         except Exception as exc:  # noqa: BLE001 - kfp.local raises after the exit handler (teardown) ran
             failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         finally:
+            os.environ["KUBECONFIG"] = admin_kc
+            os.environ.pop(OWNER_PID_ENV, None)
+            ctl.stop()
             sim.stop()
     took = time.time() - t0
     out = _teardown_output(root)
@@ -330,7 +347,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
 
         left = leftovers(api_client(spec.target), spec.target.namespace, run_id,
                          list(out.get("nodes_deleted") or []))  # type: ignore[call-overload]
-    what = "ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
+    what = "GpuGang, ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
     say(f"leak check (run {run_id or '?'}: {what}): " +
         ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")

@@ -79,7 +79,7 @@ def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, na
     if not deleting:  # the controller exits: leave the work to the next one (as kill -9 would)
         with runner.lock:
             for w in runner.work.values():
-                w.proc.kill()
+                w.kill()
             runner.work.clear()
 
 

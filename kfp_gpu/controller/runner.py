@@ -128,7 +128,7 @@ class Runner:
                 if changed:
                     self.flush(obj)
                 return
-            act = next_action({**obj, "status": self.status}, set(self.work), self._check_owner(obj))
+            act = next_action({**obj, "status": self.status}, set(self.work), self._check_owner(obj), time.time())
             if act.do is Do.ADMIT:
                 self._admit(obj)
                 changed = True
@@ -138,11 +138,16 @@ class Runner:
             elif act.do is Do.RUN_JOB:
                 self._start_job(obj, act.what)
                 changed = True
+            elif act.do is Do.RELEASED:
+                gen = int((obj.get("metadata") or {}).get("generation") or 0)
+                set_condition(self.status, gang.RELEASED, True, "NothingToRelease", act.reason, gen)
+                self.event(obj, "Normal", "Released", act.reason)
+                changed = True
             elif act.do is Do.CANCEL:
                 for w in self.work.values():
                     w.cancel()
             elif act.do is Do.RELEASE:
-                if self._owner_gone and not (obj.get("metadata") or {}).get("deletionTimestamp"):
+                if self._owner_gone and not (obj.get("metadata") or {}).get("deletionTimestamp"):  # gone: delete
                     self.event(obj, "Normal", "OwnerGone", f"releasing: {act.reason}")
                     self._delete(obj)
                     return
@@ -167,6 +172,10 @@ class Runner:
             if self.status is None:
                 self.status = json.loads(json.dumps(obj.get("status") or {}))
             if gang.is_true({"status": self.status}, gang.RELEASED):
+                return None
+            if not gang.is_true({"status": self.status}, gang.POLICY_ADMITTED):
+                set_condition(self.status, gang.RELEASED, True, "NothingToRelease", f"{reason}; never admitted")
+                self.flush(obj)
                 return None
             self._start_release(obj, reason)
             out = self.work["release"].wait(timeout_s)
@@ -201,6 +210,8 @@ class Runner:
         set_condition(self.status, gang.POLICY_ADMITTED, verdict.admitted,
                       "Admitted" if verdict.admitted else DENIED, verdict.message, gen)
         if verdict.admitted:
+            if verdict.max_run_seconds:
+                self.status["runDeadline"] = time.time() + verdict.max_run_seconds
             self.event(obj, "Normal", "PolicyAdmitted", verdict.message)
             return
         err = {"type": "PermissionDenied", "message": verdict.message,

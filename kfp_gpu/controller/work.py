@@ -3,13 +3,15 @@ identity (its kubeconfig or in-cluster token, its cloud credentials).
 
 Why a process: a step may run for minutes (scale-up) or hours (training supervision), and it must be stoppable at
 any point the way a step pod is: SIGTERM raises :class:`~kfp_gpu.errors.Cancelled` in the step, whose ``finally``
-blocks clean up what it started (:func:`kfp_gpu.steps.entry.cancellable`). The child dies with the controller
-(``PR_SET_PDEATHSIG``): a controller killed with ``kill -9`` leaves no worker acting on its own, and the restarted
-controller runs the unit again, which the steps' ledgers make converge.
+blocks clean up what it started (:func:`kfp_gpu.steps.entry.cancellable`). Units are forked from a forkserver that
+imported the step modules once (:func:`_context`), so a unit starts in milliseconds. Every unit dies with the
+controller (``PR_SET_PDEATHSIG`` on the forkserver, which exits with the controller): a controller killed with
+``kill -9`` leaves no worker acting on its own, and the restarted controller runs the unit again, which the steps'
+ledgers make converge.
 
-Protocol: ``python -m kfp_gpu.controller.work REQUEST RESULT``; REQUEST is a JSON file
-``{step, spec_json, run_id, upstream_json, kwargs}``, RESULT is written as ``{ok, output_json, metrics, markdown}``
-or ``{ok: false, error: KfpGpuError.to_dict()}``.
+A unit reads a JSON request ``{step, spec_json, run_id, upstream_json, kwargs}`` and writes its outcome as
+``{ok, output_json, metrics, markdown}`` or ``{ok: false, error: KfpGpuError.to_dict()}``; ``python -m
+kfp_gpu.controller.work REQUEST RESULT`` runs one by hand.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -40,11 +42,44 @@ class Outcome:
     error: dict[str, Any] | None = None
 
 
-def _die_with_parent() -> None:  # preexec_fn: runs in the child between fork and exec
+PRELOAD = ["kfp_gpu.controller.work", "kfp_gpu.steps.preflight_step", "kfp_gpu.steps.warm_pool",
+           "kfp_gpu.steps.scale_up", "kfp_gpu.steps.train", "kfp_gpu.steps.teardown"]
+_ctx: Any = None
+
+
+def _context() -> Any:
+    """A forkserver that imported the step modules once: a unit starts in milliseconds, not the seconds a fresh
+    interpreter needs to import the Kubernetes and cloud clients. The forkserver exits when the controller does
+    (its end of the pipe closes), and every unit dies with the forkserver (``PR_SET_PDEATHSIG``)."""
+    global _ctx
+    if _ctx is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _ctx = ctx
+    return _ctx
+
+
+def _unit(request: str, result: str, log_path: str) -> None:
+    """The unit's process: die with the forkserver, log to ``log_path``, run the step, write the outcome."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+    if os.getppid() == 1:  # the forkserver is already gone
+        os._exit(1)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own stdout
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    req = json.loads(Path(request).read_text(encoding="utf-8"))
+    code = execute(req["step"], req["spec_json"], req["run_id"], req["upstream_json"], result, **req["kwargs"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class Work:
@@ -58,39 +93,44 @@ class Work:
         req.write_text(json.dumps({"step": step, "spec_json": spec_json, "run_id": run_id,
                                    "upstream_json": upstream_json, "kwargs": kwargs}), encoding="utf-8")
         self._result = self._dir / "result.json"
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in _finish
-        self.proc = subprocess.Popen(  # noqa: S603 - our own module, argv is ours
-            [sys.executable, "-m", "kfp_gpu.controller.work", str(req), str(self._result)],
-            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        )
+        self.proc = _context().Process(target=_unit, args=(str(req), str(self._result), str(log_path)),
+                                       name=f"kfp-gpu-work-{key}", daemon=False)
+        self.proc.start()
         self.outcome: Outcome | None = None
 
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid or 0)
+
     def poll(self) -> Outcome | None:
-        if self.outcome is None and self.proc.poll() is not None:
+        if self.outcome is None and self.proc.exitcode is not None:
             self.outcome = self._finish()
         return self.outcome
 
     def cancel(self) -> None:
         """SIGTERM: the step cancels and cleans up what it started (its ``finally`` blocks)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        if self.proc.exitcode is None:
+            self.proc.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup (as when the controller itself is killed); the next controller re-attaches."""
+        if self.proc.exitcode is None:
+            self.proc.kill()
+            self.proc.join(10)
 
     def wait(self, timeout_s: float) -> Outcome:
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.join(timeout_s)
+        if self.proc.exitcode is None:
+            self.kill()
         out = self.poll()
         assert out is not None
         return out
 
     def _finish(self) -> Outcome:
-        self._log.close()
         try:
             data = json.loads(self._result.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            code = self.proc.returncode
+            code = self.proc.exitcode
             return Outcome(False, error=KfpGpuError(
                 f"the controller's {self.step} worker ended with exit code {code} and no result",
                 remediation="see the controller log; the controller runs the step again").to_dict())

@@ -7,7 +7,9 @@ in priority order (the first that matches wins):
 | observed                                              | action                                     |
 |-------------------------------------------------------|--------------------------------------------|
 | released already (condition Released=True)            | WAIT (nothing left to do)                  |
-| release asked (spec.release, deletion, owner gone)    | CANCEL running work, then RELEASE          |
+| release asked, never admitted, nothing running        | RELEASED (no work, no cloud call)          |
+| release asked (spec.release, deletion, owner gone,    | CANCEL running work, then RELEASE          |
+| the policy's maxRunSeconds passed)                    |                                            |
 | no policy verdict yet                                 | ADMIT (evaluate the GpuPolicies)           |
 | policy refused                                        | WAIT (the steps read the condition)        |
 | a stage at or below spec.stage not True, none running | RUN_STAGE (the lowest such stage)          |
@@ -35,6 +37,7 @@ class Do(str, enum.Enum):
     WAIT = "wait"
     CANCEL = "cancel"
     RELEASE = "release"
+    RELEASED = "released"  # mark Released: nothing was ever done (no admission), so nothing is called
     ADMIT = "admit"
     RUN_STAGE = "run-stage"
     RUN_JOB = "run-job"
@@ -51,25 +54,34 @@ FAILED = "Failed"  # condition reason of a stage whose step raised
 DENIED = "PolicyDenied"
 
 
-def release_reason(obj: Mapping[str, Any], owner_gone: str = "") -> str:
-    """Why the gang must be released now, or "" (``owner_gone``: the owner check's verdict, "" while alive)."""
+def release_reason(obj: Mapping[str, Any], owner_gone: str = "", now: float | None = None) -> str:
+    """Why the gang must be released now, or "" (``owner_gone``: the owner check's verdict, "" while alive;
+    ``now``: unix seconds, checked against ``status.runDeadline``, the GpuPolicy's maxRunSeconds from admission)."""
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
         return "the GpuGang is being deleted"
     if (obj.get("spec") or {}).get("release"):
         return "teardown asked for release"
-    return f"its owner is gone ({owner_gone})" if owner_gone else ""
+    if owner_gone:
+        return f"its owner is gone ({owner_gone})"
+    deadline = float((obj.get("status") or {}).get("runDeadline") or 0.0)
+    if now is not None and deadline and now >= deadline:
+        return "the run reached its GpuPolicy's maxRunSeconds"
+    return ""
 
 
-def next_action(obj: Mapping[str, Any], running: Collection[str], owner_gone: str = "") -> Action:
+def next_action(obj: Mapping[str, Any], running: Collection[str], owner_gone: str = "",
+                now: float | None = None) -> Action:
     """The next thing to do for ``obj`` (a GpuGang as JSON) while ``running`` names the work in flight
-    (stage names and ``job:<name>``)."""
+    (stage names and ``job:<name>``); ``now`` (unix seconds) for the run's deadline."""
     o = dict(obj)
     if api.is_true(o, api.RELEASED):
         return Action(Do.WAIT, reason="released")
-    why = release_reason(o, owner_gone)
+    why = release_reason(o, owner_gone, now)
+    admitted = api.condition(o, api.POLICY_ADMITTED)
+    if why and not running and (admitted is None or admitted.get("status") != "True"):
+        return Action(Do.RELEASED, reason=f"{why}; nothing was provisioned (never admitted)")
     if why:
         return Action(Do.CANCEL, reason=why) if running else Action(Do.RELEASE, reason=why)
-    admitted = api.condition(o, api.POLICY_ADMITTED)
     if admitted is None:
         return Action(Do.ADMIT)
     if admitted.get("status") != "True":

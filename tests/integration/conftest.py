@@ -6,13 +6,18 @@
 ``namespace``  a fresh namespace per test, deleted afterwards.
 ``kwok_nodes`` factory ``kwok_nodes(n, gpus=8, boot_delay_s=0.0, spot=False) -> (pool, [names])``
                creating KWOK GPU nodes in a pool unique to the test; deleted afterwards.
-``rbac_identity`` factory ``rbac_identity(sa="kfp-gpu", drop=()) -> Identity``: deploy/rbac.yaml rendered for
-               the test namespace (ClusterRoles renamed per test; ``drop`` takes verbs out) and applied, and
-               a client holding only a TokenRequest token of ServiceAccount ``sa`` (tests/integration/
-               rbac_support.py). Cluster-scoped objects are deleted afterwards. Any 401/403 answered to a
-               client of the full manifest fails the test at teardown, even when the code swallowed it.
-``step_identity`` / ``step_api``       the components' ServiceAccount (kfp-gpu): Identity / its ApiClient.
-               Steps run with this; ``kube.api`` (admin) stays for setup, assertions and the stand-in.
+``rbac_identity`` factory ``rbac_identity(sa="kfp-gpu-controller", drop=()) -> Identity``: for
+               ``kfp-gpu-controller``, the controller's rights (kfp_gpu/manifests/controller-rbac.yaml: ClusterRole
+               kfp-gpu-controller through a ClusterRoleBinding, ClusterRole kfp-gpu-controller-tenant through a
+               RoleBinding in the test namespace, as ``kfp-gpu tenant add`` binds it) for a ServiceAccount of that
+               name in the test namespace; for ``kfp-gpu-janitor``, deploy/janitor-rbac.yaml rendered for the test
+               namespace. ClusterRoles are renamed per test; ``drop`` takes verbs out. Applied, and a client
+               holding only a TokenRequest token of ServiceAccount ``sa`` (tests/integration/rbac_support.py).
+               Cluster-scoped objects are deleted afterwards. Any 401/403 answered to a client of the full
+               rights fails the test at teardown, even when the code swallowed it.
+``step_identity`` / ``step_api``       the controller's identity: what the step functions run under (in the
+               controller's work units); Identity / its ApiClient. ``kube.api`` (admin) stays for setup,
+               assertions and the stand-in.
 ``janitor_identity`` / ``janitor_api`` the janitor's ServiceAccount (kfp-gpu-janitor), the same way.
 ``autoscaler`` session fixture: the cluster-autoscaler profile running (``devcluster up --autoscaler
                cluster-autoscaler``, idempotent); a :class:`kfp_gpu.devcluster.ca_profile.Profile` (kubeconfig,
@@ -43,15 +48,17 @@ from kubernetes.client.rest import ApiException
 from kfp_gpu.devcluster import ca_profile, karpenter_profile, kueue_profile, trainer_profile
 from kfp_gpu.devcluster.client import Kube, ensure_up
 from kfp_gpu.devcluster.nodes import make_gpu_node
+from tests.integration.controller_support import tenant  # noqa: F401 - a fixture, for every test here
 from tests.integration.rbac_support import (
+    CONTROLLER_SA,
     JANITOR_SA,
-    STEP_SA,
     Drop,
     Identity,
     Obj,
     bind,
     delete_cluster_scoped,
     render,
+    render_controller,
 )
 
 NodeFactory = Callable[..., tuple[str, list[str]]]
@@ -146,8 +153,10 @@ def rbac_identity(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Identi
     applied: list[list[Obj]] = []
     complete: list[Identity] = []
 
-    def make(sa: str = STEP_SA, drop: tuple[Drop, ...] = ()) -> Identity:
-        objs = render(namespace, isolate=namespace, drop=drop)
+    def make(sa: str = CONTROLLER_SA, drop: tuple[Drop, ...] = ()) -> Identity:
+        assert sa in (CONTROLLER_SA, JANITOR_SA), sa
+        render_for = render_controller if sa == CONTROLLER_SA else render
+        objs = render_for(namespace, isolate=namespace, drop=drop)
         applied.append(objs)
         ident = bind(kube.api, namespace, sa, tmp_path, objs)
         if not drop:
@@ -159,17 +168,20 @@ def rbac_identity(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Identi
         delete_cluster_scoped(kube.api, objs)
     denied = [f"{i.name}: {d}" for i in complete for d in i.api.denied]
     if denied:  # also the 403s the code only logged (heartbeat, watch retries, preflight UNKNOWN)
-        pytest.fail("the API server refused the ServiceAccount (add the rule to deploy/rbac.yaml):\n  "
+        pytest.fail("the API server refused the ServiceAccount (add the rule to kfp_gpu/manifests/controller-rbac.yaml "
+                    "or deploy/janitor-rbac.yaml, and to tests/integration/rbac_needs.py):\n  "
                     + "\n  ".join(dict.fromkeys(denied)), pytrace=False)
 
 
 @pytest.fixture
 def step_identity(rbac_identity: IdentityFactory) -> Identity:
-    return rbac_identity(STEP_SA)
+    """The controller's identity: what the step functions run under (its rights, for a test ServiceAccount)."""
+    return rbac_identity(CONTROLLER_SA)
 
 
 @pytest.fixture
 def step_api(step_identity: Identity) -> client.ApiClient:
+    """The controller's identity as an ApiClient (only its token): pass it to the step functions."""
     return step_identity.api
 
 

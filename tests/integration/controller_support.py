@@ -5,7 +5,6 @@ as its own process under its ServiceAccount token, the steps (``gang_client.requ
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -104,9 +103,23 @@ class Tenant:
     def resizes(self) -> int:
         return sum(v for k, v in self.sim.request_counts().items() if "setSize" in k)
 
-    def work_processes(self) -> list[str]:
-        out = subprocess.run(["pgrep", "-af", "kfp_gpu.controller.work"], capture_output=True, text=True).stdout
-        return [ln for ln in out.splitlines() if self.ns in ln or "kfp_gpu.controller.work" in ln]
+    def work_processes(self) -> list[int]:
+        """Processes running with the controller's credentials other than a live controller: its forkserver and
+        work units."""
+        mine = f"KUBECONFIG={self.ctl_kubeconfig}".encode()
+        live = {c.proc.pid for c in self.controllers if c.proc is not None and c.proc.poll() is None}
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit() or int(d.name) in live:
+                continue
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if mine in env and state != "Z":
+                out.append(int(d.name))
+        return out
 
 
 def new_run() -> str:
@@ -122,7 +135,7 @@ def tenant(kube: Kube, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
         ns = f"tc-{uuid.uuid4().hex[:8]}"
         work = tmp_path / ns
         ctl_kc, step_kc = local_controller.prepare(kube.api, ns, work, max_gpus_per_gang=max_gpus_per_gang,
-                                                   max_gpus=max_gpus)
+                                                   max_gpus_per_namespace=max_gpus)
         cluster = f"c{uuid.uuid4().hex[:6]}"
         sim = SimServer(scenario(cluster, median_s, **scenario_changes), kube.kubeconfig)
         sim.start()

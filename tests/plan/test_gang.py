@@ -88,10 +88,17 @@ def test_release_cancels_running_work_first() -> None:
     assert phase(g, set()) == "Releasing"
 
 
-def test_release_wins_over_policy_and_stages() -> None:
+def test_a_gang_never_admitted_is_released_without_any_work() -> None:
+    """Nothing was provisioned, so nothing is called (no teardown unit, no cloud call)."""
     g = gang(api.PROVISIONED, {api.POLICY_ADMITTED: ("False", "PolicyDenied")}, release=True)
-    assert next_action(g, set()).do is Do.RELEASE
+    assert next_action(g, set()).do is Do.RELEASED
     g = gang(api.PROVISIONED)
+    g["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
+    assert next_action(g, set()).do is Do.RELEASED
+
+
+def test_deleting_an_admitted_gang_releases_it() -> None:
+    g = gang(api.PROVISIONED, ADMITTED)
     g["metadata"]["deletionTimestamp"] = "2026-12-04T00:00:00Z"
     assert next_action(g, set()).do is Do.RELEASE
 
@@ -113,3 +120,12 @@ def test_gang_name_is_stable_dns_and_distinct() -> None:
     a, b = api.gang_name("run-ABC_1"), api.gang_name("run-abc-1")
     assert a != b and a == api.gang_name("run-ABC_1")
     assert len(api.gang_name("x" * 300)) <= 63 and api.gang_name("x" * 300).replace("-", "").isalnum()
+
+
+def test_policy_run_deadline_releases_once_passed() -> None:
+    g = gang(api.PROVISIONED, {**ADMITTED, **{s: ("True", "Done") for s in api.STAGES}})
+    g["status"]["runDeadline"] = 1000.0
+    assert next_action(g, set(), now=999.0).do is Do.WAIT
+    act = next_action(g, {"job:t"}, now=1000.0)
+    assert act.do is Do.CANCEL and "maxRunSeconds" in act.reason
+    assert next_action(g, set(), now=1001.0).do is Do.RELEASE
