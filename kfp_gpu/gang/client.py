@@ -34,6 +34,7 @@ from kfp_gpu.steps.result import StepResult
 
 OWNER_PID_ENV = "KFP_GPU_OWNER_PID"  # kfp-gpu run: the rehearsal process that owns the run (not the step's pid)
 WAIT_S = 7 * 86400.0
+GONE_S = 120.0  # a released gang's finalizer comes off in well under a second
 
 
 def owner_of(api: client.ApiClient, namespace: str) -> dict[str, str]:
@@ -95,12 +96,16 @@ class GangClient:
                     events.put, gang.GROUP, gang.VERSION, self.namespace, gang.PLURAL,
                     field_selector=f"metadata.name={self.name}").start()
         deadline = time.monotonic() + timeout_s
+        seen = False
         try:
             while time.monotonic() < deadline:
                 try:
                     ev = events.get(timeout=0.5)
                 except queue.Empty:
+                    if w.synced.is_set() and not seen and events.empty():
+                        return None  # the list found no such gang: it is gone already
                     continue
+                seen = True
                 if ev.type == ERROR:
                     raise ev.obj["error"]
                 if ev.type == "DELETED":
@@ -184,6 +189,7 @@ def release(c: GangClient) -> StepResult:
         raise _failure(got, "release failed in the controller")
     out = str(((got.get("status") or {}).get("outputs") or {}).get("teardown", "")) or "{}"
     c.delete()
+    c.wait(lambda o: False, timeout_s=GONE_S)  # the finalizer is the controller's: done once the object is gone
     return _result(got, "release", out)
 
 
