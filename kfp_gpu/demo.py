@@ -350,6 +350,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     what = "GpuGang, ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
     say(f"leak check (run {run_id or '?'}: {what}): " +
         ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
+    say(f"controller: peak RSS {ctl.last_peak_rss_mib:.0f} MiB (log {root}/controller.log)")
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")
     if not keep:
         boot.down()

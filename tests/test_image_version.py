@@ -35,7 +35,7 @@ def test_dockerfile_version_matches() -> None:
     (arg,) = re.findall(r"^ARG KFP_GPU_VERSION=(\S+)$", text, re.M)
     assert arg == image.VERSION
     assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
-    assert 'pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks]"' in text
+    assert 'pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks,controller]"' in text  # + kopf: the controller image
     assert 'org.opencontainers.image.version="${KFP_GPU_VERSION}"' in text
 
 

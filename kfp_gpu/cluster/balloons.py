@@ -66,7 +66,7 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
                 # its own run's claim taint too: a balloon still Pending when scale-up claims the warm node it
                 # was meant for must not look unschedulable (a cluster-autoscaler would add a node for it)
                 tolerations=[client.V1Toleration(key=GPU, operator="Exists", effect="NoSchedule"),
-                             client.V1Toleration(**run_toleration(owner.run_id))],
+                             client.V1Toleration(**run_toleration(owner.run_id, namespace))],
                 containers=[client.V1Container(
                     name="balloon", image=PAUSE_IMAGE,
                     resources=client.V1ResourceRequirements(requests={GPU: str(gpus_per_node)},

@@ -43,6 +43,9 @@ class Capacity:
     extra: dict[str, Any] = field(default_factory=dict)
     scheme: str = "gke"  # the node label scheme of the nodes (kfp_gpu.cluster.node_labels): gke | eks | karpenter
     accelerator: str = ""  # the catalog name (kfp_gpu.accelerators); "" in capacities written before it existed
+    # the run's spec.target.namespace: its claim taint (kfp_gpu.cluster.nodes.run_taint) names it. "default" (the
+    # spec's default) in capacities written before it existed; the train step sets its own namespace anyway
+    namespace: str = "default"
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -84,11 +87,11 @@ class Capacity:
         return self.labels.accelerator_requirements(self.accelerator)
 
     def tolerations(self) -> list[dict[str, str]]:
-        """The GPU taint and this run's own claim taint (kfp_gpu.cluster.nodes.run_taint): the run's pods
-        land on the nodes it claimed, and only there among claimed nodes."""
+        """The GPU taint and this run's own claim taint (kfp_gpu.cluster.nodes.run_taint, keyed by
+        :attr:`namespace`): the run's pods land on the nodes it claimed, and only there among claimed nodes."""
         extra = [parse_toleration(t) for t in self.extra.get("tolerations", [])]
         return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}, *extra,
-                run_toleration(self.run_id)]
+                run_toleration(self.run_id, self.namespace)]
 
     def to_json(self) -> str:
         return json.dumps({
@@ -96,7 +99,7 @@ class Capacity:
             "placements": [{"pool": p.pool, "zone": p.zone, "nodes": list(p.nodes)} for p in self.placements],
             "gpus_per_node": self.gpus_per_node, "accelerator_label": self.accelerator_label,
             "spot": self.spot, "timeline": self.timeline_json, "extra": self.extra,
-            "scheme": self.scheme, "accelerator": self.accelerator,
+            "scheme": self.scheme, "accelerator": self.accelerator, "namespace": self.namespace,
         }, sort_keys=True)
 
     @classmethod
@@ -111,6 +114,7 @@ class Capacity:
                 gpus_per_node=int(d["gpus_per_node"]), accelerator_label=str(d["accelerator_label"]),
                 spot=bool(d["spot"]), timeline_json=str(d.get("timeline", "")), extra=dict(d.get("extra", {})),
                 scheme=str(d.get("scheme") or "gke"), accelerator=str(d.get("accelerator") or ""),
+                namespace=str(d.get("namespace") or "default"),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidSpec("capacity_json", (text or "")[:80], f"is not a burst_scale_up output ({exc})") from None

@@ -1,10 +1,12 @@
 """GPU nodes as the cluster sees them: readiness, pool membership, run claims, and a Node watch.
 
 A run *claims* the Ready nodes of its gang by labelling them with its run id and tainting them
-``kfp-gpu.io/run=<run id>:NoSchedule`` in one conditional patch, so two runs never claim the same node and no
-pod that lacks the run's own toleration (:func:`run_toleration`) is scheduled there: another team's GPU pod
-that tolerates ``nvidia.com/gpu`` stays off the gang. The PyTorchJob then selects on that label, parallel runs
-on one pool stay apart, and teardown (or the janitor) releases exactly its own nodes with :func:`unclaim`.
+``<namespace>.claims.kfp-gpu.io/run=<run id>:NoSchedule`` (the run's ``spec.target.namespace``) in one
+conditional patch, so two runs never claim the same node and no pod that lacks the run's own toleration
+(:func:`run_toleration`) is scheduled there: another team's GPU pod that tolerates ``nvidia.com/gpu`` stays off
+the gang. The key names the namespace so an admission policy can refuse a pod that tolerates another
+namespace's claim. The PyTorchJob then selects on that label, parallel runs on one pool stay apart, and
+teardown (or the janitor) releases exactly its own nodes with :func:`unclaim`.
 
 Nodes travel as plain JSON dicts (``_preload_content=False``): the kubernetes client builds a
 ``Configuration`` (and resets logger levels) for every model object it deserialises, which made a 64-node
@@ -133,17 +135,50 @@ def read_node(api: client.ApiClient, name: str) -> Node | None:
         raise
 
 
-RUN_TAINT_KEY = "kfp-gpu.io/run"
+CLAIM_TAINT_SUFFIX = ".claims.kfp-gpu.io/run"  # the claim taint key is <namespace> + this
+LEGACY_RUN_TAINT_KEY = "kfp-gpu.io/run"  # the claim taint key of older versions: still released by unclaim
 
 
-def run_taint(run_id: str) -> dict[str, str]:
-    """The NoSchedule taint a claim puts on a node: only pods with :func:`run_toleration` land there."""
-    return {"key": RUN_TAINT_KEY, "value": label_safe(run_id), "effect": "NoSchedule"}
+def claim_taint_key(namespace: str) -> str:
+    """The claim taint key of runs in ``namespace``: ``<namespace>.claims.kfp-gpu.io/run``. A namespace name
+    is a DNS label, so the prefix is a DNS subdomain and the key a valid qualified name.
+
+    Raises: ValueError when ``namespace`` is empty (the key would not be a qualified name).
+    """
+    if not namespace:
+        raise ValueError("claim_taint_key: the namespace is empty")
+    return namespace + CLAIM_TAINT_SUFFIX
 
 
-def run_toleration(run_id: str) -> dict[str, str]:
-    """The toleration of :func:`run_taint` that the run's own pods carry."""
-    return {"key": RUN_TAINT_KEY, "operator": "Equal", "value": label_safe(run_id), "effect": "NoSchedule"}
+def _key_of(taint: Any) -> str:
+    return str((taint.get("key") if isinstance(taint, dict) else getattr(taint, "key", "")) or "")
+
+
+def is_claim_taint(taint: Any) -> bool:
+    """A run's claim taint, of any namespace (``<namespace>.claims.kfp-gpu.io/run``), or the key of older
+    versions (``kfp-gpu.io/run``), so nodes they claimed are released too. ``taint`` is a taint dict (or a
+    kubernetes client ``V1Taint``/``V1Toleration``)."""
+    key = _key_of(taint)
+    return key == LEGACY_RUN_TAINT_KEY or (key.endswith(CLAIM_TAINT_SUFFIX) and len(key) > len(CLAIM_TAINT_SUFFIX))
+
+
+def claim_namespace(taint: Any) -> str:
+    """The namespace a claim taint names; "" for the key of older versions and for a taint that is no claim."""
+    key = _key_of(taint)
+    return key[:-len(CLAIM_TAINT_SUFFIX)] if key != LEGACY_RUN_TAINT_KEY and is_claim_taint(taint) else ""
+
+
+def run_taint(run_id: str, namespace: str) -> dict[str, str]:
+    """The NoSchedule taint a claim of a run in ``namespace`` puts on a node: only pods with
+    :func:`run_toleration` land there. Raises: ValueError (empty ``namespace``)."""
+    return {"key": claim_taint_key(namespace), "value": label_safe(run_id), "effect": "NoSchedule"}
+
+
+def run_toleration(run_id: str, namespace: str) -> dict[str, str]:
+    """The toleration of :func:`run_taint` that the run's own pods (in ``namespace``) carry.
+    Raises: ValueError (empty ``namespace``)."""
+    return {"key": claim_taint_key(namespace), "operator": "Equal", "value": label_safe(run_id),
+            "effect": "NoSchedule"}
 
 
 def _taints(node: Node) -> list[dict[str, Any]]:
@@ -167,10 +202,11 @@ def _protection(node: Node, run_id: str) -> dict[str, str]:
     return {SCALE_DOWN_DISABLED: "true", PROTECTED_BY: label_safe(run_id)}
 
 
-def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, attempts: int = 8,
-          protect: bool = False) -> bool:
-    """Label an unclaimed node with ``run_id`` and taint it for the run; False when another run got it first
-    (or it vanished).
+def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, *, namespace: str,
+          attempts: int = 8, protect: bool = False) -> bool:
+    """Label an unclaimed node with ``run_id`` and taint it for the run (:func:`run_taint` of ``namespace``, the
+    run's ``spec.target.namespace``); False when another run got it first (or it vanished), or the node carries
+    another namespace's claim taint.
 
     ``protect`` (the node is in a pool the cluster autoscaler manages, and the spec says protect): the same
     patch annotates it ``cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`` (plus
@@ -178,30 +214,36 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
     autoscaler leaves it alone while the run holds it.
 
     Label and taint go in one patch conditional on ``resourceVersion`` (the taint list is replaced whole, so
-    the patch carries the node's other taints as read); a conflict caused by a heartbeat (status update) is
-    retried on the fresh object as long as the node is still unclaimed.
+    the patch carries the node's other taints as read, minus any other claim taint, e.g. the key of older
+    versions); a conflict caused by a heartbeat (status update) is retried on the fresh object as long as the
+    node is still unclaimed.
 
     Raises:
         ApiException: any API error other than 404 (node gone) and 409 (conflict, retried).
+        ValueError: ``namespace`` is empty.
     """
     core = client.CoreV1Api(api)
     mine = label_safe(run_id)
+    taint = run_taint(run_id, namespace)
 
     def change(node: Node) -> Node | bool:
         owner = labels_of(node).get(LABEL_RUN_ID, "")
         taints = _taints(node)
-        annotate = _protection(node, run_id) if protect else {}
-        ann = annotations_of(node)
-        if owner == mine and run_taint(run_id) in taints and all(ann.get(k) == v for k, v in annotate.items()):
-            return True
+        claims = [t for t in taints if is_claim_taint(t)]
         if owner and owner != mine:
             return False
+        if any(claim_namespace(t) not in ("", namespace) for t in claims):
+            return False  # a run of another namespace holds it (even one whose run id maps to the same label)
+        annotate = _protection(node, run_id) if protect else {}
+        ann = annotations_of(node)
+        if owner == mine and claims == [taint] and all(ann.get(k) == v for k, v in annotate.items()):
+            return True
         body: dict[str, Any] = {
             "metadata": {
                 "resourceVersion": node["metadata"]["resourceVersion"],
                 "labels": {LABEL_RUN_ID: mine, LABEL_LEASE: str(int(lease_expires))},
             },
-            "spec": {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY] + [run_taint(run_id)]},
+            "spec": {"taints": [t for t in taints if not is_claim_taint(t)] + [taint]},
         }
         if annotate:
             body["metadata"]["annotations"] = annotate
@@ -212,21 +254,25 @@ def claim(api: client.ApiClient, node: Node, run_id: str, lease_expires: float, 
                                lambda: read_node(api, name), attempts=attempts)
 
 
-def claim_all(api: client.ApiClient, nodes: Sequence[Node], run_id: str, lease_expires: float, *,
+def claim_all(api: client.ApiClient, nodes: Sequence[Node], run_id: str, lease_expires: float, *, namespace: str,
               protect: Callable[[Node], bool] | None = None) -> list[bool]:
     """:func:`claim` every node of ``nodes`` at once (one write each, concurrently: a gang of N is not N round
-    trips in a row); the outcomes in order. ``protect(node)``: claim that node with ``protect=True``.
+    trips in a row) for the run ``run_id`` of ``namespace``; the outcomes in order. ``protect(node)``: claim that
+    node with ``protect=True``.
 
     Raises:
         ApiException: as :func:`claim`, the first one in ``nodes`` order, once every claim has finished.
+        ValueError: ``namespace`` is empty.
     """
-    return fanout.run_all([functools.partial(claim, api, node, run_id, lease_expires,
+    run_taint(run_id, namespace)  # an empty namespace fails here, before any write
+    return fanout.run_all([functools.partial(claim, api, node, run_id, lease_expires, namespace=namespace,
                                              protect=bool(protect is not None and protect(node))) for node in nodes])
 
 
 def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
-    """Remove the run claim (label, lease label and run taint) from a node, and the scale-down-disabled
-    annotation when a claim set it (:data:`PROTECTED_BY`). Missing nodes are a no-op (returns False).
+    """Remove the run claim (label, lease label and every claim taint, :func:`is_claim_taint`: of any namespace,
+    or the key of older versions) from a node, and the scale-down-disabled annotation when a claim set it
+    (:data:`PROTECTED_BY`). Missing nodes are a no-op (returns False).
 
     The taint list is replaced whole, so the patch is conditional on the ``resourceVersion`` read and retried
     on a conflict: a taint another actor added in between (a shutdown notice) is kept. The node is read by a
@@ -249,8 +295,8 @@ def unclaim(api: client.ApiClient, name: str, *, attempts: int = 8) -> bool:
         }}
         if PROTECTED_BY in annotations_of(node):
             body["metadata"]["annotations"] = {SCALE_DOWN_DISABLED: None, PROTECTED_BY: None}
-        if any(t.get("key") == RUN_TAINT_KEY for t in taints):
-            body["spec"] = {"taints": [t for t in taints if t.get("key") != RUN_TAINT_KEY]}
+        if any(is_claim_taint(t) for t in taints):
+            body["spec"] = {"taints": [t for t in taints if not is_claim_taint(t)]}
         return body
 
     return patch_conditionally(read(), change, lambda body: core.patch_node(name, body, _preload_content=False),

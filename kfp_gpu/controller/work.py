@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing
 import os
+import resource
 import signal
 import sys
 import tempfile
@@ -77,6 +78,8 @@ def _unit(request: str, result: str, log_path: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     req = json.loads(Path(request).read_text(encoding="utf-8"))
     code = execute(req["step"], req["spec_json"], req["run_id"], req["upstream_json"], result, **req["kwargs"])
+    logging.getLogger(__name__).info("work unit %s ended with exit code %d, peak RSS %.0f MiB", req["step"], code,
+                                     resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -62,6 +62,7 @@ class LocalController:
         self.env = dict(os.environ if env is None else env)
         self.metrics_port = metrics_port
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_peak_rss_mib = 0.0
 
     def start(self) -> LocalController:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,9 +88,22 @@ class LocalController:
             self.proc.kill()
             self.proc.wait()
 
+    def peak_rss_mib(self) -> float:
+        """The controller process's peak resident set (VmHWM) so far; 0 when it is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+        except OSError:
+            pass
+        return 0.0
+
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.last_peak_rss_mib = self.peak_rss_mib()
         self.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while self.proc.poll() is None and time.monotonic() < deadline:

@@ -218,7 +218,8 @@ class KarpenterProvisioner(NothingExtra):
                         and v.uid not in excluded and v.name not in mine and v.name not in keep
                         and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)]
                 batch = free[: max(0, count - len(mine))]
-                won = claim_all(self.api, [by_name[v.name] for v in batch], run_id, owner.lease_expires)
+                won = claim_all(self.api, [by_name[v.name] for v in batch], run_id, owner.lease_expires,
+                                namespace=spec.target.namespace)
                 seen = time.time()
                 for v, ok in zip(batch, won, strict=True):
                     if not ok:  # another run claimed it first
@@ -259,7 +260,8 @@ class KarpenterProvisioner(NothingExtra):
                                  "tolerations": [*spec.target.tolerations, plan.pool_toleration(label_safe(run_id))]}
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, cand.capacity_type == "spot",
-                        timeline.to_json(), extra, scheme=SCHEME, accelerator=accelerators.get(spec.accelerator).name)
+                        timeline.to_json(), extra, scheme=SCHEME, accelerator=accelerators.get(spec.accelerator).name,
+                        namespace=spec.target.namespace)
 
     # ---- the rest of the contract ---------------------------------------------------------------------------
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Any, *,

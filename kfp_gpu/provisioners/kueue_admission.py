@@ -62,7 +62,7 @@ class KueueAdmissionProvisioner(NothingExtra):
             extra["tolerations"] = list(spec.target.tolerations)
         return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
                         "", extra, scheme=node_labels.for_target(spec.target.kind.value).name,
-                        accelerator=spec.accelerator)
+                        accelerator=spec.accelerator, namespace=spec.target.namespace)
 
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Sequence[str], *,
                 extra: int, zone_hint: str, on_demand: bool, attempt: int, lost_uids: Sequence[str]) -> Capacity:

@@ -211,7 +211,7 @@ class ProvisioningRequestProvisioner:
                 batch = fits[: count - len(mine)]
                 with cond:
                     bodies = [seen[v.name] for v in batch]
-                won = claim_all(self.api, bodies, run_id, owner.lease_expires)
+                won = claim_all(self.api, bodies, run_id, owner.lease_expires, namespace=spec.target.namespace)
                 at = time.time()
                 for v, ok in zip(batch, won, strict=True):
                     if not ok:  # another run claimed it first
@@ -239,7 +239,7 @@ class ProvisioningRequestProvisioner:
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, spec.spot,
                         timeline.to_json(), extra, scheme=node_labels.for_target(spec.target.kind.value).name,
-                        accelerator=spec.accelerator)
+                        accelerator=spec.accelerator, namespace=spec.target.namespace)
 
     # ---- the rest of the contract ---------------------------------------------------------------------------
     def replace(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity, lost: Sequence[str], *,
@@ -343,7 +343,8 @@ def pod_spec(spec: ProvisioningSpec, run_id: str, zone: str = "", pools: Sequenc
                         "resources": {"requests": {"nvidia.com/gpu": gpus}, "limits": {"nvidia.com/gpu": gpus}}}],
         "nodeSelector": gang_labels(spec, pools),
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
-                        *[parse_toleration(t) for t in tolerations(spec)], run_toleration(run_id)],
+                        *[parse_toleration(t) for t in tolerations(spec)],
+                        run_toleration(run_id, spec.target.namespace)],
         "restartPolicy": "Never",
     }
     if terms:

@@ -148,10 +148,11 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 save(requested=True)
                 return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label,
                                 spec.spot, timeline.to_json(), {"zones": list(plan.zones)}, scheme=provider.scheme,
-                                accelerator=spec.accelerator)
+                                accelerator=spec.accelerator, namespace=spec.target.namespace)
             if err is None:
                 tracker.claim_early(lambda node: early.setdefault(
                     node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
+                                                             namespace=spec.target.namespace,
                                                              protect=NodeView.of(node).pool in protected)),
                     plan.zones, gang - len(tracker.claimed()))
                 watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
@@ -233,7 +234,7 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
 
                     raise api_refusal(tracker.watch_error) or PermissionDenied(
                         f"the Kubernetes API refused the Node watch: {tracker.watch_error}",
-                        remediation="grant list and watch on nodes in deploy/rbac.yaml")
+                        remediation="grant list and watch on nodes in kfp_gpu/manifests/controller-rbac.yaml")
                 if tracker.ready_count_locked(zones) >= gang:
                     _progress(tracker, gang)
                     return "", None
@@ -343,7 +344,7 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
-        won = claim_all(api, [by_name[n] for n in batch], run_id, owner.lease_expires,
+        won = claim_all(api, [by_name[n] for n in batch], run_id, owner.lease_expires, namespace=spec.target.namespace,
                         protect=lambda node: NodeView.of(node).pool in protected)
         mine += [n for n, ok in zip(batch, won, strict=True) if ok]
     views = {v.name: v for v in tracker.claimable()}
@@ -356,7 +357,7 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
                     gpus_per_node=spec.gpus_per_node, accelerator_label=accelerators.get(spec.accelerator).gke_label,
                     spot=spec.spot, timeline_json=tracker.timeline.to_json(),
                     extra={"protected_pools": sorted(protected)} if protected else {},
-                    scheme=scheme, accelerator=spec.accelerator)
+                    scheme=scheme, accelerator=spec.accelerator, namespace=spec.target.namespace)
 
 
 def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], targets: dict[str, int],

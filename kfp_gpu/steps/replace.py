@@ -101,4 +101,5 @@ def merge_capacity(old: Capacity, lost: set[str], new: Capacity) -> Capacity:
         extra["protected_pools"] = protected
     return Capacity(old.run_id, tuple(Placement(pool, zone, tuple(ns)) for (pool, zone), ns in merged.items()),
                     old.gpus_per_node, old.accelerator_label, spot=old.spot and new.spot,
-                    timeline_json=old.timeline_json, extra=extra, scheme=old.scheme, accelerator=old.accelerator)
+                    timeline_json=old.timeline_json, extra=extra, scheme=old.scheme, accelerator=old.accelerator,
+                    namespace=old.namespace)

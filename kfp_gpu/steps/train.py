@@ -19,6 +19,7 @@ nodes kept, the job recreated from the newest checkpoint to wait in its queue ag
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -90,7 +91,9 @@ def run(
     from kfp_gpu.cluster.kube import api_client
 
     admission.check_timeout(queue_timeout_s)
-    capacity = Capacity.from_json(capacity_json)
+    # the job's pods live in the target namespace, so they tolerate that namespace's claim taint (the one scale-up
+    # put on the gang; a capacity written before it carried a namespace says "default")
+    capacity = dataclasses.replace(Capacity.from_json(capacity_json), namespace=spec.target.namespace)
     template = JobTemplate.from_json(job_json)
     own_api = api is None
     api = api if api is not None else api_client(spec.target)
@@ -253,7 +256,8 @@ def _claim(st: TrainState, names: tuple[str, ...]) -> bool:
     for name in names:
         node = read_node(st.api, name)
         if node is not None:
-            claim(st.api, node, st.run_id, st.owner.lease_expires, protect=NodeView.of(node).pool in protected)
+            claim(st.api, node, st.run_id, st.owner.lease_expires, namespace=st.namespace,
+                  protect=NodeView.of(node).pool in protected)
     if names:
         st.watch.wait(1.0)  # let the watch deliver the labels (or the loss) before looking again
     return bool(names)

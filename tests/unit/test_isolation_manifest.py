@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.cluster.nodes import RUN_TAINT_KEY, run_taint, run_toleration
+from kfp_gpu.cluster.nodes import claim_taint_key, run_taint, run_toleration
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.steps.capacity import Capacity, Placement
@@ -21,25 +21,30 @@ def _tolerates(toleration: dict[str, str], taint: dict[str, str]) -> bool:
 
 
 RUN = "Llm-Finetune/2024 run #7"
+NS = "ml-team"
 
 
 def test_a_runs_toleration_tolerates_its_own_taint_only():
-    mine = run_taint(RUN)
-    assert mine["key"] == RUN_TAINT_KEY and mine["effect"] == "NoSchedule"
-    assert _tolerates(run_toleration(RUN), mine)
-    assert not _tolerates(run_toleration("another-run"), mine)
+    mine = run_taint(RUN, NS)
+    assert mine["key"] == claim_taint_key(NS) and mine["effect"] == "NoSchedule"
+    assert _tolerates(run_toleration(RUN, NS), mine)
+    assert not _tolerates(run_toleration("another-run", NS), mine)
+    # the same run id in another namespace is another claim
+    assert not _tolerates(run_toleration(RUN, "other-team"), mine)
     # what a foreign GPU pod carries does not let it past the claim
     assert not _tolerates({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, mine)
 
 
 def test_job_pods_tolerate_the_gpu_taint_and_their_own_runs_claim():
-    cap = Capacity(RUN, (Placement("pool-a", "us-central1-a", ("n1", "n2")),), 8, "nvidia-h100-80gb", spot=True)
+    cap = Capacity(RUN, (Placement("pool-a", "us-central1-a", ("n1", "n2")),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=NS)
     body = pytorchjob.manifest("j", capacity=cap, template=JobTemplate(), labels={}, nodes=2, checkpoint_uri="",
                                resume_step=0, run_id=RUN, gang_nodes=("n1", "n2"))
     for replica in body["spec"]["pytorchReplicaSpecs"].values():
         tols = replica["template"]["spec"]["tolerations"]
-        assert any(_tolerates(t, run_taint(RUN)) for t in tols)
-        assert not any(_tolerates(t, run_taint("other")) for t in tols)
+        assert any(_tolerates(t, run_taint(RUN, NS)) for t in tols)
+        assert not any(_tolerates(t, run_taint("other", NS)) for t in tols)
+        assert not any(_tolerates(t, run_taint(RUN, "other-team")) for t in tols)  # only its own namespace's
         assert any(_tolerates(t, {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}) for t in tols)
 
 
