@@ -1,4 +1,5 @@
-"""kfp-gpu command line: compile | components | preflight | run | demo | gc | submit | quota | dev-cluster."""
+"""kfp-gpu command line: compile | components | preflight | run | demo | gc | submit | quota | dev-cluster |
+install | tenant."""
 
 from __future__ import annotations
 
@@ -178,6 +179,48 @@ def cmd_dev_cluster(a: argparse.Namespace) -> int:
     return int(dc_main([a.action, *more]) or 0)
 
 
+def cmd_controller(a: argparse.Namespace) -> int:
+    from kfp_gpu.controller.handlers import run as run_controller
+
+    run_controller([] if a.all_namespaces else list(a.namespace), standalone=a.standalone,
+                   peering="" if a.standalone else a.peering, metrics_port=a.metrics_port, log_dir=a.log_dir)
+    return 0
+
+
+def cmd_install(a: argparse.Namespace) -> int:
+    from kfp_gpu import install
+
+    if a.dry_run:  # no cluster needed: print what would be applied
+        print(install.to_yaml(install.manifests(controller=a.controller, image=a.image)), end="")
+        return 0
+    from kfp_gpu.cluster.kube import api_client
+
+    install.apply(api_client(), controller=a.controller, image=a.image, log=print)
+    return 0
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def cmd_tenant(a: argparse.Namespace) -> int:
+    from kfp_gpu import install
+
+    if a.tenant_cmd == "add":
+        limits = install.limits_from(vars(a))
+        if a.dry_run:
+            print(install.to_yaml(install.tenant_objects(a.namespace, **limits)), end="")
+            return 0
+        from kfp_gpu.cluster.kube import api_client
+
+        install.tenant_add(api_client(), a.namespace, log=print, **limits)
+        return 0
+    from kfp_gpu.cluster.kube import api_client
+
+    install.tenant_remove(api_client(), a.namespace, force=a.force, log=print)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kfp-gpu", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -247,6 +290,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--contact-email", default="", help="GKE: the contact Cloud Quotas requires on an increase "
                    "(default: $KFP_GPU_QUOTA_CONTACT_EMAIL)")
     c.set_defaults(fn=cmd_quota)
+    c = sub.add_parser("controller", help="run the kfp-gpu controller (acts on GpuGangs; docs/operator-guide.md)")
+    c.add_argument("--namespace", "-n", action="append", default=[],
+                   help="only gangs in this namespace (repeatable; default: every namespace)")
+    c.add_argument("--all-namespaces", "-A", action="store_true", help="every namespace (the default)")
+    c.add_argument("--standalone", action="store_true", help="no peering: the only replica (local rehearsal)")
+    c.add_argument("--peering", default="kfp-gpu-controller", help="kopf peering name (one active replica)")
+    c.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
+    c.add_argument("--log-dir", default="", help="where each unit of work logs (default /tmp/kfp-gpu-controller)")
+    c.set_defaults(fn=cmd_controller)
     c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
     c.add_argument("action", choices=["up", "down", "status", "build"])
     c.add_argument("--autoscaler", default="none",
@@ -257,6 +309,37 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--with", dest="extras", action="append", default=[], metavar="NAME",
                    help="up/build: also run/build an optional component (trainer, gcs...; repeatable)")
     c.set_defaults(fn=cmd_dev_cluster)
+    c = sub.add_parser("install", help="install the kfp-gpu control plane: CRDs, controller, RBAC, admission policy "
+                       "(docs/operator-guide.md)")
+    c.add_argument("--dry-run", action="store_true", help="print the objects as YAML; change nothing")
+    c.add_argument("--image", default="", metavar="REPO:TAG",
+                   help="the controller's image (default: the manifests' localhost/kfp-gpu:<version>)")
+    c.add_argument("--no-controller", dest="controller", action="store_false",
+                   help="leave out the controller Deployment and Service (run `kfp-gpu controller` yourself)")
+    c.set_defaults(fn=cmd_install)
+    c = sub.add_parser("tenant", help="let a namespace's pipelines ask for GPUs (or stop them)")
+    ts = c.add_subparsers(dest="tenant_cmd", required=True)
+    t = ts.add_parser("add", help="label the namespace, give its steps the kfp-gpu ServiceAccount and Role, bind the "
+                      "controller there, write its GpuPolicy (idempotent)")
+    t.add_argument("namespace")
+    t.add_argument("--max-gpus-per-gang", type=int, default=None, metavar="N", help="GpuPolicy maxGpusPerGang "
+                   "(default 64)")
+    t.add_argument("--max-gpus", "--max-gpus-per-namespace", dest="max_gpus_per_namespace", type=int, default=None,
+                   metavar="N", help="GpuPolicy maxGpusPerNamespace: GPUs the namespace may hold at once (default 128)")
+    t.add_argument("--accelerators", type=_csv, default=None, metavar="A,B", help="allowed accelerators (default any)")
+    t.add_argument("--capacity-types", type=_csv, default=None, metavar="T,U",
+                   help="allowed capacity types: on-demand, spot, reservation, flex-start (default any)")
+    t.add_argument("--pools", type=_csv, default=None, metavar="P,Q", help="allowed node pools (default any)")
+    t.add_argument("--backends", type=_csv, default=None, metavar="B,C", help="allowed provisioners (default any)")
+    t.add_argument("--max-run-seconds", type=float, default=None, metavar="S",
+                   help="longest run (default 604800, a week)")
+    t.add_argument("--allow-quota-requests", action="store_true", default=None,
+                   help="let the controller file cloud quota increase requests for this namespace's gangs")
+    t.add_argument("--dry-run", action="store_true", help="print the objects as YAML; change nothing")
+    t = ts.add_parser("remove", help="undo `tenant add` (the namespace itself stays)")
+    t.add_argument("namespace")
+    t.add_argument("--force", action="store_true", help="even while the namespace still has GpuGangs")
+    c.set_defaults(fn=cmd_tenant)
     return p
 
 
@@ -279,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(one_line(refusal), file=sys.stderr)
             return refusal.exit_code
         print(f"kfp-gpu: the Kubernetes API answered {getattr(exc, 'status', '?')} {getattr(exc, 'reason', '')}"
-              " (fix: check that the credentials' user or service account has the RBAC of deploy/rbac.yaml "
+              " (fix: check that the credentials' user or service account has its RBAC (docs/rbac-iam.md) "
               "and that the namespace exists)", file=sys.stderr)
         return 1
 

@@ -218,6 +218,26 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
         time.sleep(0.5)
 
 
+def release_leftover_gangs(api: Any, namespace: str, run_id: str, timeout_s: float = 300.0) -> str:
+    """Guaranteed teardown for a rehearsal whose exit handler never ran (kfp.local stopped early): delete the run's
+    GpuGang while the controller still runs, so its finalizer releases everything. Returns the gang's name ("" when
+    none was left). Raises: ApiException (refused)."""
+    from kubernetes import client as k8s
+
+    from kfp_gpu.gang import api as gang_api
+    from kfp_gpu.gang.client import GangClient
+
+    if not run_id:
+        return ""
+    c = GangClient(api, namespace, run_id)
+    if c.get() is None:
+        return ""
+    k8s.CustomObjectsApi(api).delete_namespaced_custom_object(gang_api.GROUP, gang_api.VERSION, namespace,
+                                                              gang_api.PLURAL, c.name)
+    c.wait(lambda o: False, timeout_s=timeout_s)
+    return c.name
+
+
 # ---- the rehearsal ---------------------------------------------------------------------------------------
 def extras_for(spec: ProvisioningSpec) -> tuple[str, ...]:
     """The optional local-cluster components (:mod:`kfp_gpu.devcluster.extras` names) a rehearsal of ``spec``
@@ -322,8 +342,13 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         finally:
             os.environ["KUBECONFIG"] = admin_kc
             os.environ.pop(OWNER_PID_ENV, None)
-            ctl.stop()
-            sim.stop()
+            try:
+                left_gang = release_leftover_gangs(crds.api_client(ctx.kubeconfig), ns, progress.run_id)
+                if left_gang:
+                    say(f"the exit handler did not release {left_gang}: the controller released it on deletion")
+            finally:
+                ctl.stop()
+                sim.stop()
     took = time.time() - t0
     out = _teardown_output(root)
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"

@@ -11,9 +11,11 @@ Two replicas: kopf peering (``--peering``) keeps one active; ``--standalone`` fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,10 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = int(os.environ.get("KFP_GPU_CONTROLLER_WORKERS", "256"))
     settings.watching.server_timeout = 300
     settings.peering.name = "kfp-gpu-controller"
+    # kopf freezes every peer of the highest priority when two share it: each replica gets its own (from its pod
+    # name), so exactly one is active and the other takes over when the active one's peering record expires
+    ident = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    settings.peering.priority = 1 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16)
 
 
 @kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_timeout=30.0)  # type: ignore[arg-type]

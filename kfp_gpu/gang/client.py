@@ -130,6 +130,19 @@ def _result(obj: dict[str, Any], key: str, output: str) -> StepResult:
                       str(res.get("markdown") or ""))
 
 
+def summary(output_json: str, ref: dict[str, Any]) -> str:
+    """The train step's output: the scalar fields of the train result (status, final step and loss, GPU-hours,
+    preemptions...) and the gang's name. Lists and maps (the timeline, the ledger, node names) stay in the gang's
+    status, so the output that a downstream step gets on its command line stays small at any gang size."""
+    try:
+        data = json.loads(output_json or "{}")
+    except ValueError:
+        data = {}
+    small = {k: v for k, v in (data if isinstance(data, dict) else {}).items()
+             if v is None or isinstance(v, (bool, int, float)) or (isinstance(v, str) and len(v) <= 256)}
+    return json.dumps({**small, **ref}, sort_keys=True)
+
+
 def run_stage(c: GangClient, step: str, spec_json: str) -> StepResult:
     """preflight, warm_pool, scale_up: raise the gang's stage and wait for its condition."""
     stage = gang.STAGE_OF_STEP[step]
@@ -170,7 +183,7 @@ def run_job(c: GangClient, spec_json: str, job_json: str, dataset_uri: str, queu
     entry = ((got.get("status") or {}).get("jobs") or {}).get(name) or {}
     if entry.get("state") == gang.JOB_SUCCEEDED:
         out = str(((got.get("status") or {}).get("outputs") or {}).get(f"job:{name}", ""))
-        return _result(got, f"job:{name}", out or json.dumps({"gang": c.name, "job": name}))
+        return _result(got, f"job:{name}", summary(out, {"gang": c.name, "job": name}))
     if entry.get("error"):
         raise KfpGpuError.from_dict(entry["error"])
     raise _failure(got, f"job {name} did not run: the gang was released")
