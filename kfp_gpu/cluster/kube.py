@@ -109,8 +109,9 @@ def load(target: Target | None, cfg: client.Configuration) -> Source | None:
             config.load_incluster_config(client_configuration=cfg)
         except ConfigException as exc:
             raise PermissionDenied(f"in-cluster credentials are unusable: {_one_line(exc)}",
-                                   remediation="run the step with the kfp-gpu service account "
-                                   "(deploy/rbac.yaml), which mounts a token") from None
+                                   remediation="run it with its ServiceAccount (the controller's "
+                                   "kfp-gpu-controller, a tenant's kfp-gpu: docs/rbac-iam.md), which mounts a "
+                                   "token") from None
         return Source(server=str(cfg.host), in_pod=True)
     if target is not None and target.kind is TargetKind.LOCAL:
         from kfp_gpu.devcluster.boot import kubeconfig_path
@@ -191,7 +192,7 @@ def api_refusal(exc: BaseException) -> KfpGpuError | None:
     """The one conversion of a Kubernetes API refusal into a one-line kfp-gpu error, or None.
 
     401 -> PermissionDenied (the credentials are not accepted); 403 with the authorizer's "cannot <verb>
-    resource <r>" message -> PermissionDenied naming that permission and pointing at deploy/rbac.yaml.
+    resource <r>" message -> PermissionDenied naming that permission and pointing at the RBAC that grants it.
     Anything else (admission webhooks, 404, 409...) is left to the caller.
     """
     status = getattr(exc, "status", None)
@@ -211,8 +212,9 @@ def api_refusal(exc: BaseException) -> KfpGpuError | None:
         return None
     return PermissionDenied(
         f"the Kubernetes API server refused: {message}",
-        remediation="add that verb on that resource to the role of deploy/rbac.yaml (docs/rbac-iam.md) and "
-        "re-apply it")
+        remediation="add that verb on that resource to the identity's role and re-apply it: the controller's in "
+        "kfp_gpu/manifests/controller-rbac.yaml (kfp-gpu install), a tenant's steps' in kfp-gpu tenant add, the "
+        "janitor's in deploy/janitor-rbac.yaml (docs/rbac-iam.md)")
 
 
 def ignore_404(fn: Callable[[], Any]) -> bool:

@@ -224,7 +224,7 @@ class GangWatch:
             exc = ev.obj["error"]
             raise api_refusal(exc) or PermissionDenied(
                 f"the Kubernetes API refused the {ev.source} watch: {getattr(exc, 'status', '')} "
-                f"{getattr(exc, 'reason', '')}", remediation="grant list and watch on it in deploy/rbac.yaml")
+                f"{getattr(exc, 'reason', '')}", remediation="grant list and watch on it in kfp_gpu/manifests/controller-rbac.yaml")
         deleted = ev.type == "DELETED"
         if ev.source == "node":
             n = node_fact(ev.obj, ev.at, deleted=deleted)

@@ -10,7 +10,8 @@ is left (or a run without a spec) is released object by object.
 
 Before releasing anything it takes the Lease lock ``kfp-gpu-janitor`` (:class:`kfp_gpu.cluster.lease.
 JanitorLock`) in the namespace it runs in, so two janitors never race; the second one reports who holds the
-lock and does nothing. Run it as the CronJob in deploy/janitor-cronjob.yaml.
+lock and does nothing. An admin tool: the controller releases a gang whose owner is gone by itself; run
+``kfp-gpu gc`` with the kfp-gpu-janitor ServiceAccount of deploy/janitor-rbac.yaml (or as an admin).
 """
 
 from __future__ import annotations

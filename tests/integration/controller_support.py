@@ -67,9 +67,9 @@ class Tenant:
                          if c.log_path.exists())
 
     def spec(self, nodes: int = 2, *, zones: tuple[str, ...] = ("us-central1-a", "us-central1-b"),
-             deadline: float = 60.0) -> ProvisioningSpec:
+             deadline: float = 60.0, checkpoint_uri: str = "") -> ProvisioningSpec:
         return ProvisioningSpec("a100-80gb", nodes, capacity=CapacityType.SPOT, zones=zones,
-                                scale_up_deadline_s=deadline,
+                                scale_up_deadline_s=deadline, checkpoint_uri=checkpoint_uri,
                                 target=Target(kind="local", cluster=self.cluster, region="us-central1",
                                               endpoint=self.sim.url, namespace=self.ns))
 

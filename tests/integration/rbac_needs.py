@@ -1,30 +1,67 @@
-"""The permissions kfp-gpu's code needs, each with its reason: the list deploy/rbac.yaml must match.
+"""The permissions kfp-gpu's code needs, each with its reason: the lists the RBAC manifests must match.
+
+Three identities (docs/rbac-iam.md):
+
+* ``STEP_NEEDS``: the controller (ServiceAccount kfp-gpu-system/kfp-gpu-controller,
+  kfp_gpu/manifests/controller-rbac.yaml). It runs the step functions (kfp_gpu/steps/*.py, in its work units) and
+  kfp_gpu/controller/*.py (kopf's handlers, the runner, admission, owner-gone release). Scope ``CLUSTER``: ClusterRole
+  kfp-gpu-controller, bound cluster-wide; scope ``NS``: ClusterRole kfp-gpu-controller-tenant, bound by a RoleBinding
+  in each tenant namespace (``kfp-gpu tenant add``).
+* ``TENANT_NEEDS``: a tenant's pipeline steps (ServiceAccount ``kfp-gpu``, the Role of
+  :func:`kfp_gpu.install.tenant_objects`): kfp_gpu/gang/client.py, the GpuGang API.
+* ``JANITOR_NEEDS``: ``kfp-gpu gc`` (ServiceAccount kfp-gpu-janitor, deploy/janitor-rbac.yaml), an admin tool.
 
 Keep in sync with the code. tests/integration/test_rbac.py fails when a Kubernetes client call or raw request
-in kfp_gpu/ is missing from ``CODE_CALLS`` / ``RAW_CALLS``, when a call needs a permission in neither
-``STEP_NEEDS`` nor ``JANITOR_NEEDS``, when a listed permission is used by no call, and when the manifest or
-docs/rbac-iam.md differ from these lists.
+in kfp_gpu/ is missing from ``CODE_CALLS`` / ``RAW_CALLS``, when a call needs a permission its identity's list
+lacks, when a listed permission is used by no call (``KOPF_NEEDS`` excepted: kopf's own requests, which no scan
+sees), and when a manifest or docs/rbac-iam.md differ from these lists. Code that runs as the platform admin
+(``ADMIN_MODULES``) is not scanned.
 """
 
 from __future__ import annotations
 
+from kfp_gpu.gang import api as gang
 from kfp_gpu.steps.preflight import KUEUE_CRD
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
 _TR = "trainer.kubeflow.org"
 _KS = "karpenter.sh"
+_GG = gang.GROUP
+_GANGS, _GSTATUS, _POLICIES = gang.PLURAL, f"{gang.PLURAL}/status", gang.POLICY_PLURAL
+_KOPF = "kopf.dev"
+_CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NS, CLUSTER = "namespace", "cluster"
 
 # Keep in sync with the code: test_every_client_call_is_covered fails on a call missing from CODE_CALLS /
-# RAW_CALLS, or whose permission is in neither list; test_manifest_grants_exactly_the_listed_permissions fails
-# when the manifest and these lists differ.
-STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
+# RAW_CALLS, or whose permission is not listed for its identity; test_controller_rights_are_exactly_the_listed_
+# permissions fails when controller-rbac.yaml and this list differ.
+STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
+    # ---- the controller itself (kfp_gpu/controller/*.py) and kopf
+    (_GG, _GANGS, "get"): (CLUSTER, "runner: re-read its gang"),
+    (_GG, _GANGS, "list"): (CLUSTER, "kopf: every tenant's gangs; admission: the GPUs a namespace's gangs hold"),
+    (_GG, _GANGS, "watch"): (CLUSTER, "kopf: every tenant's gangs (one daemon per gang)"),
+    (_GG, _GANGS, "patch"): (CLUSTER, "kopf: the release finalizer and its progress annotations"),
+    (_GG, _GANGS, "delete"): (CLUSTER, "runner: delete a gang whose owner is gone (the finalizer releases it)"),
+    (_GG, _GSTATUS, "patch"): (CLUSTER, "runner: conditions, phase, outputs, results (the only status writer)"),
+    (_GG, _POLICIES, "list"): (CLUSTER, "admission: the GpuPolicies a gang must satisfy"),
+    ("", "namespaces", "get"): (CLUSTER, "admission: the gang's namespace labels (a policy's namespaceSelector)"),
+    ("", "namespaces", "list"): (CLUSTER, "kopf with --namespace: which of the namespaces exist"),
+    ("", "namespaces", "watch"): (CLUSTER, "kopf with --namespace: namespaces that come and go"),
+    ("", "events", "create"): (CLUSTER, "runner and kopf: events on the gangs (kubectl describe gpugang)"),
+    (_KOPF, "clusterkopfpeerings", "get"): (CLUSTER, "kopf peering: one active replica"),
+    (_KOPF, "clusterkopfpeerings", "list"): (CLUSTER, "kopf peering: the peers"),
+    (_KOPF, "clusterkopfpeerings", "watch"): (CLUSTER, "kopf peering: the peers"),
+    (_KOPF, "clusterkopfpeerings", "patch"): (CLUSTER, "kopf peering: this replica's heartbeat"),
+    (*_CRDS, "list"): (CLUSTER, "kopf: which resources are served"),
+    (*_CRDS, "watch"): (CLUSTER, "kopf: resources that come and go"),
+    ("argoproj.io", "workflows", "get"): (NS, "owner-gone release: is the gang's Argo Workflow still running"),
+    # ---- the step functions (kfp_gpu/steps/*.py), run by the controller's work units
     ("", "nodes", "get"): (CLUSTER, "train: is a gang node gone; heartbeat: re-read a claimed node on conflict"),
     ("", "nodes", "list"): (CLUSTER, "scale_up/train/teardown/preflight: GPU nodes, claimed nodes"),
     ("", "nodes", "watch"): (CLUSTER, "scale_up: nodes to Ready; train: gang nodes (preemption taints)"),
     ("", "nodes", "patch"): (CLUSTER, "claim/release a node (run-id + lease labels, the run's taint); heartbeat"),
-    ("", "pods", "get"): (NS, "heartbeat: the step's own pod (owner uid, Argo workflow label); re-read a balloon"),
+    ("", "pods", "get"): (NS, "heartbeat: the owner's pod (owner uid, Argo workflow label); re-read a balloon"),
     ("", "pods", "list"): (NS, "balloons of a run; the gang's pods (train watch)"),
     ("", "pods", "watch"): (NS, "train: the gang's pods (placement, eviction, exit codes)"),
     ("", "pods", "create"): (NS, "warm_pool: balloon pods"),
@@ -86,6 +123,28 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # -> (scope, why)
     ("karpenter.k8s.aws", "ec2nodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (AWS)"),
     ("karpenter.kwok.sh", "kwoknodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (kwok)"),
 }
+# Requests kopf makes itself (the scan sees only kfp_gpu's): listed in STEP_NEEDS, used by no scanned call.
+KOPF_NEEDS: set[Need] = {
+    (_GG, _GANGS, "watch"), (_GG, _GANGS, "patch"), ("", "namespaces", "list"), ("", "namespaces", "watch"),
+    *((_KOPF, "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")),
+    (*_CRDS, "list"), (*_CRDS, "watch"),
+}
+# The pipeline steps (kfp_gpu/gang/client.py, through kfp_gpu/steps/entry.py's request_step): one tenant namespace.
+TENANT_NEEDS: dict[Need, tuple[str, str]] = {
+    (_GG, _GANGS, "get"): (NS, "every step: the run's gang (teardown: is there one)"),
+    (_GG, _GANGS, "create"): (NS, "the first step of a run creates its gang (spec, owner)"),
+    (_GG, _GANGS, "patch"): (NS, "raise spec.stage; ask for a job (spec.jobs); teardown sets spec.release"),
+    (_GG, _GANGS, "delete"): (NS, "teardown: the released gang"),
+    (_GG, _GANGS, "list"): (NS, "wait for the controller's answer (a watch on the one gang)"),
+    (_GG, _GANGS, "watch"): (NS, "wait for the controller's answer (a watch on the one gang)"),
+    ("", "pods", "get"): (NS, "the step's own pod: its Argo Workflow, recorded as the gang's owner"),
+}
+TENANT_MODULES = {"gang/client.py"}  # the code that runs as a tenant's step; the rest runs as the controller
+# Helpers outside TENANT_MODULES a step reaches (module, function, method), and the name the step calls them by.
+TENANT_HELPERS: dict[tuple[str, str, str], str] = {("cluster/lease.py", "detect_identity", "GET"): "detect_identity"}
+# Client methods a tenant module calls -> what they need there (the controller's CODE_CALLS cover every kind).
+TENANT_CODE_CALLS: dict[str, set[Need]] = {"list_namespaced_custom_object": {(_GG, _GANGS, "list"),
+                                                                             (_GG, _GANGS, "watch")}}
 JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "configmaps", "list"): (CLUSTER, "ledgers of every run"),
     ("", "configmaps", "delete"): (CLUSTER, "ledgers of a released run"),
@@ -161,7 +220,14 @@ CODE_CALLS: dict[str, set[Need]] = {
     "create_self_subject_access_review": set(),  # every authenticated user may ask what it may do
     "get_code": set(),  # GET /version: readable by every authenticated user (system:public-info-viewer)
 }
-# Functions that hold client calls but never run as a step or the janitor.
+# Modules (paths under kfp_gpu/, or their prefixes) that run as the platform admin, never as one of the identities.
+ADMIN_MODULES = {
+    "devcluster": "the local cluster: boots and sets it up as admin",
+    "sim": "the cloud stand-in, as admin",
+    "install.py": "kfp-gpu install / tenant add|remove: the platform admin",
+    "kubeapply.py": "server-side apply for kfp_gpu/install.py",
+}
+# Functions that hold client calls but never run as the controller, a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
 OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
@@ -185,10 +251,21 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/lease.py", "_write", "GET"): {(*_LEASES, "get")},
     ("cluster/lease.py", "_write", "POST"): {(*_LEASES, "create")},
     ("cluster/lease.py", "_write", "PUT"): {(*_LEASES, "update")},
-    ("steps/janitor.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
-    ("steps/janitor.py", "_argo_served", "GET"): set(),  # discovery
+    ("cluster/owners.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
+    ("cluster/owners.py", "_argo_served", "GET"): set(),  # discovery
+    ("controller/runner.py", "post_event", "POST"): {("", "events", "create")},
+    ("controller/runner.py", "read", "GET"): {(_GG, _GANGS, "get")},
+    ("controller/runner.py", "flush", "PATCH"): {(_GG, _GSTATUS, "patch")},
+    ("controller/runner.py", "_delete", "DELETE"): {(_GG, _GANGS, "delete")},
+    ("controller/runner.py", "_verdict", "GET"): {(_GG, _POLICIES, "list"), ("", "namespaces", "get"),
+                                                  (_GG, _GANGS, "list")},
+    # the steps' side (TENANT_MODULES)
+    ("gang/client.py", "get", "GET"): {(_GG, _GANGS, "get")},
+    ("gang/client.py", "ensure", "POST"): {(_GG, _GANGS, "create")},
+    ("gang/client.py", "patch", "PATCH"): {(_GG, _GANGS, "patch")},
+    ("gang/client.py", "delete", "DELETE"): {(_GG, _GANGS, "delete")},
 }
-# Things neither account may do (so the access checks can fail).
+# Things neither the controller nor the janitor may do (so the access checks can fail).
 NEVER: list[tuple[Need, str]] = [
     (("", "secrets", "get"), NS), (("", "nodes", "delete"), CLUSTER), (("", "nodes", "create"), CLUSTER),
     (("", "pods/exec", "create"), NS), (("rbac.authorization.k8s.io", "rolebindings", "create"), NS),

@@ -1,7 +1,12 @@
-"""Run code as the ServiceAccounts of deploy/rbac.yaml (no tests here; fixtures in conftest.py).
+"""Run code as the controller's identity or the janitor's (no tests here; fixtures in conftest.py).
 
-* :func:`render` turns the manifest into objects for a test namespace (the documented ``kubeflow-user``
-  replaced structurally), optionally with rules taken out (negative tests).
+* :func:`render_controller` turns kfp_gpu/manifests/controller-rbac.yaml into the controller's rights for a
+  ServiceAccount of a test namespace: ClusterRole ``kfp-gpu-controller`` through a ClusterRoleBinding and
+  ClusterRole ``kfp-gpu-controller-tenant`` through the RoleBinding ``kfp-gpu tenant add`` writes
+  (:func:`kfp_gpu.install.tenant_objects`), both renamed per test and optionally with rules taken out (negative
+  tests). That is the identity the step functions run under (the controller's work units).
+* :func:`render` does the same for deploy/janitor-rbac.yaml (the janitor, ``kfp-gpu gc``; the documented
+  ``kubeflow-user`` replaced structurally).
 * :func:`apply` creates them with the admin client; :func:`delete_cluster_scoped` removes what the
   namespace's deletion does not.
 * :func:`identity` mints a token for a ServiceAccount with the TokenRequest API and returns an ApiClient
@@ -23,12 +28,16 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu import install
+from kfp_gpu.gang import api as gang
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-MANIFEST = ROOT / "deploy" / "rbac.yaml"
-DOC_NAMESPACE = "kubeflow-user"  # the namespace the manifest documents (its header says to replace it)
-STEP_SA, JANITOR_SA = "kfp-gpu", "kfp-gpu-janitor"
+CONTROLLER_MANIFEST = install.MANIFESTS / "controller-rbac.yaml"
+JANITOR_MANIFEST = ROOT / "deploy" / "janitor-rbac.yaml"
+DOC_NAMESPACE = "kubeflow-user"  # the namespace janitor-rbac.yaml documents (its header says to replace it)
+CONTROLLER_SA, JANITOR_SA = gang.CONTROLLER_SA, "kfp-gpu-janitor"
+CONTROLLER_ROLE, TENANT_ROLE = "kfp-gpu-controller", install.TENANT_CLUSTER_ROLE  # controller-rbac.yaml's ClusterRoles
 NAMESPACED = {"ServiceAccount", "Role", "RoleBinding"}
 CLUSTER = {"ClusterRole", "ClusterRoleBinding"}
 
@@ -37,12 +46,48 @@ Obj = dict[str, Any]
 Drop = tuple[str, str, str]
 
 
-def manifest_docs(path: Path = MANIFEST) -> list[Obj]:
+def manifest_docs(path: Path) -> list[Obj]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path: Path = MANIFEST) -> list[Obj]:
-    """The manifest's objects for ``namespace``.
+def by_name(objs: list[Obj], kind: str, name: str) -> Obj:
+    """The one object of ``kind`` named ``name``. Raises: AssertionError naming what is missing."""
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: found {len(found)}"
+    return found[0]
+
+
+def render_controller(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (),
+                      sa: str = CONTROLLER_SA) -> list[Obj]:
+    """The controller's rights (controller-rbac.yaml) for ServiceAccount ``namespace/sa``, ``namespace`` being a
+    tenant: the ServiceAccount, both ClusterRoles (renamed ``<name>-<isolate>`` so a test's copy never changes
+    another test's rules), a ClusterRoleBinding of ``kfp-gpu-controller`` (named after ``isolate`` or the
+    namespace) and the tenant RoleBinding of :func:`kfp_gpu.install.tenant_objects` pointed at ``sa``. ``drop``
+    removes single verbs from every rule that grants them. The controller's own Role in kfp-gpu-system (kopf's
+    leases and peering, no step function's) is left out.
+    """
+    docs = manifest_docs(CONTROLLER_MANIFEST)
+    suffix = f"-{isolate}" if isolate else ""
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]
+    managed = {"kfp-gpu.io/managed": "true"}
+    roles = [copy.deepcopy(by_name(docs, "ClusterRole", n)) for n in (CONTROLLER_ROLE, TENANT_ROLE)]
+    for role in roles:
+        role["metadata"]["name"] += suffix
+    binding = copy.deepcopy(by_name(docs, "ClusterRoleBinding", CONTROLLER_ROLE))
+    binding["metadata"]["name"] = f"{CONTROLLER_ROLE}-{isolate or namespace}"
+    binding["roleRef"]["name"] += suffix
+    binding["subjects"] = subject
+    tenant = copy.deepcopy(by_name(install.tenant_objects(namespace), "RoleBinding", install.CONTROLLER_BINDING))
+    assert tenant["roleRef"]["name"] == TENANT_ROLE, tenant
+    tenant["roleRef"]["name"] += suffix
+    tenant["subjects"] = subject
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": sa, "namespace": namespace, "labels": dict(managed)}}
+    return [account, *_dropped(roles, set(drop)), binding, tenant]
+
+
+def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path: Path = JANITOR_MANIFEST) -> list[Obj]:
+    """A per-namespace manifest's objects (deploy/janitor-rbac.yaml) for ``namespace``.
 
     ``isolate`` (a suffix) renames the ClusterRoles so a test's copy never changes another test's rules
     (the manifest shares them between namespaces). ``drop`` removes single verbs from every rule that
@@ -51,11 +96,10 @@ def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path
     Raises: AssertionError for a kind this renderer does not know (extend it with the manifest).
     """
     out: list[Obj] = []
-    dropped = set(drop)
     for doc in manifest_docs(path):
         doc = copy.deepcopy(doc)
         kind, meta = doc["kind"], doc["metadata"]
-        assert kind in NAMESPACED | CLUSTER, f"deploy/rbac.yaml: unexpected kind {kind}"
+        assert kind in NAMESPACED | CLUSTER, f"{path.name}: unexpected kind {kind}"
         if kind in NAMESPACED:
             meta["namespace"] = namespace
         if kind == "ClusterRoleBinding":
@@ -68,11 +112,16 @@ def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path
             ref["name"] = f"{ref['name']}-{isolate}"
         for subject in doc.get("subjects") or []:
             subject["namespace"] = namespace
+        out.append(doc)
+    return _dropped(out, set(drop))
+
+
+def _dropped(objs: list[Obj], dropped: set[Drop]) -> list[Obj]:
+    for doc in objs:
         if dropped and "rules" in doc:
             doc["rules"] = [_without(rule, dropped) for rule in doc["rules"]]
             doc["rules"] = [r for r in doc["rules"] if r["verbs"]]
-        out.append(doc)
-    return out
+    return objs
 
 
 def _without(rule: Obj, dropped: set[Drop]) -> Obj:

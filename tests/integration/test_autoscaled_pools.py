@@ -1,6 +1,6 @@
 """An autoscaled node pool is protected or refused as ``target.autoscaled_pools`` says (issue 13, node-pool).
 
-Real control plane + KWOK + the GKE stand-in; the steps run as the kfp-gpu ServiceAccount (``step_api``). The
+Real control plane + KWOK + the GKE stand-in; the steps run as the controller's identity (``step_api``). The
 stand-in reports the pool's ``autoscaling`` block in nodePools.get/list as GKE does; no autoscaler runs, so
 the annotation is checked on the Nodes and the resizes are counted in the stand-in's own operations.
 """

@@ -1,7 +1,7 @@
 """The dev cluster end to end: real Training Operator + real scheduler + KWOK nodes.
 
-PyTorchJobs are created the way the train step creates them: as the kfp-gpu ServiceAccount of
-deploy/rbac.yaml (``step_api``); nodes and plain pods are set up by the admin.
+PyTorchJobs are created the way the train step creates them: with the controller's identity (its rights from
+kfp_gpu/manifests/controller-rbac.yaml, ``step_api``); nodes and plain pods are set up by the admin.
 """
 
 from __future__ import annotations

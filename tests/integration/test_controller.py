@@ -121,6 +121,43 @@ def test_controller_killed_during_provisioning_converges_without_a_second_resize
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
+def test_controller_killed_during_recovery_converges_with_one_job_copy(tenant, tmp_path):
+    """A spot node of the running gang is reclaimed; while the train unit recovers, the controller is killed. The
+    restarted controller re-attaches (the train ledger): one job copy, the preemption counted once, nothing left."""
+    from kfp_gpu.checkpoint.store import CheckpointStore
+    from kfp_gpu.cluster import ledger, pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    t = tenant()
+    ckpt = tmp_path / "ckpt"
+    spec, run = t.spec(2, zones=("us-central1-a",), checkpoint_uri=str(ckpt)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(8.0), dataset_uri="", queue_timeout_s=60.0)
+    job = pytorchjob.job_name(run, "train")
+    core = client.CoreV1Api(t.kube.api)
+    wait_until("2 pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
+    CheckpointStore(str(ckpt)).save(10, {"model.pt": b"w10"}, meta={"loss": 2.5})
+    victim = sorted(t.claimed(run))[0]
+    t.sim.preempt(victim)
+    wait_until("recovery under way", lambda: (ledger.read(t.kube.api, t.ns, run, "train").get("budget") or {})
+               .get("preemptions") == 1, timeout=60, every=0.05)
+    t.controllers[-1].kill()
+    wait_until("work died with the controller", lambda: not t.work_processes(), timeout=10)
+    t.start_controller()
+    th.join(240)
+    assert "error" not in box, f"{box.get('error')}\n{t.controller_log()}"
+    jobs = client.CustomObjectsApi(t.kube.api).list_namespaced_custom_object(
+        "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"]
+    assert len(jobs) <= 1, [j["metadata"]["name"] for j in jobs]  # one job copy, ever
+    assert ledger.read(t.kube.api, t.ns, run, "train")["budget"]["preemptions"] == 1
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
+    wait_until("no job left", lambda: not client.CustomObjectsApi(t.kube.api).list_namespaced_custom_object(
+        "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"], timeout=60)
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
 def test_controller_killed_during_release_converges_and_leaves_nothing(tenant):
     t = tenant()
     spec, run = t.spec(4, zones=("us-central1-a",)), new_run()

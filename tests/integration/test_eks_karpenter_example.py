@@ -1,6 +1,6 @@
 """The EKS example through the ``karpenter`` backend (pipelines/llm_finetune_karpenter.py), end to end on the REAL
 Karpenter kwok provider of the dev cluster (issue 15, "Must show"): the pipeline's own steps (preflight, warm pool,
-scale-up, train, teardown) run as the kfp-gpu ServiceAccount, like tests/integration/test_eks_node_groups.py runs
+scale-up, train, teardown) run as the controller's identity, like tests/integration/test_eks_node_groups.py runs
 the node-group twin; Karpenter launches the nodes for the run's NodePool; a Spot interruption as Karpenter handles
 one (the NodeClaim is deleted, the node drained) is recovered from the checkpoint; after teardown nothing is left:
 no NodePool, NodeClaim, node, pod, job or labelled object of the run.
@@ -146,7 +146,7 @@ def test_karpenter_example_interruption_recovers_and_leaves_nothing(
 
 def test_the_leak_check_names_a_nodepool_a_run_left(kube: Kube, karpenter: Any, namespace: str,
                                                      step_api: client.ApiClient) -> None:
-    """`kfp-gpu run`'s leak check (demo.leftovers, as the step ServiceAccount) reports a run's NodePool."""
+    """`kfp-gpu run`'s leak check (demo.leftovers, as the controller's identity) reports a run's NodePool."""
     from kfp_gpu.cluster import karpenter as api_k
 
     run = f"run-{uuid.uuid4().hex[:6]}"

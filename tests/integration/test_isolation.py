@@ -1,6 +1,6 @@
 """Claimed nodes are isolated: the real scheduler keeps another team's GPU pod off a run's gang.
 
-The gang is claimed with the real ``claim()`` as the step ServiceAccount of deploy/rbac.yaml, released with the
+The gang is claimed with the real ``claim()`` as the controller's identity (``step_api``), released with the
 real ``unclaim()`` as the janitor's; the run's pods come from the PyTorchJob the train step builds
 (``pytorchjob.manifest`` with ``Capacity.tolerations()``), scheduled by the real kube-scheduler.
 """
@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.cluster.nodes import RUN_TAINT_KEY, claim, labels_of, read_node, run_taint, unclaim
+from kfp_gpu.cluster.nodes import claim, is_claim_taint, labels_of, read_node, run_taint, unclaim
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL
 from kfp_gpu.job import JobTemplate
@@ -71,15 +71,15 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
 
     for n in gang:
         node = read_node(kube.api, n)
-        assert node is not None and claim(step_api, node, run_id, time.time() + 600)
+        assert node is not None and claim(step_api, node, run_id, time.time() + 600, namespace=namespace)
     for n in gang:
         taints = _taints(kube, n)
-        assert run_taint(run_id) in taints, taints
+        assert run_taint(run_id, namespace) in taints, taints
         assert GPU_TAINT in taints  # the claim kept the node's own taints
         assert labels_of(read_node(kube.api, n) or {})[LABEL_RUN_ID] == label_safe(run_id)
     other = read_node(kube.api, gang[0])
-    assert other is not None and not claim(step_api, other, "another-run", time.time() + 600)
-    assert [t for t in _taints(kube, gang[0]) if t["key"] == RUN_TAINT_KEY] == [run_taint(run_id)]
+    assert other is not None and not claim(step_api, other, "another-run", time.time() + 600, namespace=namespace)
+    assert [t for t in _taints(kube, gang[0]) if is_claim_taint(t)] == [run_taint(run_id, namespace)]
 
     # Another team submits two whole-node GPU pods to the pool while the gang is claimed and Ready.
     for i in range(2):
@@ -97,8 +97,8 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
     # message counts untolerated taints without naming them; releasing the node below proves which one)
     assert "untolerated taint" in _unschedulable_message(refused)
 
-    # The run's own job: the manifest the train step creates, as the step ServiceAccount.
-    cap = Capacity(run_id, (Placement(pool, ZONE, tuple(gang)),), 8, ACCEL, spot=False)
+    # The run's own job: the manifest the train step creates, as the controller's identity.
+    cap = Capacity(run_id, (Placement(pool, ZONE, tuple(gang)),), 8, ACCEL, spot=False, namespace=namespace)
     name = pytorchjob.job_name(run_id, "iso")
     tpl = JobTemplate(name="iso", annotations={pytorchjob.SIM_DURATION_ANNOTATION: "600s"})
     body = pytorchjob.manifest(name, capacity=cap, template=tpl,
@@ -117,7 +117,7 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
     pytorchjob.delete(step_api, namespace, name)
     assert pytorchjob.wait_gone(step_api, namespace, name, timeout_s=60)
     assert unclaim(janitor_api, gang[0])
-    assert RUN_TAINT_KEY not in {t["key"] for t in _taints(kube, gang[0])}
+    assert not any(is_claim_taint(t) for t in _taints(kube, gang[0]))
     assert GPU_TAINT in _taints(kube, gang[0])
     assert LABEL_RUN_ID not in labels_of(read_node(kube.api, gang[0]) or {})
     bound = wait_until("the waiting foreign pod lands on the released node",

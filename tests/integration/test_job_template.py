@@ -1,7 +1,7 @@
 """A job built with the kubeflow-training SDK, run by the train step on the real Training Operator.
 
 The user's PyTorchJob carries a PVC volume, a ServiceAccount, CPU/memory requests, a /dev/shm emptyDir,
-labels and ``nprocPerNode``. The train step (as the kfp-gpu ServiceAccount) fills in placement, gang size,
+labels and ``nprocPerNode``. The train step (as the controller's identity) fills in placement, gang size,
 ownership and the resume env. The Training Operator must accept it and create pods that keep all of it and
 land on the gang's nodes. KWOK does not mount volumes, but the API server, the operator and the scheduler
 (bound PVC, existing ServiceAccount, resources that fit) must all accept the spec.

@@ -1,6 +1,6 @@
 """The karpenter backend against the REAL Karpenter (kwok provider) of the dev cluster's Karpenter profile (issue 15).
 
-Steps run as the kfp-gpu ServiceAccount (``step_api``). Capacity comes only from Karpenter: kfp-gpu creates a NodePool
+Steps run as the controller's identity (``step_api``). Capacity comes only from Karpenter: kfp-gpu creates a NodePool
 scoped to the run plus placeholder pods, Karpenter makes NodeClaims and (kwok) Nodes, the step claims them. The
 profile's instance types (:mod:`kfp_gpu.devcluster.karpenter_types`) have p4d.24xlarge (8 x A100 40GB) spot out of
 stock in us-east-1c: a launch there fails with an InsufficientCapacityError and Karpenter deletes the NodeClaim.
@@ -21,6 +21,7 @@ from kubernetes import client
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
+from kfp_gpu.cluster.nodes import claim_taint_key
 from kfp_gpu.errors import CapacityUnavailable
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
@@ -98,7 +99,7 @@ def test_gang_interrupted_recovered_from_checkpoint_and_nothing_left(kube, karpe
             assert labels[plan.NODEPOOL_LABEL] == pool and labels[plan.CAPACITY_TYPE_LABEL] == "spot"
             assert labels[plan.ZONE_LABEL] == STOCKED and labels[plan.INSTANCE_TYPE_LABEL] == "p4d.24xlarge"
             assert n.status.allocatable["nvidia.com/gpu"] == "8" and labels[LABEL_RUN_ID] == label_safe(run)
-            assert {t.key for t in n.spec.taints or []} >= {plan.POOL_TAINT_KEY, "kfp-gpu.io/run"}
+            assert {t.key for t in n.spec.taints or []} >= {plan.POOL_TAINT_KEY, claim_taint_key(namespace)}
         np = client.CustomObjectsApi(kube.api).get_cluster_custom_object(plan.GROUP, plan.VERSION, plan.NODEPOOLS, pool)
         assert np["spec"]["limits"] == {"nvidia.com/gpu": "16"}
         assert np["spec"]["disruption"]["budgets"] == [{"nodes": "0"}]

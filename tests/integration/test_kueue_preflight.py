@@ -1,5 +1,5 @@
-"""Preflight's Kueue check against the real Kueue controller (v0.17, the ``kueue`` fixture), run as the step
-ServiceAccount (deploy/rbac.yaml): ClusterQueues with mismatched flavors, borrowing from a cohort, a full queue
+"""Preflight's Kueue check against the real Kueue controller (v0.17, the ``kueue`` fixture), run as the
+controller's identity (``step_api``): ClusterQueues with mismatched flavors, borrowing from a cohort, a full queue
 (quota reserved by a Workload Kueue really admitted), a ProvisioningRequest AdmissionCheck, and the queue choice.
 
 ResourceFlavors, ClusterQueues, AdmissionChecks and ProvisioningRequestConfigs are cluster-scoped: unique names,
@@ -126,7 +126,7 @@ def kq(kueue, kube, namespace) -> Iterator[Kueue]:
 
 
 def _check(e: Any, queue: str = "", nodes: int = 2) -> ClusterCheck:
-    """Preflight as the step ServiceAccount for ``nodes`` x 8 a100 GPUs; its kueue check."""
+    """Preflight as the controller's identity for ``nodes`` x 8 a100 GPUs; its kueue check."""
     spec = e.spec(nodes)
     spec = dataclasses.replace(spec, target=dataclasses.replace(spec.target, queue=queue))
     res = run_preflight(spec, e.provider(spec), e.step_api, capacity_wait_s=1.0)

@@ -1,5 +1,5 @@
 """The train step on a Kueue-gated namespace, against the real Kueue controller (v0.17, the ``kueue`` fixture), run as
-the step ServiceAccount (deploy/rbac.yaml) on KWOK GPU nodes: the job goes through the namespace's LocalQueue and
+the controller's identity (``step_api``) on KWOK GPU nodes: the job goes through the namespace's LocalQueue and
 finishes; a job held in a full queue far longer than the no-pods watchdog neither fails nor leaks; a queue that never
 admits fails on the queue deadline and cleans up; Kueue preempting the job for a higher-priority workload is a
 recovery from the newest checkpoint, on the same nodes.

@@ -1,6 +1,6 @@
 """The train step with ``kind="trainjob"`` on a Kueue-gated namespace, against the real Kueue (v0.17, its
 ``trainer.kubeflow.org/trainjob`` and ``jobset.x-k8s.io/jobset`` integrations on), Trainer v2.3 and JobSet v0.12
-controllers, run as the step ServiceAccount on KWOK GPU nodes.
+controllers, run as the controller's identity on KWOK GPU nodes.
 
 One run: the TrainJob is created suspended with the LocalQueue's label while a bare Workload holds the queue's
 quota; it waits (``[queue]`` progress, no pods, not a gang failure); freeing the quota admits it (Kueue writes its

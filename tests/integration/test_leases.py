@@ -2,7 +2,8 @@
 
 Real control plane, real objects: a run's ledger ConfigMap, a balloon pod and a claimed KWOK node, held by a
 :class:`Heartbeat` with a 10 s lease, while ``janitor.collect`` runs in a loop beside it. Heartbeats run with
-the components' ServiceAccount and the janitor with its own (deploy/rbac.yaml), not as cluster-admin.
+the controller's identity (controller-rbac.yaml) and the janitor with its own (deploy/janitor-rbac.yaml), not as
+cluster-admin.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.cluster import balloons, ledger, owned
+from kfp_gpu.cluster import balloons, ledger, owned, owners
 from kfp_gpu.cluster.lease import A_LOCAL, A_POD, Heartbeat, JanitorLock, OwnerIdentity, lease_name
 from kfp_gpu.cluster.nodes import claim, read_node
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, Owner, label_safe
@@ -40,7 +41,7 @@ def _hold(api: client.ApiClient, kube_api: client.ApiClient, ns: str, owner: Own
     ledger.write(api, ns, owner, {"balloons": [balloons.balloon_name(owner.run_id, 0)]})
     balloons.create_balloons(api, ns, owner, 1, 8, "nvidia-h100-80gb", [])
     found = read_node(kube_api, node)
-    assert found is not None and claim(api, found, owner.run_id, owner.lease_expires)
+    assert found is not None and claim(api, found, owner.run_id, owner.lease_expires, namespace=ns)
 
 
 def _held(kube_api: client.ApiClient, ns: str, run: str) -> dict[str, list[str]]:
@@ -122,7 +123,7 @@ def beating(step_identity: Identity) -> Iterator[list[subprocess.Popen[str]]]:
 
 def _start(step_identity: Identity, ns: str, run: str, procs: list[subprocess.Popen[str]],
            **env: str) -> subprocess.Popen[str]:
-    """A step process: a Heartbeat, as a train step would hold one, with the step's ServiceAccount."""
+    """A step process: a Heartbeat, as a train step would hold one, with the controller's identity."""
     full = {k: v for k, v in os.environ.items() if k not in ("KFP_POD_NAME", "POD_NAME", "POD_NAMESPACE")}
     full.update(KUBECONFIG=str(step_identity.kubeconfig), PYTHONPATH=str(ROOT), **env)
     proc = subprocess.Popen([sys.executable, "-c", _BEAT, ns, run, str(TTL)], env=full, cwd=ROOT,
@@ -244,7 +245,7 @@ def other_namespace(kube) -> Iterator[str]:
 
 def test_all_namespaces_finds_a_dead_run_in_another_namespace(
         kube, namespace: str, other_namespace: str, janitor_identity: Identity) -> None:
-    run = _expired_run(kube.api, other_namespace)  # setup as admin: the step account is bound to `namespace` only
+    run = _expired_run(kube.api, other_namespace)  # setup as admin: the controller's identity is a tenant of `namespace` only
     assert _gc(janitor_identity.api, namespace, run).runs == {}  # a namespaced janitor does not see it
     env = {**os.environ, "KUBECONFIG": str(janitor_identity.kubeconfig), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-m", "kfp_gpu.cli", "gc", "--all-namespaces", "--run", run,
@@ -331,7 +332,7 @@ def argo_workflows(kube) -> None:
 
 def _served(api: client.ApiClient) -> bool:
     try:
-        return any(r["name"] == "workflows" for r in owned.request(api, "GET", janitor.ARGO).get("resources", []))
+        return any(r["name"] == "workflows" for r in owned.request(api, "GET", owners.ARGO).get("resources", []))
     except ApiException:
         return False
 

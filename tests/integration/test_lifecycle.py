@@ -3,7 +3,7 @@
 Everything is real: the GKE stand-in with its default (hard) world (async operations, boot latency in
 minutes compressed by ``kfp_gpu.sim.clock.TIME_SCALE``, preemption notices, same-name VM recreation), the
 google-cloud clients through GkeProvider, the local control plane with the Training Operator, and the steps
-running as the ServiceAccount that deploy/rbac.yaml binds.
+running as the controller's identity (kfp_gpu/manifests/controller-rbac.yaml).
 """
 
 from __future__ import annotations

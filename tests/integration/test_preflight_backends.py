@@ -2,7 +2,7 @@
 
 cluster-autoscaler answers ``check-capacity.autoscaling.x-k8s.io`` by simulating the gang on the nodes it has now
 (never scaling up), so: free nodes -> "capacity available now"; a gang bigger than what exists (here, bigger
-than the node groups could ever hold) -> "no capacity now". The step's ServiceAccount asks (``step_api``); the
+than the node groups could ever hold) -> "no capacity now". The controller's identity asks (``step_api``); the
 request and its PodTemplate are gone afterwards.
 """
 

@@ -1,7 +1,7 @@
 """End-to-end provisioning against the real control plane + KWOK + the GKE stand-in (the fault table).
 
-The steps run as the kfp-gpu ServiceAccount of deploy/rbac.yaml (``Env.step_api``, a token-only client);
-``Env.api`` is the admin, for assertions. The stand-in (the cloud) keeps the admin kubeconfig.
+The steps run as the controller's identity (kfp_gpu/manifests/controller-rbac.yaml; ``Env.step_api``, a
+token-only client); ``Env.api`` is the admin, for assertions. The stand-in (the cloud) keeps the admin kubeconfig.
 """
 
 from __future__ import annotations
@@ -169,9 +169,9 @@ def test_deadline_exceeded_rolls_back_to_the_original_size(env):
 
 def _step_proc(step: str, spec: ProvisioningSpec, run: str, kubeconfig: Path,
                upstream: str = "") -> subprocess.Popen[str]:
-    """The component in its own process, reaching the cluster through ``kubeconfig`` (the step's token)."""
-    code = ("import sys\nfrom kfp_gpu.steps.entry import run_component\n"
-            f"print(run_component({step!r}, sys.argv[1], {run!r}, sys.argv[2]))\n")
+    """A work unit in its own process, reaching the cluster through ``kubeconfig`` (the controller's identity)."""
+    code = ("import sys\nfrom kfp_gpu.controller.work import execute\n"
+            f"raise SystemExit(execute({step!r}, sys.argv[1], {run!r}, sys.argv[2]))\n")
     return subprocess.Popen([sys.executable, "-c", code, spec.to_json(), upstream], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "KUBECONFIG": str(kubeconfig)})
@@ -232,7 +232,7 @@ def test_warm_pool_balloons_are_labelled_and_preempted_by_training_pods(env):
         spec=client.V1PodSpec(node_selector={"kubernetes.io/hostname": node}, containers=[client.V1Container(
             name="t", image="x", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "8"}))],
             tolerations=[client.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
-                         client.V1Toleration(**run_toleration(run))]))  # the run's own pod: tolerates its claim
+                         client.V1Toleration(**run_toleration(run, spec.target.namespace))]))  # the run's own pod: tolerates its claim
     core.create_namespaced_pod(e.ns, real)
     _wait_for(lambda: core.read_namespaced_pod("trainer-0", e.ns).spec.node_name == node)
     teardown.run(spec, run, "", api=e.step_api, provider=e.provider(spec))

@@ -1,5 +1,5 @@
 """The provisioning-request backend against the real cluster-autoscaler (kwok provider) of the dev cluster's
-cluster-autoscaler profile (issue 13). Steps run as the kfp-gpu ServiceAccount (``step_api``).
+cluster-autoscaler profile (issue 13). The step functions run as the controller's identity (``step_api``).
 
 Capacity comes only from CA's node groups (:data:`kfp_gpu.devcluster.ca_profile.NODE_GROUPS`): kfp-gpu creates a
 PodTemplate and a ProvisioningRequest, CA scales a group up and reports Provisioned, the step claims the booked
@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client
 
 from kfp_gpu.cluster import provreq as api_req
+from kfp_gpu.cluster.nodes import is_claim_taint
 from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.errors import CapacityUnavailable
 from kfp_gpu.plan import provreq as plan
@@ -78,7 +79,7 @@ def test_atomic_request_gets_the_gang_and_teardown_leaves_nothing(kube, autoscal
     assert _held(kube.api, run) == []  # claims (labels, run taint) released; CA scales the nodes down itself
     for name in cap.nodes:
         node = client.CoreV1Api(kube.api).read_node(name)
-        assert not any(t.key == "kfp-gpu.io/run" for t in node.spec.taints or [])
+        assert not any(is_claim_taint(t) for t in node.spec.taints or [])
 
 
 def test_a_zone_without_room_fails_over_to_the_next(kube, autoscaler, namespace, step_api):
@@ -129,10 +130,13 @@ def test_the_step_account_detects_the_autoscaler_with_the_optional_status_rule(k
     spec = _spec(namespace, 1, provisioner="auto", pools=("ca-a100-a",))
     before = detect(spec, step_api, None)  # the base RBAC: asked first, not read, so not detected
     assert before.name == "node-pool", before
-    text = (ROOT / "deploy/rbac-autoscaler-status.yaml").read_text().replace("kubeflow-user", namespace)
-    objs = [d for d in yaml.safe_load_all(text) if d]
+    objs = [d for d in yaml.safe_load_all((ROOT / "deploy/rbac-autoscaler-status.yaml").read_text()) if d]
     rbac = client.RbacAuthorizationV1Api(kube.api)
     role, binding = objs
+    for o in objs:  # a copy of this test's own, bound to its stand-in of the controller's identity
+        o["metadata"]["name"] += f"-{namespace}"
+    binding["roleRef"]["name"] = role["metadata"]["name"]
+    binding["subjects"] = [{"kind": "ServiceAccount", "name": step_identity.name, "namespace": namespace}]
     rbac.create_namespaced_role("kube-system", role)
     rbac.create_namespaced_role_binding("kube-system", binding)
     try:

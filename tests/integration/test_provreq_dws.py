@@ -3,7 +3,7 @@ GKE stand-in as GKE does (docs/sim.md section 12), with the provisioning-request
 
 Fault rows of issue 13: BookingExpired before the job starts (the train step requests the gang again), and
 CapacityRevoked mid-training (spot-style recovery on a new request, resumed from the checkpoint). Steps run as the
-kfp-gpu ServiceAccount. Scenario times are real-world seconds (booking 600 s = 5 s here).
+controller's identity. Scenario times are real-world seconds (booking 600 s = 5 s here).
 """
 
 from __future__ import annotations

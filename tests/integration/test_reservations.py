@@ -1,7 +1,7 @@
 """Reservations are consumed, never duplicated (issue 13).
 
 Real control plane + KWOK + the GKE stand-in (which models Compute reservations: docs/sim.md,
-"Reservations"); the scale-up step runs as the kfp-gpu ServiceAccount (``step_api``) through the node-pool
+"Reservations"); the scale-up step runs as the controller's identity (``step_api``) through the node-pool
 backend. A reservation made through the provider for the warm pool is consumed by the nodes the scale-up
 adds (inUseCount == nodes, quota not doubled, the cost report bills once); ``capacity="reservation"`` grows
 only the pool whose SPECIFIC affinity names the reservation and fails with one line naming it when exhausted.

@@ -1,7 +1,7 @@
 """The train step against the real control plane: Training Operator + scheduler + KWOK GPU nodes.
 
-The step runs as the kfp-gpu ServiceAccount of deploy/rbac.yaml (``step_api`` / ``step_identity``, token
-only); ``kube`` (admin) sets up nodes and checks the outcome.
+The step runs as the controller's identity (kfp_gpu/manifests/controller-rbac.yaml; ``step_api`` / ``step_identity``,
+token only); ``kube`` (admin) sets up nodes and checks the outcome.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def test_partial_placement_watchdog(kube: Kube, namespace: str, kwok_nodes: Node
 
 _CANCEL_SCRIPT = """
 import sys
-from kfp_gpu.steps.entry import run_component
-run_component("train", sys.argv[1], sys.argv[2], sys.argv[3], job_json=sys.argv[4])
+from kfp_gpu.controller.work import execute
+raise SystemExit(execute("train", sys.argv[1], sys.argv[2], sys.argv[3], job_json=sys.argv[4]))
 """
 
 

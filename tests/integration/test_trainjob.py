@@ -28,7 +28,7 @@ from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import owned, trainjob
-from kfp_gpu.cluster.nodes import RUN_TAINT_KEY
+from kfp_gpu.cluster.nodes import claim_taint_key
 from kfp_gpu.cluster.podtemplate import ENV_RESUME_PATH, ENV_RESUME_STEP, JOB_LABEL
 from kfp_gpu.providers.base import LABEL_RUN_ID
 from tests.waiting import wait_until
@@ -101,7 +101,7 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
             assert pod.metadata.labels[LABEL_RUN_ID] == run_label and pod.metadata.labels[JOB_LABEL] == name
             node = core.read_node(pod.spec.node_name)
             assert node.metadata.labels[LABEL_RUN_ID] == run_label
-            assert any(t.key == RUN_TAINT_KEY and t.value == run_label for t in pod.spec.tolerations or [])
+            assert any(t.key == claim_taint_key(namespace) and t.value == run_label for t in pod.spec.tolerations or [])
             terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
             assert {f.values[0] for t in terms.node_selector_terms for f in t.match_fields} == {
                 p.spec.node_name for p in pods}
@@ -158,7 +158,7 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
 
 
 def test_the_runtime_is_read_first_and_a_missing_one_or_its_gang_scheduler_is_named(kube, trainer, namespace, step_api):
-    """The train step reads the TrainJob's runtime (as the step's ServiceAccount) before it creates anything: a missing
+    """The train step reads the TrainJob's runtime (as the controller's identity) before it creates anything: a missing
     runtime is named with how to list them; a runtime's podGroupPolicy whose PodGroup API is missing is named too."""
     from kfp_gpu.errors import CrdMissing, InvalidSpec
     from kfp_gpu.jobkinds import TrainJobKind

@@ -1,7 +1,7 @@
 """The warm pool's cloud reservation is made where its resize grows and consumed by the scale-up (issue 13).
 
 Real control plane + KWOK + the GKE stand-in (Compute reservations modelled: docs/sim.md "Reservations"); the
-steps run as the kfp-gpu ServiceAccount. warm_pool reserves after its resize is submitted, in that pool's zone,
+steps run as the controller's identity. warm_pool reserves after its resize is submitted, in that pool's zone,
 for the nodes it adds, with that pool's machine type; the scale-up's nodes are the reservation's VMs
 (inUseCount == nodes); teardown releases it and the cost report bills the reserved GPUs once.
 """

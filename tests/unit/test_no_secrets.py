@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from kfp_gpu.compile import compile_pipeline
-from kfp_gpu.image import image_for_version
 from kfp_gpu.report.html import render_html
 from kfp_gpu.report.secrets import scan_for_secrets
 from kfp_gpu.timeline import NodeState, Timeline
@@ -36,7 +35,3 @@ def test_report_has_no_secrets():
     n.advance(NodeState.REGISTERED, 1.0)
     n.advance(NodeState.READY, 2.0)
     assert scan_for_secrets(render_html(title="t", timeline=tl)) == []
-
-
-def test_janitor_manifest_uses_the_component_image():
-    assert f"image: {image_for_version()}" in (ROOT / "deploy/janitor-cronjob.yaml").read_text()
