@@ -218,6 +218,11 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
         time.sleep(0.5)
 
 
+def _run_of(teardown_output: Mapping[str, Any]) -> str:
+    tl = str(teardown_output.get("timeline") or "")
+    return Timeline.from_json(tl).run_id if tl else ""
+
+
 def release_leftover_gangs(api: Any, namespace: str, run_id: str, timeout_s: float = 300.0) -> str:
     """Guaranteed teardown for a rehearsal whose exit handler never ran (kfp.local stopped early): delete the run's
     GpuGang while the controller still runs, so its finalizer releases everything. Returns the gang's name ("" when
@@ -342,15 +347,21 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         finally:
             os.environ["KUBECONFIG"] = admin_kc
             os.environ.pop(OWNER_PID_ENV, None)
-            try:
-                left_gang = release_leftover_gangs(crds.api_client(ctx.kubeconfig), ns, progress.run_id)
+            out = _teardown_output(root)
+            run_id = progress.run_id or _run_of(out)
+            left: dict[str, list[str]] = {"run id": ["unknown (no kfp-gpu step started)"]}
+            try:  # while the controller and the stand-in still run: releases and deletions in flight finish
+                admin = crds.api_client(ctx.kubeconfig)
+                left_gang = release_leftover_gangs(admin, ns, run_id)
                 if left_gang:
                     say(f"the exit handler did not release {left_gang}: the controller released it on deletion")
+                if run_id:
+                    left = leftovers(admin, ns, run_id, list(out.get("nodes_deleted") or []),  # type: ignore[call-overload]
+                                     timeout_s=20.0 + 0.25 * spec.nodes)
             finally:
                 ctl.stop()
                 sim.stop()
     took = time.time() - t0
-    out = _teardown_output(root)
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
     say(f"\n=== pipeline {graph.name} {status} in {took:.1f}s (kfp.local, SubprocessRunner) ===")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
@@ -365,16 +376,9 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     released = list(out.get("nodes_released") or [])  # type: ignore[call-overload]
     say(f"\nteardown: released {len(released)} nodes, restored pools {out.get('pools_restored') or {}}, "
         f"deleted jobs {out.get('jobs') or []}; errors: {errors or 'none'}")
-    run_id = tl.run_id or progress.run_id
-    left: dict[str, list[str]] = {"run id": ["unknown (no kfp-gpu step started)"]}
-    if run_id:
-        from kfp_gpu.cluster.kube import api_client
-
-        left = leftovers(api_client(spec.target), spec.target.namespace, run_id,
-                         list(out.get("nodes_deleted") or []))  # type: ignore[call-overload]
     what = "GpuGang, ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
-    say(f"leak check (run {run_id or '?'}: {what}): " +
-        ("nothing left" if not left else "LEFT BEHIND " + "; ".join(f"{k}: {v}" for k, v in sorted(left.items()))))
+    say(f"leak check (run {run_id or '?'}: {what}): " + ("nothing left" if not left else "LEFT BEHIND " + "; ".join(
+        f"{k}: {len(v)} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in sorted(left.items()))))
     say(f"controller: peak RSS {ctl.last_peak_rss_mib:.0f} MiB (log {root}/controller.log)")
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")
     if not keep:

@@ -103,6 +103,8 @@ def gang_deleted(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
 def run(namespaces: list[str], *, standalone: bool, peering: str = "", metrics_port: int = 8080,
         log_dir: str = "", liveness: str = "") -> None:
     """Run the controller until SIGTERM/SIGINT. ``namespaces`` empty: every namespace (cluster-wide)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event lines; the gangs' decisions are ours
     _state["log_dir"] = log_dir or os.environ.get("KFP_GPU_CONTROLLER_LOGS", "/tmp/kfp-gpu-controller")
     _api()
     if metrics_port:
