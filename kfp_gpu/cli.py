@@ -191,11 +191,13 @@ def cmd_install(a: argparse.Namespace) -> int:
     from kfp_gpu import install
 
     if a.dry_run:  # no cluster needed: print what would be applied
-        print(install.to_yaml(install.manifests(controller=a.controller, image=a.image)), end="")
+        extra = install.optional("autoscaler-status") if a.autoscaler_status else []
+        print(install.to_yaml(install.manifests(controller=a.controller, image=a.image) + extra), end="")
         return 0
     from kfp_gpu.cluster.kube import api_client
 
-    install.apply(api_client(), controller=a.controller, image=a.image, log=print)
+    install.apply(api_client(), controller=a.controller, image=a.image, autoscaler_status=a.autoscaler_status,
+                  log=print)
     return 0
 
 
@@ -316,6 +318,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the controller's image (default: the manifests' localhost/kfp-gpu:<version>)")
     c.add_argument("--no-controller", dest="controller", action="store_false",
                    help="leave out the controller Deployment and Service (run `kfp-gpu controller` yourself)")
+    c.add_argument("--autoscaler-status", action="store_true",
+                   help="also let the controller read a self-managed cluster-autoscaler's status ConfigMap "
+                   "(provisioner detection; not needed on GKE)")
     c.set_defaults(fn=cmd_install)
     c = sub.add_parser("tenant", help="let a namespace's pipelines ask for GPUs (or stop them)")
     ts = c.add_subparsers(dest="tenant_cmd", required=True)

@@ -357,7 +357,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                     say(f"the exit handler did not release {left_gang}: the controller released it on deletion")
                 if run_id:
                     left = leftovers(admin, ns, run_id, list(out.get("nodes_deleted") or []),  # type: ignore[call-overload]
-                                     timeout_s=20.0 + 0.25 * spec.nodes)
+                                     timeout_s=60.0 + 0.25 * spec.nodes)
             finally:
                 ctl.stop()
                 sim.stop()

@@ -74,6 +74,11 @@ def manifests(controller: bool = True, image: str = "") -> list[Obj]:
     return [o for o in objs if controller or o["kind"] not in CONTROLLER_KINDS]
 
 
+def optional(name: str) -> list[Obj]:
+    """The objects of ``manifests/optional/<name>.yaml`` (not in the base: ``kfp-gpu install --<name>``)."""
+    return [d for d in yaml.safe_load_all((MANIFESTS / "optional" / f"{name}.yaml").read_text()) if d]
+
+
 def _valid_image(image: str) -> str:
     from kfp_gpu.image import validate_image
 
@@ -224,14 +229,16 @@ def _check_limit(key: str, value: Any) -> Any:
 # ---- applying -----------------------------------------------------------------------------------------------
 
 def apply(api: client.ApiClient | None, *, dry_run: bool = False, controller: bool = True, image: str = "",
-          log: Log | None = None) -> list[str]:
+          autoscaler_status: bool = False, log: Log | None = None) -> list[str]:
     """Server-side apply the control plane; one line per object (also passed to ``log`` as it goes).
+    ``autoscaler_status``: also the optional read of a self-managed cluster-autoscaler's status ConfigMap
+    (``manifests/optional/autoscaler-status.yaml``).
 
     The Namespace and the CRDs go first and are waited for (Established) before anything that needs them.
     ``dry_run`` changes nothing and needs no cluster. Raises: KfpGpuError (PermissionDenied, NotFound...) naming
     the object and the fix; InvalidSpec (a bad ``image``).
     """
-    objs = manifests(controller=controller, image=image)
+    objs = manifests(controller=controller, image=image) + (optional("autoscaler-status") if autoscaler_status else [])
     if dry_run or api is None:
         return _emit([f"{kubeapply.describe(o)} (dry run: not applied)" for o in objs], log)
     first = [o for o in objs if o["kind"] in ("Namespace", "CustomResourceDefinition")]

@@ -27,9 +27,18 @@ from kfp_gpu.gang import api as gang
 def sa_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, path: Path, ttl_s: int = 86400) -> Path:
     """A kubeconfig at ``path`` whose only credential is a fresh TokenRequest token of ``namespace/sa``.
     Raises: ApiException."""
+    return token_kubeconfig(admin, namespace, sa, mint_token(admin, namespace, sa, ttl_s), path)
+
+
+def mint_token(admin: client.ApiClient, namespace: str, sa: str, ttl_s: int = 86400) -> str:
+    """A TokenRequest token of ``namespace/sa``. Raises: ApiException."""
     req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[],
                                                                              expiration_seconds=ttl_s))
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, namespace, req).status.token
+    return str(client.CoreV1Api(admin).create_namespaced_service_account_token(sa, namespace, req).status.token)
+
+
+def token_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, token: str, path: Path) -> Path:
+    """Write a kubeconfig for ``admin``'s API server whose only credential is ``token`` (mode 0600)."""
     src = admin.configuration
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump({
@@ -46,7 +55,7 @@ def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: An
     """Install (no Deployment), make ``namespace`` a tenant, and return (controller kubeconfig, step kubeconfig)."""
     from kfp_gpu import install
 
-    install.apply(admin, controller=False)
+    install.apply(admin, controller=False, autoscaler_status=True)  # the dev cluster's autoscaler is self-managed
     install.tenant_add(admin, namespace, **limits)
     ctl = sa_kubeconfig(admin, gang.CONTROLLER_NAMESPACE, gang.CONTROLLER_SA, workdir / "kubeconfig-controller")
     step = sa_kubeconfig(admin, namespace, gang.STEP_SA, workdir / f"kubeconfig-{namespace}-{gang.STEP_SA}")

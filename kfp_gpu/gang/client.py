@@ -161,7 +161,13 @@ def run_stage(c: GangClient, step: str, spec_json: str) -> StepResult:
                         remediation="the run was torn down (teardown, deletion, or its owner ended)")
     if not gang.is_true(got, stage):
         raise _failure(got, f"{step} failed in the controller")
-    ref = {"gang": c.name, "namespace": c.namespace, "stage": stage}
+    ref: dict[str, Any] = {"gang": c.name, "namespace": c.namespace, "stage": stage}
+    try:  # the backend choice travels with the reference: the preflight's output says which and why
+        chosen = json.loads(str(((got.get("status") or {}).get("outputs") or {}).get(step) or "{}")).get("provisioner")
+    except (ValueError, AttributeError):
+        chosen = None
+    if isinstance(chosen, dict) and len(json.dumps(chosen)) <= 1024:
+        ref["provisioner"] = chosen
     return _result(got, stage, json.dumps(ref, sort_keys=True))
 
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def scenario(cluster: str, median_s: float = 0.3, **changes: Any) -> Any:
+    """The bundled scenario, renamed so parallel tests never share nodes, with fast boots."""
     data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
     data["cluster"] = cluster
     for i, p in enumerate(data["pools"]):

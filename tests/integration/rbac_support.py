@@ -29,6 +29,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu import install
+from kfp_gpu.devcluster.controller import token_kubeconfig
 from kfp_gpu.gang import api as gang
 from tests.waiting import wait_until
 
@@ -231,14 +232,7 @@ def identity(admin: client.ApiClient, namespace: str, sa: str, tmp: Path, ttl_s:
     cfg.api_key = {"authorization": token}
     cfg.api_key_prefix = {"authorization": "Bearer"}
     cfg.connection_pool_maxsize = 64
-    kubeconfig = tmp / f"kubeconfig-{namespace}-{sa}"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "kfp-gpu", "cluster": {"server": src.host, "certificate-authority": src.ssl_ca_cert}}],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "kfp-gpu", "user": sa, "namespace": namespace}}],
-    }))
-    kubeconfig.chmod(0o600)
+    kubeconfig = token_kubeconfig(admin, namespace, sa, token, tmp / f"kubeconfig-{namespace}-{sa}")
     return Identity(namespace, sa, RecordingApiClient(cfg), kubeconfig)
 
 

@@ -25,10 +25,10 @@ from kfp_gpu.cluster.nodes import run_toleration
 from kfp_gpu.errors import CapacityUnavailable, ProvisioningTimeout
 from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target, WarmPool
 from kfp_gpu.steps import janitor, scale_up, teardown, warm_pool
+from tests.integration.controller_support import scenario
 from tests.integration.rbac_support import Identity
 from tests.waiting import wait_until
 
@@ -84,16 +84,7 @@ class Env:
                              f"{len(self.nodes(f'cloud.google.com/gke-nodepool={pool}'))} != {size}")
 
 
-def _scenario(cluster: str, median_s: float = 0.3, **changes):
-    """The bundled scenario, renamed so parallel tests never share nodes, with fast boots."""
-    import yaml
-
-    data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
-    data["cluster"] = cluster
-    for i, p in enumerate(data["pools"]):
-        p["boot"] = {"dist": "lognormal", "median_s": median_s, "sigma": 0.3, "seed": i}
-    data.update(changes)
-    return scenario_mod.from_dict(data)
+_scenario = scenario  # the bundled scenario, renamed per test, fast boots (controller_support.scenario)
 
 
 @pytest.fixture

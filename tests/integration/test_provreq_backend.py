@@ -130,7 +130,7 @@ def test_the_step_account_detects_the_autoscaler_with_the_optional_status_rule(k
     spec = _spec(namespace, 1, provisioner="auto", pools=("ca-a100-a",))
     before = detect(spec, step_api, None)  # the base RBAC: asked first, not read, so not detected
     assert before.name == "node-pool", before
-    objs = [d for d in yaml.safe_load_all((ROOT / "deploy/rbac-autoscaler-status.yaml").read_text()) if d]
+    objs = [d for d in yaml.safe_load_all((ROOT / "kfp_gpu/manifests/optional/autoscaler-status.yaml").read_text()) if d]
     rbac = client.RbacAuthorizationV1Api(kube.api)
     role, binding = objs
     for o in objs:  # a copy of this test's own, bound to its stand-in of the controller's identity

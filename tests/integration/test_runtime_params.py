@@ -22,7 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "tests/integration/pipelines/runtime_params_pipeline.py"
 
 
+def _let_user_steps_read_jobs(kube, namespace: str) -> None:
+    """The pipeline's own record_job step lists the namespace's PyTorchJobs. Every step of a run, the user's
+    included, runs as the namespace's ``kfp-gpu`` ServiceAccount, whose kfp-gpu Role grants gpugangs only: the
+    user grants what their own steps need, as this does."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "read-jobs"}, "rules": [
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["list"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "read-jobs"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-jobs"},
+        "subjects": [{"kind": "ServiceAccount", "name": "kfp-gpu", "namespace": namespace}]})
+
+
 def _run(kube, namespace: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    _let_user_steps_read_jobs(kube, namespace)
     cluster = f"rt{uuid.uuid4().hex[:6]}"
     scenario = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
     scenario["cluster"] = cluster

@@ -1,0 +1,75 @@
+"""The bench's ours path through the GpuGang: its pure parts (no cluster, no timing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import ours, report
+from bench.overhead import _inside
+from bench.run import _only, main
+
+
+def test_only_names_scenarios_and_a_partial_run_needs_its_own_file() -> None:
+    assert _only("control-plane") == ("control_plane",)
+    assert _only("burst, recovery") == ("burst", "recovery")
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        _only("nope")
+    with pytest.raises(SystemExit):  # never latest.json / quick.json / the doc
+        main(["--full", "--only", "control-plane"])
+
+
+def test_a_stage_is_split_into_dispatch_work_and_answer_by_the_controllers_events() -> None:
+    events = [(100.30, "PolicyAdmitted", ""), (100.40, "PreflightStarted", ""), (101.40, "Preflighted", ""),
+              (101.70, "WarmPoolStarted", ""), (102.00, "WarmPoolHeld", ""), (110.0, "JobStarted", "")]
+    got = ours.stage_profile(events, {"preflight": 100.0, "warm_pool": 101.5, "train": 109.9},
+                             {"preflight": 101.6, "warm_pool": 102.3})
+    assert got == pytest.approx({"preflight_dispatch": 0.4, "preflight_work": 1.0, "preflight_answer": 0.2,
+                                 "warm_pool_dispatch": 0.2, "warm_pool_work": 0.3, "warm_pool_answer": 0.3,
+                                 "train_dispatch": 0.1})
+
+
+def test_the_work_units_own_time_is_read_from_the_gangs_results_and_the_train_timeline() -> None:
+    gang = {"status": {"results": {"Preflighted": {"metrics": {"preflight_seconds": 0.25}},
+                                   "Provisioned": {"metrics": {"scale_up_seconds": 1.5}}}}}
+    tl = {"events": [{"kind": "job-created", "t": 50.75}, {"kind": "job-running", "t": 51.5},
+                     {"kind": "job-created", "t": 60.0}, {"kind": "old", "t": 10.0}]}
+    got = _inside(gang, {"preflight_work": 0.5, "scale_up_work": 2.0}, json.dumps({"timeline": json.dumps(tl)}), 50.0)
+    assert got == pytest.approx({"preflight_fn": 0.25, "preflight_unit": 0.25, "scale_up_fn": 1.5,
+                                 "scale_up_unit": 0.5, "train_job-created": 0.75, "train_job-running": 1.5})
+
+
+def _cp(above: float, gpus: int = 512) -> dict:
+    st = {k: {"median": v, "min": v, "max": v, "n": 3} for k, v in
+          (("total", 2.5), ("preflight", 0.2), ("warm_pool", 0.8), ("scale_up", 1.2), ("job_launch", 0.3),
+           ("world_nodes_ready", 2.5 - above), ("above_world", above))}
+    ps = {"scale_up_dispatch": {"median": 0.15, "min": 0.1, "max": 0.2, "n": 3}}
+    return {str(gpus): {"gpus": gpus, "nodes": gpus // 8, "samples": {}, "stats": st, "profile_stats": ps}}
+
+
+def _out(cp: dict) -> dict:
+    return {"schema": 2, "mode": "full", "sides": [], "repeats": 1, "git": {"commit": "0" * 40, "dirty": False},
+            "machine": {"cpus": 2}, "world": {}, "control_plane": cp, "controller": {"namespace": "x"}}
+
+
+def test_above_world_is_a_target_with_its_profile_and_a_column() -> None:
+    t = {x["name"]: x for x in report.targets(_out(_cp(0.7)))}
+    miss = t["control_plane_512_above_world"]
+    assert miss["met"] is False and miss["value"] == "0.70 s"
+    assert "world_nodes_ready 1.80 s" in miss["profile"] and "scale_up_dispatch 0.15 s" in miss["profile"]
+    assert "control_plane_4096_above_world" not in t  # not measured: no row
+    assert {x["name"]: x for x in report.targets(_out(_cp(0.4)))}["control_plane_512_above_world"]["met"] is True
+    doc = report.render(_out(_cp(0.7)))
+    assert "| job launch | world: last node Ready | above world |" in doc and "| 0.70 (0.70-0.70) |" in doc
+    assert "`kfp_gpu.gang.client.request` calls with the tenant's `kfp-gpu` token" in doc
+
+
+def test_a_run_from_before_the_gang_path_renders_as_it_was() -> None:
+    out = _out(_cp(0.7))
+    del out["controller"]
+    for st in out["control_plane"].values():
+        del st["stats"]["above_world"]
+    doc = report.render(out)
+    assert "above world" not in doc and "`kfp_gpu.steps.scale_up.run` (provisioner `node-pool`)" in doc
+    assert not [x for x in report.targets(out) if x["name"].endswith("_above_world")]
