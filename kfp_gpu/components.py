@@ -2,12 +2,14 @@
 
 Each is a thin lightweight Python component: it imports kfp_gpu inside the function body (so it runs
 under kfp.local's SubprocessRunner and in the component image), parses its inputs, and hands over to
-:func:`kfp_gpu.steps.entry.run_component`, which calls the plain step function, writes the HTML report
-and the metrics, and maps errors to exit codes. All logic lives in ``kfp_gpu.steps``.
+:func:`kfp_gpu.steps.entry.run_component`, which writes the step's intent into the run's GpuGang (namespaced
+rights only: :mod:`kfp_gpu.gang.client`), waits for the kfp-gpu controller's answer, writes the report and the
+metrics, and maps errors to exit codes. The privileged work (the step functions of ``kfp_gpu.steps``) runs in
+the controller.
 
-Data flow: every step returns a JSON string (its ledger/result) that the next step consumes; the
-teardown exit task takes only constants, pipeline parameters and the run id and finds everything by
-ownership label.
+Data flow: every step returns a small JSON reference to the run's GpuGang (the train step: the job's scalar
+results); what a stage produced stays in the gang's status for the controller. The teardown exit task takes only
+constants, pipeline parameters and the run id, and finds the gang by the run id.
 
 Run-time inputs: a pipeline built with ``@kfp_gpu.provisioned(spec, runtime=(...))`` gives every task extra
 inputs ``spec__<field>``, and a ``train()`` with pipeline parameters or task outputs in its job fields gives
@@ -33,8 +35,8 @@ def quota_preflight(
 ) -> str:
     """Check cloud quota amounts and cluster headroom for the whole gang, in parallel.
 
-    Fails in seconds with the remediation and quota-request lead time when the run cannot fit.
-    Returns the ranked placements as JSON.
+    Fails in seconds with the remediation and quota-request lead time when the run cannot fit (or when the
+    namespace's GpuPolicy refuses it). Creates the run's GpuGang; returns a reference to it and the backend chosen.
     """
     from kfp_gpu.steps.entry import run_component
 
@@ -104,7 +106,8 @@ def teardown(
     report: Output[HTML],
     metrics: Output[Metrics],
 ) -> str:
-    """Exit handler: delete everything labelled with this run id, restore pool sizes, write the cost report."""
+    """Exit handler: release the run's GpuGang (everything the run holds, pool sizes restored), write the cost
+    report, delete the gang."""
     from kfp_gpu.steps.entry import run_component
 
     return run_component("teardown", spec_json, run_id, "", report=report, metrics=metrics)
