@@ -214,6 +214,15 @@ class _Child:
             self.p.wait(10)
 
 
+# ours goes through the GpuGang: the controller's work units build their own client for the spec's target
+OURS_KARPENTER_NOT_RUN = (
+    "ours through the GpuGang cannot serve the Karpenter profile on the dev cluster: the controller's work unit builds "
+    "its client from the spec's target, and an EKS target (cluster kfp-gpu-karpenter) is refused there "
+    "(WrongCluster: kfp_gpu.cluster.identity finds the local dev cluster), while a local target cannot name "
+    "Karpenter's us-east-1 zones (target.region must look like 'us-central1')")
+CANARY_TOLERATES = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "nvidia.com/gpu")
+
+
 class Canary:
     """A GPU-less KWOK node of the bench's own and a pod bound to it: :meth:`ping` is True once KWOK has turned a
     fresh pod Running (on this 2-core machine KWOK's pod pipeline was seen to stall for minutes after a large gang
@@ -240,7 +249,9 @@ class Canary:
             self.core.create_namespaced_pod(self.ns, {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"kfp-gpu.io/bench": "canary"}},
                 "spec": {"nodeName": self.NAME, "terminationGracePeriodSeconds": 0,
-                         "tolerations": [{"operator": "Exists"}],
+                         # keyed: the bench namespace is a kfp-gpu tenant, whose admission policy refuses a pod
+                         # tolerating every taint (the canary node itself has none)
+                         "tolerations": [{"key": k, "operator": "Exists"} for k in CANARY_TOLERATES],
                          "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "infinity"]}]}})
             try:
                 until = min(end, time.time() + 60.0)  # a pod KWOK never picked up is replaced after a minute
@@ -262,11 +273,14 @@ class Canary:
 
 class Harness:
     def __init__(self, namespace: str, *, after_cap_s: float, defer_cleanup: bool = False,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, step_kubeconfig: str = "") -> None:
         """``defer_cleanup``: wait for the controllers' scale-down of one side-run while the next runs, and for all
         of them in :meth:`finish` (--quick; the full run waits after each side-run, so none overlaps a measurement).
+        ``step_kubeconfig``: the tenant step identity's kubeconfig (bench/ours.py), handed to ours' side processes:
+        they call the steps through the run's GpuGang with it, and the bench's kfp-gpu controller does the work.
         """
         self.ns, self.after_cap_s, self.log = namespace, after_cap_s, log
+        self.step_kubeconfig = step_kubeconfig
         self.defer_cleanup = defer_cleanup
         self.pending: list[tuple[str, Callable[[], bool], float, Callable[[], None]]] = []
         self.api = new_api()
@@ -335,6 +349,8 @@ class Harness:
 
             if provreq.autoscaler_node_groups(self.api) is None:
                 return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
+        if side == "ours_karpenter" and self.step_kubeconfig:
+            return OURS_KARPENTER_NOT_RUN
         if side in ("karpenter", "ours_karpenter"):
             try:
                 client.CustomObjectsApi(self.api).get_cluster_custom_object(
@@ -357,6 +373,8 @@ class Harness:
         # ours gets the peers' budget for the gang, less 10 s so its own TIMEOUT arrives before the harness gives up
         args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag,
                                 "deadline_s": gang_timeout(n) - 10.0}
+        if side.startswith("ours_"):
+            args["step_kubeconfig"] = self.step_kubeconfig
         sim: StandIn | None = None
         selector: Callable[[NodeRec], bool] = lambda rec: False  # noqa: E731
         if side in STANDIN_SIDES:

@@ -9,8 +9,14 @@ external watch times everything; nothing the child measures is used as a time.
 Sides: ``naive`` (one setSize(N), poll Nodes every 10 s world time), ``sequential`` (setSize(i), wait for node i),
 ``cluster_autoscaler`` (N pending pods for the bench's cluster-autoscaler node group), ``cluster_autoscaler_provreq``
 (PodTemplate + atomic ProvisioningRequest served by the dev cluster's CA profile, then consuming pods),
-``karpenter`` (a NodePool + N pending pods for Karpenter's kwok provider), ``ours_<backend>`` (the burst_scale_up
-step, :func:`kfp_gpu.steps.scale_up.run`, then the gang pinned to the nodes it returns; teardown step after).
+``karpenter`` (a NodePool + N pending pods for Karpenter's kwok provider), ``ours_<backend>``: the product as a
+pipeline runs it (bench/ours.py): the steps are :func:`kfp_gpu.gang.client.request` calls with the tenant's
+``kfp-gpu`` token (``step_kubeconfig``) and the bench's kfp-gpu controller does the work. Before ``READY`` (as the
+pipeline's earlier steps): preflight (creates the run's GpuGang) and warm_pool (disabled: no warm pool); on ``go``
+the burst_scale_up step (raise the gang to Provisioned and wait), then the gang pinned to the nodes the controller
+recorded (``status.outputs.scale_up``, read as admin); on ``release`` the teardown step (release, gang deleted).
+``kube_requests`` of ours counts the step's own requests (the gang writes and watch) and the bench's pod writes,
+not the controller's.
 """
 
 from __future__ import annotations
@@ -60,6 +66,8 @@ class Side:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.extra: dict[str, Any] = {}
+        self.steps: client.ApiClient | None = None  # ours: the tenant step identity (bench/ours.py)
+        self.step_counter: RequestCounter | None = None
 
     # ---- shared ----------------------------------------------------------------------------------
     def gang(self, pods: list[dict[str, Any]]) -> None:
@@ -179,6 +187,27 @@ class Side:
                    for i in range(self.n)])
 
     # ---- ours ------------------------------------------------------------------------------------
+    def requests(self) -> int:
+        return self.counter.count + (self.step_counter.count if self.step_counter is not None else 0)
+
+    def reset_requests(self) -> None:
+        self.counter.reset()
+        if self.step_counter is not None:
+            self.step_counter.reset()
+
+    def ours_setup(self) -> None:
+        """The pipeline's steps before the scale-up (not timed): preflight creates the run's GpuGang (the
+        controller admits it and runs the checks), warm_pool holds nothing (no warm pool asked)."""
+        from bench import ours
+
+        self.spec = self.ours_spec()
+        self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        print(f"RUN {self.run_id}", flush=True)  # the harness tears this run down if this process dies mid-step
+        self.steps = ours.step_api(self.a["step_kubeconfig"])
+        self.step_counter = RequestCounter(self.steps)
+        ours.request("preflight", self.spec, self.run_id, self.steps)
+        ours.request("warm_pool", self.spec, self.run_id, self.steps)
+
     def ours_spec(self) -> Any:
         from kfp_gpu.devcluster import ca_profile
         from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
@@ -207,43 +236,34 @@ class Side:
         raise ValueError(f"unknown backend {backend!r}")
 
     def go_ours(self) -> None:
-        from kfp_gpu.steps import scale_up
-        from kfp_gpu.steps.capacity import Capacity
+        from bench import ours
 
-        self.spec = self.ours_spec()
-        self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
-        print(f"RUN {self.run_id}", flush=True)  # the harness tears this run down if this process dies mid-step
-        calls = _log_cloud_calls()
-        res = scale_up.run(self.spec, self.run_id, "", api=self.api)
-        self.extra["cloud_calls_abs"] = calls[:16]
-        cap = Capacity.from_json(res.output_json)
-        self.extra["profile_abs"] = _profile(cap.timeline_json, time.time())
+        assert self.steps is not None
+        ours.request("scale_up", self.spec, self.run_id, self.steps)
+        returned = time.time()
+        cap = ours.capacity_of(self.api, self.ns, self.run_id)  # the gang's status, as admin
+        self.extra["profile_abs"] = {**_profile(cap.timeline_json, returned),
+                                     **_controller_profile(self.api, self.ns, self.run_id)}
         self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(cap.nodes)])
 
     def release_ours(self) -> None:
-        from kfp_gpu.steps import teardown
+        from bench import ours
 
+        assert self.steps is not None
         self.delete_gang()
-        teardown.run(self.spec, self.run_id, "", api=self.api)
+        ours.request("teardown", self.spec, self.run_id, self.steps)
 
 
-def _log_cloud_calls() -> list[list[Any]]:
-    """Record (start, end, "METHOD route") of the cloud SDK's HTTP calls in this process (a profile only)."""
-    import requests
+def _controller_profile(admin: client.ApiClient, namespace: str, run_id: str) -> dict[str, float]:
+    """When the controller started the scale-up's work unit and recorded its outcome (its Events; absolute)."""
+    from bench import ours
 
-    calls: list[list[Any]] = []
-    orig = requests.Session.request
-
-    def logged(self: Any, method: str, url: str, *a: Any, **k: Any) -> Any:
-        t = time.time()
-        try:
-            return orig(self, method, url, *a, **k)
-        finally:
-            route = url.split("?")[0].rsplit("/", 2)
-            calls.append([t, time.time(), f"{method} .../{route[-2]}/{route[-1]}"])
-
-    requests.Session.request = logged  # type: ignore[method-assign]
-    return calls
+    out: dict[str, float] = {}
+    for t, reason, _ in ours.gang_events(admin, namespace, run_id):
+        key = {"ScaleUpStarted": "controller_scale_up_started", "Provisioned": "controller_provisioned"}.get(reason)
+        if key:
+            out.setdefault(key, t)
+    return out
 
 
 def _profile(timeline_json: str, returned: float) -> dict[str, float]:
@@ -263,19 +283,23 @@ def _profile(timeline_json: str, returned: float) -> dict[str, float]:
 def _warm_imports(side: str) -> None:
     """Imports a step process pays before its work (not part of the measured request-to-gang time)."""
     if side.startswith("ours_"):
-        import google.cloud.compute_v1  # noqa: F401
-        import google.cloud.container_v1  # noqa: F401
-
-        import kfp_gpu.provisioners  # noqa: F401
-        from kfp_gpu.steps import scale_up, teardown  # noqa: F401
+        import kfp_gpu.gang.client  # noqa: F401
+        from kfp_gpu.steps.capacity import Capacity  # noqa: F401
+        from kfp_gpu.timeline import Timeline  # noqa: F401
 
 
 def release_only(a: dict[str, Any]) -> int:
-    """``--release '<args + run_id>'``: ours' teardown step for a run whose side process was killed mid-step."""
-    from kfp_gpu.steps import teardown
+    """``--release '<args + run_id>'``: ours' teardown step for a run whose side process was killed mid-step
+    (through the gang, as the pipeline's exit handler would; a gang the controller already released on its
+    owner's exit is a no-op)."""
+    from bench import ours
 
     s = Side(a)
-    teardown.run(s.ours_spec(), str(a["run_id"]), "", api=s.api)
+    steps = ours.step_api(a["step_kubeconfig"])
+    try:
+        ours.request("teardown", s.ours_spec(), str(a["run_id"]), steps)
+    finally:
+        steps.close()
     return 0
 
 
@@ -286,6 +310,12 @@ def main(argv: list[str]) -> int:
     side_name = str(a["side"])
     _warm_imports(side_name)
     s = Side(a)
+    if side_name.startswith("ours_"):
+        try:
+            s.ours_setup()
+        except Exception as exc:  # noqa: BLE001 - reported to the harness (it waits for READY)
+            print("FAILED " + json.dumps(f"setup: {type(exc).__name__}: {exc}"[:800]), flush=True)
+            return 1
     go = getattr(s, "go_ours" if side_name.startswith("ours_") else f"go_{side_name}")
     release = {"naive": s.release_pool, "sequential": s.release_pool, "cluster_autoscaler": s.delete_gang,
                "cluster_autoscaler_provreq": s.release_cluster_autoscaler_provreq,
@@ -293,7 +323,7 @@ def main(argv: list[str]) -> int:
     print("READY", flush=True)
     err = ""
     if sys.stdin.readline().strip() == "go":
-        s.counter.reset()
+        s.reset_requests()
         try:
             go()
             print("GANG", flush=True)
@@ -301,16 +331,18 @@ def main(argv: list[str]) -> int:
             err = f"{type(exc).__name__}: {exc}"[:800]
             print("FAILED " + json.dumps(err), flush=True)
         sys.stdin.readline()  # release
-        kube_at_gang = s.counter.count
+        kube_at_gang = s.requests()
         try:
             release()
         except Exception as exc:  # noqa: BLE001
             err = err or f"release: {type(exc).__name__}: {exc}"[:800]
-        s.extra["kube_requests_release"] = s.counter.count - kube_at_gang
+        s.extra["kube_requests_release"] = s.requests() - kube_at_gang
         s.extra["kube_requests"] = kube_at_gang
     print("RESULT " + json.dumps({"error": err, "peak_rss_mib": round(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1), **s.extra}), flush=True)
     s.api.close()
+    if s.steps is not None:
+        s.steps.close()
     return 0
 
 

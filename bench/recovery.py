@@ -10,8 +10,12 @@ from the same scenario (one spot A100 pool, **fixed** boot latency ``BOOT_S`` fo
   and the node running ``worker-1`` is preempted with ``SimServer.preempt`` (taint + evict + delete, as GCE
   reclaims a spot VM); ``t0`` is the moment of that call.
 
-``ours``: ``kfp_gpu.steps.train.run`` in a thread on capacity from ``scale_up.run``, with the node-pool
-provisioner's replacement (default) against the stand-in. ``training_operator``: the same PyTorchJob pods
+``ours``: the product as a pipeline runs it (bench/ours.py): the scale_up and train steps are
+:func:`kfp_gpu.gang.client.request` calls with the tenant's ``kfp-gpu`` token; the bench's kfp-gpu controller
+provisions the gang and runs and supervises the job in its work unit (``kfp_gpu.steps.train.run``, the node-pool
+provisioner's replacement against the stand-in); the train request runs in a thread until the job ends and returns
+the train step's own output (ledger, timeline), which the measurement reads as before; teardown is
+``request("teardown")``. ``training_operator``: the same PyTorchJob pods
 (``pytorchjob.manifest``, not pinned to node names) with ``restartPolicy: OnFailure`` and no kfp-gpu
 supervision; the bench plays an instantly-reacting autoscaler: when it sees the operator's replacement pod it
 calls setSize(+1) on the stand-in, so the replacement node gets the same injected boot latency.
@@ -298,15 +302,14 @@ def _boot_of(api: client.ApiClient, node: str) -> float:
 
 # ---- ours ----------------------------------------------------------------------------------------
 
-def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
+def run_ours(repeat: int, namespace: str, p: Params, k: int = 1, step_kubeconfig: str | Path = "") -> Sample:
+    from bench import ours
     from kfp_gpu.job import JobTemplate
-    from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target, TargetKind
-    from kfp_gpu.steps import scale_up, teardown, train
-    from kfp_gpu.steps.capacity import Capacity
 
     sim, cluster = _start_sim()
-    api = new_api()
+    api = new_api()  # admin: the bench's watches and reads
+    steps = ours.step_api(step_kubeconfig)  # the tenant step identity: what the pipeline's steps have
     sel = f"kfp-gpu.io/sim-cluster={cluster}"
     tmp = tempfile.TemporaryDirectory(prefix="bench-rec-")
     spec = ProvisioningSpec(ACCEL, N, gpus_per_node=GPUS, capacity=CapacityType.SPOT, target=Target(
@@ -314,7 +317,6 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
         pools=(POOL,), provisioner="node-pool"),
         zones=(ZONE,), scale_up_deadline_s=60.0, checkpoint_uri=str(Path(tmp.name) / "ckpt"),
         recovery=Recovery(max_preemptions=2))
-    provider = GkeProvider.from_target(spec.target)
     run_id = uid("brec-")
     template = JobTemplate(name="bench", image="busybox", command=("true",), checkpoint_every=K,
                            annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{p.sim_duration_s:g}s"})
@@ -323,15 +325,18 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
     trainer: Trainer | None = None
     result: dict[str, Any] = {}
 
+    train_api = ours.step_api(step_kubeconfig)
+
     def step() -> None:
         try:
-            result["res"] = train.run(spec, run_id, cap.to_json(), job_json=template.to_json(), api=api,
-                                      placement_timeout_s=p.timeout_s, cleanup_timeout_s=60.0)
+            result["res"] = ours.request("train", spec, run_id, train_api, job_json=template.to_json(),
+                                         dataset_uri="", queue_timeout_s=p.timeout_s)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the bench thread
             result["err"] = exc
 
     try:
-        cap = Capacity.from_json(scale_up.run(spec, run_id, "", api=api, provider=provider).output_json)
+        ours.request("scale_up", spec, run_id, steps)  # preflight and warm pool (none) run first, in the controller
+        cap = ours.capacity_of(api, namespace, run_id)
         th = threading.Thread(target=step, daemon=True, name="bench-train-step")
         th.start()
         trainer = Trainer(pods, spec.checkpoint_uri, p.rate).start()
@@ -350,7 +355,7 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
             raise RuntimeError("train step still running after the resumed attempt")
         if "err" in result:
             raise result["err"]
-        out = json.loads(result["res"].output_json)
+        out = ours.job_output(api, namespace, run_id, template.name)
         pre = out["ledger"]["preemptions"][0]
         resume_step = int(out["ledger"]["preemptions"][-1]["checkpoint_step"])
         phases = _ours_phases(out, pre, t0)
@@ -366,13 +371,15 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
             trainer.stop()
         pods.stop()
         try:
-            teardown.run(spec, run_id, "", api=api, provider=provider)
+            ours.request("teardown", spec, run_id, steps)
         except Exception:  # noqa: BLE001 - best-effort; nodes are deleted below anyway
             pass
         sim.stop()
         delete_nodes(api, sel)
         ledger_cleanup(api, namespace, run_id)
         api.close()
+        steps.close()
+        train_api.close()
         tmp.cleanup()
 
 
@@ -405,12 +412,13 @@ def ledger_cleanup(api: client.ApiClient, namespace: str, run_id: str) -> None:
 
 # ---- plain Training Operator ---------------------------------------------------------------------
 
-def baseline_manifest(name: str, nodes: list[str], p: Params) -> dict[str, Any]:
+def baseline_manifest(name: str, nodes: list[str], p: Params, namespace: str) -> dict[str, Any]:
     """Our job's pods (same image, resources, pool selector, tolerations), but the operator restarts them."""
     from kfp_gpu.job import JobTemplate
     from kfp_gpu.steps.capacity import Capacity, Placement
 
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), GPUS, accelerators.get(ACCEL).gke_label, spot=True)
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), GPUS, accelerators.get(ACCEL).gke_label, spot=True,
+                   namespace=namespace)
     # long enough that no survivor completes before the replacement is Running (the bench deletes the job)
     template = JobTemplate(name="bench", image="busybox", command=("true",), checkpoint_every=K,
                            annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{max(60.0, p.timeout_s):g}s"})
@@ -450,7 +458,7 @@ def run_baseline(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
         with rw.cond:
             nodes = sorted(rw.ready)
         custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                               baseline_manifest(name, nodes, p))
+                                               baseline_manifest(name, nodes, p, namespace))
         trainer = Trainer(pods, str(Path(tmp.name) / "ckpt"), p.rate).start()
         progress = trainer.run_to(2 * K + offset_for(repeat), p.timeout_s)
         latest = trainer.latest_checkpoint()
@@ -486,9 +494,12 @@ def run_baseline(repeat: int, namespace: str, p: Params, k: int = 1) -> Sample:
 
 # ---- the scenario --------------------------------------------------------------------------------
 
-def run(repeats: int, namespace: str, log: Any = print, quick: bool = False, k: int = 1) -> dict[str, Result]:
+def run(repeats: int, namespace: str, step_kubeconfig: str | Path, log: Any = print, quick: bool = False,
+        k: int = 1) -> dict[str, Result]:
     """``k`` = 1: one preemption; 2: two overlapping ones (the second :data:`OVERLAP_S` after the first, inside its
-    notice). Repeats are interleaved across the two sides. Result names get a ``_<k>x`` suffix for k > 1."""
+    notice). Repeats are interleaved across the two sides. Result names get a ``_<k>x`` suffix for k > 1.
+    ``step_kubeconfig``: the tenant step identity (bench/ours.py) ours' steps use; the bench's controller serves
+    ``namespace``."""
     p = QUICK_PARAMS if quick else FULL_PARAMS
     what = "1 spot preemption" if k == 1 else f"{k} overlapping spot preemptions ({OVERLAP_S:g} s apart)"
     title = (f"Recovery from {what} in a {N}x{GPUS}-GPU gang (fixed {BOOT_REAL_S:g} s real-world boot, "
@@ -501,7 +512,8 @@ def run(repeats: int, namespace: str, log: Any = print, quick: bool = False, k: 
     lost.extra["checkpoint_every"] = K
     failed: set[str] = set()
     for rep in range(repeats):  # interleaved: ours r0, operator r0, ours r1, ...
-        for side, fn in (("ours", run_ours), (BASELINE, run_baseline)):
+        for side, fn in (("ours", lambda *a: run_ours(*a, step_kubeconfig=step_kubeconfig)),
+                         (BASELINE, run_baseline)):
             if side in failed:
                 continue
             try:

@@ -5,6 +5,16 @@
 
 Writes ``bench/results/quick.json`` / ``latest.json`` (with the git commit and dirty flag) and regenerates
 ``docs/benchmarks.md`` from the JSON (bench/report.py; --quick never touches the doc: the doc is the full run's).
+
+Ours runs as the product does (bench/ours.py): the bench namespace is made a tenant and one kfp-gpu controller
+(``kfp-gpu controller --standalone``, its own process under its ServiceAccount token) serves it for the whole run;
+every ours side calls the steps through the run's GpuGang with the tenant's token. The peers are not ours and run
+as they are.
+
+Development runs (``--out`` required, so a partial run never becomes latest.json/quick.json or the doc)::
+
+    python -m bench.run --full --only control-plane --control-plane-gpus 512,4096 --repeats 3 \
+        --out bench/results/control_plane.json
 """
 
 from __future__ import annotations
@@ -110,10 +120,22 @@ def run_stockout(h: Any, mode: Mode, log: Callable[[str], None]) -> dict[str, An
                         "others": "not built this session (peers with their own zone failover: Karpenter)"}}
 
 
-def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
+def _only(text: str) -> tuple[str, ...]:
+    """``--only`` as scenario keys (``control-plane`` -> ``control_plane``). Raises: ValueError."""
+    keys = tuple(x.strip().replace("-", "_") for x in text.split(",") if x.strip())
+    bad = [k for k in keys if k not in SCENARIOS]
+    if bad:
+        raise ValueError(f"unknown scenario {bad[0]!r}; one of {', '.join(SCENARIOS)}")
+    return keys
+
+
+def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = (),
+        command: str = "") -> dict[str, Any]:
+    """Every scenario of ``mode`` (``only``: just these, by :data:`SCENARIOS` key)."""
     from kubernetes import client
 
     from bench import burst, critical_path, overhead, preflight_bench
+    from bench.ours import Product
 
     started = time.time()
     ns = uid("kfp-gpu-bench-")
@@ -122,16 +144,33 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
     core.create_namespace({"metadata": {"name": ns, "labels": {"kfp-gpu.io/bench": "true"}}})
     out: dict[str, Any] = {"schema": 2, "mode": mode.name, "git": git_state(ROOT),
                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                           "command": f"python -m bench.run --{mode.name}", "world": description(),
+                           "command": command or f"python -m bench.run --{mode.name}", "world": description(),
                            "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
                                        "platform": platform.platform(), "load_avg_start": list(os.getloadavg())},
                            "scenarios_defined": SCENARIOS, "sides": list(mode.sides), "repeats": mode.repeats,
                            "gang_running": "simultaneous"}  # bench/observe.py Observer.gang_running_at
-    h = burst.Harness(ns, after_cap_s=mode.after_cap_s, defer_cleanup=mode.name == "quick", log=log)
+    if only:
+        out["only"] = list(only)
+    wanted = lambda key: not only or key in only  # noqa: E731
+    product = Product(api, ns, log=log)
+    try:
+        product.start()  # the tenant and its controller, before any side runs
+    except BaseException:
+        product.stop()
+        core.delete_namespace(ns)
+        raise
+    out["controller"] = product.describe()
+    assert product.step_kubeconfig is not None
+    step_kc = product.step_kubeconfig
+    h = burst.Harness(ns, after_cap_s=mode.after_cap_s, defer_cleanup=mode.name == "quick", log=log,
+                      step_kubeconfig=str(step_kc))
     ca = threading.Thread(target=h.start_ca, daemon=True)
-    ca.start()  # the bench's cluster-autoscaler comes up while the first sides run
+    if wanted("burst"):
+        ca.start()  # the bench's cluster-autoscaler comes up while the first sides run
 
     def stage(name: str, fn: Callable[[], Any]) -> None:
+        if not wanted(name.removesuffix("_overlap")):
+            return
         t = time.time()
         log(f"[bench] {name} ...")
         try:
@@ -142,10 +181,12 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
         log(f"[bench] {name} done in {time.time() - t:.1f}s")
 
     try:
-        ca.join(120.0)
+        if ca.is_alive():
+            ca.join(120.0)
         stage("burst", lambda: run_burst(h, mode, log))
         stage("stockout", lambda: run_stockout(h, mode, log))
-        stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, log=log, obs=h.obs)
+        stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, step_kc, log=log,
+                                                             obs=h.obs)
                                         for g in mode.control_plane_gpus})
         stage("preflight", lambda: preflight_bench.run(mode.preflight_repeats, log=log,
                                                      sequential=mode.name == "full").to_json())
@@ -153,10 +194,11 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
             from bench import recovery
 
             stage("recovery", lambda: {k: v.to_json() for k, v in
-                                       recovery.run(mode.recovery_repeats, ns, log=log).items()})
+                                       recovery.run(mode.recovery_repeats, ns, step_kc, log=log).items()})
             stage("recovery_overlap", lambda: {k: v.to_json() for k, v in
-                                               recovery.run(mode.recovery_repeats, ns, log=log, k=2).items()})
-        else:
+                                               recovery.run(mode.recovery_repeats, ns, step_kc, log=log,
+                                                            k=2).items()})
+        elif wanted("recovery"):
             for key in ("recovery", "recovery_overlap"):
                 out[key] = {"not_run": "not run in --quick (about a minute per repeat); make bench runs it"}
         stage("critical_path", critical_path.dag_property)
@@ -164,6 +206,9 @@ def run(mode: Mode, log: Callable[[str], None] = print) -> dict[str, Any]:
         t = time.time()
         out["cleanup_forced"] = h.finish()
         h.close()
+        gangs_forced = product.stop()
+        if gangs_forced:
+            out["cleanup_forced"] = [*out["cleanup_forced"], *(f"GpuGang {g}" for g in gangs_forced)]
         core.delete_namespace(ns)
         api.close()
         log(f"[bench] cleanup done in {time.time() - t:.1f}s (forced: {out['cleanup_forced'] or 'nothing'})")
@@ -186,10 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", default="", help="comma list of N (development)")
     ap.add_argument("--repeats", type=int, default=0, help="override the mode's repeats (development)")
     ap.add_argument("--control-plane-gpus", default="", help="comma list of GPU counts (development)")
+    ap.add_argument("--only", default="", help="comma list of scenarios to run, e.g. control-plane "
+                    f"(development; one of {', '.join(k.replace('_', '-') for k in SCENARIOS)})")
     args = ap.parse_args(argv)
-    if (args.sides or args.n or args.repeats or args.control_plane_gpus) and args.out is None:
-        ap.error("--sides/--n/--repeats/--control-plane-gpus are for development: give --out too, so a partial "
-                 "run never becomes latest.json/quick.json or the doc")
+    if (args.sides or args.n or args.repeats or args.control_plane_gpus or args.only) and args.out is None:
+        ap.error("--sides/--n/--repeats/--control-plane-gpus/--only are for development: give --out too, so a "
+                 "partial run never becomes latest.json/quick.json or the doc")
+    try:
+        only = _only(args.only)
+    except ValueError as exc:
+        ap.error(f"--only: {exc}")
     mode = _modes()["quick" if args.quick else "full"]
     if args.sides:
         mode = Mode(**{**mode.__dict__, "sides": tuple(args.sides.split(","))})
@@ -200,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                        "recovery_repeats": min(mode.recovery_repeats, args.repeats)})
     if args.control_plane_gpus:
         mode = Mode(**{**mode.__dict__, "control_plane_gpus": tuple(int(x) for x in args.control_plane_gpus.split(","))})
-    out = run(mode)
+    out = run(mode, only=only, command=" ".join(["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]))
     path = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
