@@ -105,6 +105,7 @@ class Work:
                                        name=f"kfp-gpu-work-{key}", daemon=False)
         self.proc.start()
         self.outcome: Outcome | None = None
+        self.cancelled = False
 
     @property
     def pid(self) -> int:
@@ -116,8 +117,10 @@ class Work:
         return self.outcome
 
     def cancel(self) -> None:
-        """SIGTERM: the step cancels and cleans up what it started (its ``finally`` blocks)."""
-        if self.proc.exitcode is None:
+        """SIGTERM, once: the step cancels and cleans up what it started (its ``finally`` blocks). A second
+        SIGTERM would raise Cancelled again inside that cleanup, so later calls do nothing."""
+        if self.proc.exitcode is None and not self.cancelled:
+            self.cancelled = True
             self.proc.terminate()
 
     def kill(self) -> None:
