@@ -87,7 +87,6 @@ class Runner:
         self.lock = threading.RLock()
         self._owner_checked = 0.0
         self._owner_gone = ""
-        self.provisioned_at: float | None = None
 
     # ---------------------------------------------------------------- I/O helpers
     def path(self, sub: str = "") -> str:
