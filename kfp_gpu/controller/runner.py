@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import progress
 from kfp_gpu.cluster import owned
 from kfp_gpu.controller import metrics, owners
 from kfp_gpu.controller.work import Outcome, Work
@@ -123,6 +124,7 @@ class Runner:
                 self.status = json.loads(json.dumps(obj.get("status") or {}))
                 self.status.pop("phase", None)
             changed = self._reap(obj)
+            changed = self._progress(obj) or changed
             if "release" in self.work:
                 if changed:
                     self.flush(obj)
@@ -286,6 +288,23 @@ class Runner:
             self._record(obj, key, w.step, out, gen)
         return changed
 
+    def _progress(self, obj: Obj) -> bool:
+        """Turn a running job unit's progress report (:mod:`kfp_gpu.progress`) into the ``Degraded`` condition and an
+        Event: True while a preemption or eviction has taken part of the gang, False once it is whole again."""
+        assert self.status is not None
+        changed = False
+        gen = int((obj.get("metadata") or {}).get("generation") or 0)
+        for key, w in self.work.items():
+            rep = w.progress() if key.startswith("job:") else None
+            if rep is None:
+                continue
+            bad = rep.get("state") == progress.DEGRADED
+            reason, message = str(rep.get("reason") or ""), str(rep.get("message") or "")
+            if set_condition(self.status, gang.DEGRADED, bad, reason, message, gen):
+                changed = True
+                self.event(obj, "Warning" if bad else "Normal", reason, message)
+        return changed
+
     def _record(self, obj: Obj, key: str, step: str, out: Outcome, gen: int) -> None:
         assert self.status is not None
         st = self.status
@@ -305,6 +324,8 @@ class Runner:
             jobs[name] = {"state": gang.JOB_SUCCEEDED if out.ok else gang.JOB_FAILED,
                           **({"error": out.error} if out.error else {})}
             st["jobs"] = jobs
+            if gang.is_true({"status": st}, gang.DEGRADED):  # the job ended: nothing is recovering any more
+                set_condition(st, gang.DEGRADED, False, "JobEnded", f"job {name} ended", gen)
             self.event(obj, "Normal" if out.ok else "Warning", f"Job{jobs[name]['state']}", f"job {name}: "
                        + ("succeeded" if out.ok else str((out.error or {}).get("message", ""))))
             metrics.count_preemptions(out.metrics or {})

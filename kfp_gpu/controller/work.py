@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kfp_gpu import progress
 from kfp_gpu.errors import KfpGpuError
 
 PR_SET_PDEATHSIG = 1
@@ -81,6 +82,7 @@ def _unit(request: str, result: str, log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ[progress.ENV] = str(Path(request).with_name("progress.json"))
     req = json.loads(Path(request).read_text(encoding="utf-8"))
     code = execute(req["step"], req["spec_json"], req["run_id"], req["upstream_json"], result, **req["kwargs"])
     logging.getLogger(__name__).info("work unit %s ended with exit code %d, peak RSS %.0f MiB", req["step"], code,
@@ -106,6 +108,16 @@ class Work:
         self.proc.start()
         self.outcome: Outcome | None = None
         self.cancelled = False
+        self._progress_seq = 0
+
+    def progress(self) -> dict[str, Any] | None:
+        """The unit's newest progress report (:mod:`kfp_gpu.progress`) when it is new since the last call, else
+        None."""
+        rep = progress.read(str(self._dir / "progress.json"))
+        if rep is None or int(rep.get("seq", 0)) == self._progress_seq:
+            return None
+        self._progress_seq = int(rep.get("seq", 0))
+        return rep
 
     @property
     def pid(self) -> int:

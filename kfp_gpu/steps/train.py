@@ -28,6 +28,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu import progress
 from kfp_gpu.errors import (
     Cancelled,
     GangPlacementFailed,
@@ -153,6 +154,10 @@ def _supervise(
             job, created, ckpt_step = attach, False, kind.resume_step(attach)
         attach = None
         st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        if st.degraded or (created and st.attempt > 1):  # a restarted unit recovers what its predecessor began
+            progress.report(progress.HEALTHY, "Recovered", f"job {st.job} restarted on a whole gang from step "
+                            f"{ckpt_step} (attempt {st.attempt})", preemptions=st.budget.preemptions)
+            st.degraded = False
         outcome = admission.wait_admitted(st, queue_s) or st.watch_attempt(admission_s=admission_s,
                                                                            placement_s=placement_s)
         if isinstance(outcome, str):  # "Succeeded"
@@ -161,6 +166,11 @@ def _supervise(
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
             raise _exhausted(st, decision, outcome)
+        if outcome.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION):
+            st.degraded = True
+            progress.report(progress.DEGRADED, "Recovering" if outcome.cause is Cause.PREEMPTION else "Evicted",
+                            f"job {st.job}: {outcome.reason}; {decision.message}"[:1000],
+                            preemptions=st.budget.preemptions, lost_nodes=len(outcome.lost_nodes))
         if decision.action is Action.FAIL:
             logs = st.watch.log_tails(outcome.pods)
             st.ledger.setdefault("app_failures", [])[-1]["logs"] = logs
@@ -223,6 +233,9 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
             _record(st, verdict, decision, None)
             if decision.action is Action.EXHAUSTED:
                 raise _exhausted(st, decision, verdict)
+            st.degraded = True
+            progress.report(progress.DEGRADED, "Recovering", f"job {st.job}: {reason}"[:1000],
+                            preemptions=st.budget.preemptions, lost_nodes=len(verdict.lost_nodes))
             if lost:
                 _replace_nodes(st, list(lost), decision.on_demand, reprovision)
             else:

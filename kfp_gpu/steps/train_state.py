@@ -42,6 +42,7 @@ class TrainState:
         self.budget = Budget()
         self.usage = Usage(gpus=spec.nodes * capacity.gpus_per_node)
         self.ledger: dict[str, Any] = {}
+        self.degraded = False  # a preemption or eviction took part of the gang; cleared once it is whole again
         self.attempt = 0
         self.resume_step = 0
         self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions

@@ -158,6 +158,51 @@ def test_controller_killed_during_recovery_converges_with_one_job_copy(tenant, t
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
+def _condition(g: dict[str, Any] | None, ctype: str) -> dict[str, Any]:
+    return next((c for c in ((g or {}).get("status") or {}).get("conditions") or [] if c.get("type") == ctype), {})
+
+
+def test_a_preempted_gang_is_degraded_while_recovering_then_whole_again(tenant, tmp_path):
+    """A spot node of the running gang is reclaimed: the gang's Degraded condition turns True (phase Recovering, a
+    Warning Event naming the node) while the train unit replaces it, then False (Recovered) once the job runs again
+    on a whole gang."""
+    from kfp_gpu.checkpoint.store import CheckpointStore
+    from kfp_gpu.cluster import pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    t = tenant()
+    ckpt = tmp_path / "ckpt"
+    spec, run = t.spec(2, zones=("us-central1-a",), checkpoint_uri=str(ckpt)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    assert _condition(t.gang(run), gang.DEGRADED) == {}  # nothing lost yet: no such condition
+    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(6.0), dataset_uri="", queue_timeout_s=60.0)
+    job = pytorchjob.job_name(run, "train")
+    core = client.CoreV1Api(t.kube.api)
+    wait_until("2 pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
+    CheckpointStore(str(ckpt)).save(10, {"model.pt": b"w10"}, meta={"loss": 2.5})
+    victim = sorted(t.claimed(run))[0]
+    t.sim.preempt(victim)
+    seen: list[tuple[str, str]] = []
+
+    def phases() -> bool:
+        g = t.gang(run)
+        c = _condition(g, gang.DEGRADED)
+        seen.append((str(((g or {}).get("status") or {}).get("phase")), f"{c.get('status')}/{c.get('reason')}"))
+        return c.get("status") == "False" and c.get("reason") == "Recovered"
+
+    wait_until("the gang whole again", phases, timeout=120, every=0.05)
+    assert ("Recovering", "True/Recovering") in seen, seen
+    events = client.CoreV1Api(t.kube.api).list_namespaced_event(
+        t.ns, field_selector=f"involvedObject.name={gang.gang_name(run)}").items
+    warn = [e for e in events if e.reason == "Recovering"]
+    assert warn and warn[0].type == "Warning" and victim in warn[0].message, [(e.reason, e.message) for e in events]
+    th.join(240)
+    assert "error" not in box, f"{box.get('error')}\n{t.controller_log()}"
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
+
+
 def test_controller_killed_during_release_converges_and_leaves_nothing(tenant):
     t = tenant()
     spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
