@@ -1,42 +1,34 @@
-"""Ownership leases, renewed while the step that holds capacity is alive; and the janitor's lock.
+"""Who owns a run, and the janitor's lock.
 
-Every step that holds capacity runs a :class:`Heartbeat`. Each beat (every ``min(ttl/4, 300)`` s):
+:func:`detect_identity` names the live owner of the step that creates a run's GpuGang: the step pod (``namespace/name``
+and uid, from the downward-API variables KFP sets: ``KFP_POD_NAME``, ``KFP_POD_UID``), its Argo Workflow (the pod's
+``workflows.argoproj.io/workflow`` label), or ``local:<host>:<pid>`` outside a pod. The gang records it in
+``spec.owner``, and the controller releases the gang once that owner is gone (:mod:`kfp_gpu.controller.owners`):
+no heartbeat, no lease to wait out.
 
-* creates or updates a ``coordination.k8s.io/v1`` Lease named after (run, step), carrying the ownership labels,
-  ``holderIdentity``, ``leaseDurationSeconds`` = ttl, ``renewTime``, and annotations naming the live owner:
-  the step pod (``namespace/name`` and uid, from the downward-API variables KFP sets: ``KFP_POD_NAME``,
-  ``KFP_POD_UID``), its Argo Workflow (the pod's ``workflows.argoproj.io/workflow`` label), or
-  ``local:<host>:<pid>`` outside a pod;
-* raises the ``kfp-gpu.io/lease-expires`` label of every object of the run that carries one (ledgers, balloon
-  pods, claimed Nodes, PyTorchJobs) to now + ttl, with a merge patch of that label only, never lowering it.
-
-A failed beat is logged and retried on the next one; it never fails the step. ``stop()`` releases the Lease
-(empty holderIdentity): the run is then protected by its expiry alone until the next step takes over.
-The janitor (:mod:`kfp_gpu.steps.janitor`) reads these Leases and decides with :mod:`kfp_gpu.plan.lease`.
+Runs of versions before the controller held per-step ``coordination.k8s.io/v1`` Leases; the janitor
+(:mod:`kfp_gpu.steps.janitor`) still reads those (:func:`lease_record`) and deletes them with their run
+(:func:`delete_run_leases`). :class:`JanitorLock` keeps two janitors from sweeping at once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import fanout
 from kfp_gpu.cluster import owned
 from kfp_gpu.plan.lease import LOCAL_OWNER, POD_OWNER, WORKFLOW_OWNER, LeaseRecord, OwnerRef, lock_free
-from kfp_gpu.providers.base import LABEL_MANAGED, Owner, label_safe
+from kfp_gpu.providers.base import LABEL_MANAGED, label_safe
 
 log = logging.getLogger(__name__)
 
@@ -135,189 +127,6 @@ def _read_text(path: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
-
-
-class Heartbeat:
-    """Renews the run's ownership leases while the step that holds capacity is alive.
-
-    ``Heartbeat(api, namespace, run_id, step, ttl_s)`` keeps the Lease ``kfp-gpu-lease-<run>-<step>`` in
-    ``namespace`` held and every lease-labelled object of ``run_id`` (in ``namespace``, and claimed Nodes)
-    unexpired for ``ttl_s`` past the latest beat. ``interval_s`` defaults to ``min(ttl_s / 4, 300)``.
-    ``start()`` renews the Lease synchronously, then the labels and the later beats on a daemon thread;
-    ``stop()`` (or leaving the ``with`` block) ends the beats and releases the Lease. ``owner`` is the
-    :class:`Owner` to write objects with: its ``lease_expires`` is the latest renewed expiry, so a write never
-    shortens what the heartbeat extended.
-
-    Renewal failures are logged (``last_error``, ``failures``) and retried on the next beat; they never
-    raise into the step.
-
-    Raises:
-        ValueError: ``ttl_s`` not positive, or ``interval_s`` not in (0, ttl_s).
-    """
-
-    def __init__(self, api: client.ApiClient, namespace: str, run_id: str, step: str, ttl_s: float,
-                 *, interval_s: float | None = None, identity: OwnerIdentity | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        if not ttl_s > 0:
-            raise ValueError(f"Heartbeat ttl_s must be > 0, got {ttl_s}")
-        interval = min(ttl_s / 4, 300.0) if interval_s is None else float(interval_s)
-        if not 0 < interval < ttl_s:
-            raise ValueError(f"Heartbeat interval_s must be in (0, ttl_s={ttl_s}), got {interval}")
-        self.api, self.namespace, self.run_id, self.step = api, namespace, run_id, step
-        self.ttl_s, self.interval_s, self.identity, self._clock = float(ttl_s), interval, identity, clock
-        self._expires = clock() + self.ttl_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._released = False
-        self.renewals = 0
-        self.failures = 0
-        self.last_error = ""
-
-    @property
-    def name(self) -> str:
-        return lease_name(self.run_id, self.step)
-
-    @property
-    def owner(self) -> Owner:
-        """``Owner.for_step(run_id, step, ttl)`` with the current (latest renewed) lease expiry."""
-        with self._lock:
-            return Owner(self.run_id, self.step, self._expires)
-
-    def start(self) -> Heartbeat:
-        """The Lease now (synchronously: the step counts as live once this returns); the run's labels at once
-        on the daemon thread (a large warm pool is hundreds of writes the step need not wait for: each label
-        still holds the expiry its writer gave it), then a whole beat every ``interval_s`` there."""
-        if self.identity is None:
-            self.identity = detect_identity(self.api, self.namespace)
-        expires = self._clock() + self.ttl_s
-        lease_ok = self._renew_lease(expires)
-        self._thread = threading.Thread(target=self._run, args=(expires, lease_ok), daemon=True,
-                                        name=f"kfp-gpu-heartbeat-{self.step}")
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """End the beats and release the Lease (holder cleared; expiry kept). Idempotent; never raises."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)  # a renewal in flight is bounded by the request timeout; do not hold a
-            # terminating pod for it: a late renewal only re-records this (dying) pod as holder
-        if self._released:
-            return
-        self._released = True
-        try:
-            self._write_lease(release=True)
-        except Exception as exc:  # the janitor still sees the expiry; nothing to undo
-            log.warning("heartbeat %s: could not release lease: %s", self.name, exc)
-
-    def __enter__(self) -> Heartbeat:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def _run(self, first_expires: float, lease_ok: bool) -> None:
-        if self._renew_labels(first_expires) and lease_ok:
-            self.renewals += 1
-        while not self._stop.wait(self.interval_s):
-            self.renew()
-
-    def renew(self) -> bool:
-        """One beat: the Lease, then the labels. True when both succeeded. Raises: nothing."""
-        expires = self._clock() + self.ttl_s
-        ok = self._renew_lease(expires)
-        ok = self._renew_labels(expires) and ok
-        if ok:
-            self.renewals += 1
-        return ok
-
-    def _renew_lease(self, expires: float) -> bool:
-        try:
-            self._write_lease(renew_at=expires - self.ttl_s)
-            with self._lock:
-                self._expires = max(self._expires, expires)
-            return True
-        except Exception as exc:
-            return self._failed("lease", exc)
-
-    def _renew_labels(self, expires: float) -> bool:
-        try:
-            self._raise_labels(expires)
-            return True
-        except Exception as exc:
-            return self._failed("labels", exc)
-
-    def _failed(self, what: str, exc: Exception) -> bool:
-        self.failures += 1
-        reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
-        self.last_error = f"{what}: {reason}"
-        log.warning("heartbeat %s: renewing %s failed (%s); retrying in %.0fs", self.name, what, reason,
-                    self.interval_s)
-        return False
-
-    def _raise_labels(self, expires: float) -> None:
-        """Every object of the run, its lease label raised: one conditional patch each, concurrently (a warm
-        pool of N nodes and N balloons is 2N writes; one after another they held the step's start for seconds)."""
-        ann = {owned.NAMESPACE_ANNOTATION: f"{self.namespace}/{label_safe(self.run_id)}"}
-
-        def of_kind(kind: owned.Kind) -> list[tuple[owned.Kind, owned.Obj]]:
-            return list(owned.run_objects(self.api, self.namespace, self.run_id, (kind,)))
-
-        listed = fanout.run_all([functools.partial(of_kind, kind) for kind in owned.LABELLED])  # lists at once
-        fanout.run_all([functools.partial(owned.raise_lease_label, self.api, kind, obj, expires,
-                                          annotations=ann if kind is owned.NODE else None)
-                        for objs in listed for kind, obj in objs])
-
-    def _write_lease(self, *, renew_at: float | None = None, release: bool = False) -> None:
-        ident = self.identity or OwnerIdentity(holder="")
-        path = owned.LEASE.path(self.namespace, self.name)
-        for _ in range(4):
-            try:
-                cur: dict[str, Any] | None = owned.request(self.api, "GET", path)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                cur = None
-            if release and (cur is None or (cur.get("spec") or {}).get("holderIdentity") != ident.holder):
-                return  # never started, or another holder (a retried pod) has taken it over: not ours to release
-            body = self._lease_body(cur, ident, renew_at, release)
-            try:
-                if cur is None:
-                    owned.request(self.api, "POST", owned.LEASE.path(self.namespace), body=body)
-                else:
-                    owned.request(self.api, "PUT", path, body=body)
-                return
-            except ApiException as exc:
-                if exc.status != 409:  # conflict: someone wrote in between, read again
-                    raise
-        raise RuntimeError(f"lease {self.namespace}/{self.name}: conflict on every attempt")
-
-    def _lease_body(self, cur: dict[str, Any] | None, ident: OwnerIdentity, renew_at: float | None,
-                    release: bool) -> dict[str, Any]:
-        spec = dict((cur or {}).get("spec") or {})
-        meta: dict[str, Any] = owned.meta(cur) if cur else {"name": self.name, "namespace": self.namespace}
-        ann: dict[str, Any] = {k: v for k, v in dict(meta.get("annotations") or {}).items() if k not in (A_POD, A_POD_UID,
-                                                                                       A_WORKFLOW, A_LOCAL)}
-        lbl = dict(meta.get("labels") or {})
-        if release:
-            spec["holderIdentity"] = None
-            ann[A_RELEASED] = str(int(self._clock()))
-            ann.update(ident.annotations())  # kept for the record; an unheld Lease is not checked for life
-        else:
-            now = self._clock() if renew_at is None else renew_at
-            if spec.get("holderIdentity") != ident.holder:
-                spec["acquireTime"] = _micro(now)
-                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if cur else 0)
-            spec.update(holderIdentity=ident.holder, leaseDurationSeconds=max(1, round(self.ttl_s)),
-                        renewTime=_micro(now))
-            ann.pop(A_RELEASED, None)
-            ann.update({A_RUN_ID: self.run_id, **ident.annotations()})
-            lbl.update(Owner(self.run_id, self.step, now + self.ttl_s).labels())
-            lbl[owned.RUN_LEASE_LABEL] = "true"
-        meta.update(labels=lbl, annotations=ann)
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
 
 
 def lease_record(obj: dict[str, Any]) -> LeaseRecord:

@@ -18,9 +18,8 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import pytorchjob, trainjob
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
-from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.ledger import LEDGER_LABEL
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
+from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 
 Obj = dict[str, Any]
 RUN_LEASE_LABEL = "kfp-gpu.io/run-lease"
@@ -97,45 +96,6 @@ def ident(kind: Kind, obj: Obj) -> str:
     """``kind/ns/name`` (``kind/name`` for cluster-scoped kinds), as reports print it."""
     m = meta(obj)
     return f"{kind.name}/{m.get('namespace')}/{m.get('name')}" if kind.namespaced else f"{kind.name}/{m.get('name')}"
-
-
-def raise_lease_label(api: client.ApiClient, kind: Kind, obj: Obj, expires: float, *,
-                      annotations: dict[str, str] | None = None, attempts: int = 4) -> bool:
-    """Raise ``kfp-gpu.io/lease-expires`` on ``obj`` to ``expires`` with a merge patch of that label only
-    (plus ``annotations``), conditional on the resourceVersion, so it never lowers a newer value and never
-    re-labels an object released meanwhile. Returns True when it patched.
-
-    Raises: ApiException (other than 404/409: a vanished object is skipped, a conflict is re-read).
-    """
-    m = meta(obj)
-    path = kind.path(m.get("namespace"), str(m.get("name", "")))
-
-    def change(cur: Obj) -> Obj | bool:
-        current = labels(cur)
-        if LABEL_LEASE not in current or LABEL_RUN_ID not in current:
-            return False
-        try:
-            if float(current[LABEL_LEASE]) >= int(expires):
-                return False
-        except ValueError:
-            return False  # not ours to interpret: leave it
-        patch: Obj = {"metadata": {"resourceVersion": meta(cur).get("resourceVersion"),
-                                   "labels": {LABEL_LEASE: str(int(expires))}}}
-        if annotations:
-            patch["metadata"]["annotations"] = annotations
-        return patch
-
-    def reread() -> Obj | None:
-        try:
-            return request(api, "GET", path)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    return patch_conditionally(obj, change, lambda body: request(api, "PATCH", path, body=body,
-                                                                 content_type=MERGE_PATCH),
-                               reread, attempts=attempts)
 
 
 def delete(api: client.ApiClient, kind: Kind, obj: Obj) -> bool:

@@ -74,6 +74,7 @@ def _unit(request: str, result: str, log_path: str) -> None:
         pass
     if os.getppid() == 1:  # the forkserver is already gone
         os._exit(1)
+    _drop_forkserver_alive_fd()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -90,6 +91,20 @@ def _unit(request: str, result: str, log_path: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _drop_forkserver_alive_fd() -> None:
+    """Close this unit's copy of the controller's end of the forkserver's liveness pipe. multiprocessing hands it to
+    every child it forks; while a unit held it, the forkserver never saw the controller die, so it never exited and
+    its units (which die with it, PR_SET_PDEATHSIG) outlived a ``kill -9`` of the controller."""
+    from multiprocessing import forkserver
+
+    fd = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", None)
+    if isinstance(fd, int):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 class Work:

@@ -1,8 +1,11 @@
 """The janitor (`kfp-gpu gc`): reclaim what runs left behind when their exit handler never ran.
 
-It groups every kfp-gpu object by run (ledgers, balloon pods, claimed Nodes, PyTorchJobs, run Leases; in one
-namespace or, with ``all_namespaces``, in all of them) and releases a run only when all its leases expired
-**and** no live owner is found (:func:`kfp_gpu.plan.lease.decide`): a step pod that still exists and has not
+A run that still has a GpuGang belongs to the controller, which releases it when its owner is gone or the gang is
+deleted (the finalizer): the janitor never touches it. What it sweeps are orphans: objects of runs whose GpuGang is
+gone (a finalizer removed by hand, a run of a version before the controller). It groups every kfp-gpu object by run
+(ledgers, balloon pods, claimed Nodes, PyTorchJobs, run Leases of older versions; in one namespace or, with
+``all_namespaces``, in all of them) and releases a gang-less run only when its lease labels expired (``lease_ttl_s``
+after the objects were written) **and** no live owner is found (:func:`kfp_gpu.plan.lease.decide`): a step pod that still exists and has not
 finished, an Argo Workflow still running (checked only when the Workflow CRD is served), or a
 ``local:<host>:<pid>`` process alive on this host keeps the run. A run with a ledger that recorded its spec
 is torn down exactly as its exit handler would have done (:func:`kfp_gpu.steps.teardown.release_run`); what
@@ -126,10 +129,17 @@ def collect(namespace: str = "default", *, dry_run: bool = False, endpoint: str 
 def _sweep(api: client.ApiClient, scope: str | None, only: set[str], rep: GcReport, lock: lease.JanitorLock | None,
            provider: CapacityProvider | None, endpoint: str, now: float | None) -> None:
     found = _gather(api, scope, only)
+    gangs = _gangs(api, scope)  # listed after the objects: a run's gang exists before anything of it is made
     owners = Owners(api)
     t = time.time() if now is None else now
     for label, run in sorted(found.items()):
         rep.namespaces[label] = sorted(run.namespaces)
+        held = sorted(gangs.get((ns, label), "") for ns in run.namespaces if (ns, label) in gangs)
+        if held:
+            rep.runs[label] = "live"
+            rep.reasons[label] = (f"GpuGang {', '.join(held)} exists: the controller releases the run (delete the "
+                                  "gang to release it now)")
+            continue
         expiry = run_expiry(run.leases, run.label_expiries())
         states = {} if expiry >= t else {o: owners.state(o) for o in owners_to_check(run.leases)}
         verdict: Verdict = decide(run.leases, run.label_expiries(), states, t)
@@ -150,6 +160,27 @@ def _sweep(api: client.ApiClient, scope: str | None, only: set[str], rep: GcRepo
             msg = exc.message if isinstance(exc, KfpGpuError) else f"{exc.status} {exc.reason}"
             rep.runs[label] = "error"
             rep.reasons[label] += f"; release failed, retried next time: {msg}"
+
+
+def _gangs(api: client.ApiClient, scope: str | None) -> dict[tuple[str, str], str]:
+    """(namespace, run label) -> "namespace/name" of every GpuGang in scope; {} where the CRD is not served.
+    Raises: ApiException (other than 404)."""
+    from kfp_gpu.gang import api as gang
+
+    path = f"/apis/{gang.API_VERSION}" + (f"/namespaces/{scope}" if scope else "") + f"/{gang.PLURAL}"
+    try:
+        items = owned.request(api, "GET", path).get("items") or []
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    out: dict[tuple[str, str], str] = {}
+    for g in items:
+        md = owned.meta(g)
+        run = str((g.get("spec") or {}).get("runId") or "")
+        if run:
+            out[(str(md.get("namespace")), label_safe(run))] = f"{md.get('namespace')}/{md.get('name')}"
+    return out
 
 
 def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[str, _Run]:

@@ -2,7 +2,8 @@
 
 The backend (node-pool resizes, or a ProvisioningRequest the cluster's autoscaler serves) is chosen by
 :func:`kfp_gpu.provisioners.select` and recorded in the capacity this step outputs, so train and teardown
-use the same one. The step holds a heartbeat Lease while it works (the janitor's liveness signal).
+use the same one. It runs in a controller work unit for the run's GpuGang; the gang (not a lease) is the run's
+liveness: the controller releases it when its owner is gone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import time
 from kubernetes import client
 
 from kfp_gpu import provisioners
-from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners import GangRequest
 from kfp_gpu.spec import ProvisioningSpec
@@ -31,8 +31,7 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     api = api or api_client(spec.target)
     t0 = time.time()
     backend = provisioners.select(spec, api, provider)
-    with Heartbeat(api, spec.target.namespace, run_id, STEP, spec.lease_ttl_s):  # renewed while we hold nodes
-        cap = backend.acquire(spec, run_id, GangRequest(step=STEP))
+    cap = backend.acquire(spec, run_id, GangRequest(step=STEP))
     tl = Timeline.from_json(cap.timeline_json)
     lat = sorted(tl.ready_latencies())
     metrics = {

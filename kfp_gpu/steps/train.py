@@ -101,7 +101,6 @@ def run(
     kind = for_template(template)
     st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
     started = time.time()
-    st.heartbeat.start()
     st.load_ledger()
     try:
         status = _supervise(st, template, dataset_uri, reprovision, admission_timeout_s, placement_timeout_s,
@@ -117,7 +116,6 @@ def run(
         raise
     finally:
         st.watch.stop()
-        st.heartbeat.stop()
         if own_api:
             api.close()
     return _result(st, status, time.time() - started)

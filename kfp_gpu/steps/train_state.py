@@ -11,7 +11,6 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu.cluster import ledger
-from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.jobkinds import JobKind, PyTorchJobKind
@@ -34,8 +33,7 @@ class TrainState:
         self.spec, self.run_id, self.api, self.capacity, self.job = spec, run_id, api, capacity, job
         self.kind: JobKind = kind or PyTorchJobKind()  # the job-kind seam (kfp_gpu.jobkinds)
         self.namespace = spec.target.namespace
-        # renews this run's leases while the step lives (a multi-day run outlives any fixed lease_ttl_s)
-        self.heartbeat = Heartbeat(api, self.namespace, run_id, STEP, spec.lease_ttl_s)
+        self._owner = Owner.for_step(run_id, STEP, spec.lease_ttl_s)
         self.timeline = Timeline(run_id=run_id)
         if capacity.timeline_json:
             self.timeline.merge(Timeline.from_json(capacity.timeline_json))
@@ -59,8 +57,8 @@ class TrainState:
 
     @property
     def owner(self) -> Owner:
-        """The step's ownership, with the lease expiry the heartbeat last renewed."""
-        return self.heartbeat.owner
+        """The step's ownership (the idempotency key of what it creates). The run's liveness is its GpuGang."""
+        return self._owner
 
     @functools.cached_property
     def backend(self) -> Provisioner:

@@ -4,8 +4,8 @@ It requests ``warm_pool.nodes`` GPU nodes from the provider (not waiting for boo
 places balloon pods on them in a negative-priority PriorityClass so training pods preempt them, and
 optionally creates a cloud reservation. A backend that holds its own placeholders
 (:func:`kfp_gpu.provisioners.base.holds_placeholders`, e.g. karpenter: pods tolerating the run NodePool's taint,
-for which Karpenter launches) gets no generic balloons: its placeholders are the warm pool. Every object carries the run id and a lease-expiry label, renewed by a
-:class:`~kfp_gpu.cluster.lease.Heartbeat` while the step runs.
+for which Karpenter launches) gets no generic balloons: its placeholders are the warm pool. Every object carries the
+run id (and a lease-expiry label the janitor reads only for objects whose run has no GpuGang left).
 
 ``warm_pool.cloud_reservation``: the reservation is made *where the resize grows*, after the backend submitted
 it: one reservation per (zone, machine type) the warm pool's resize added nodes to (the ledger's targets minus
@@ -26,12 +26,12 @@ from kubernetes import client
 
 from kfp_gpu import provisioners
 from kfp_gpu.cluster import balloons, ledger
-from kfp_gpu.cluster.lease import Heartbeat
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.providers.base import (
     LABEL_RUN_ID,
     LABEL_STEP,
     CapacityProvider,
+    Owner,
     PoolState,
     ReservationRequest,
     label_safe,
@@ -60,9 +60,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     api = api or api_client(spec.target)
     provider = provider or for_target(spec.target)
     ttl = min(wp.ttl_s, spec.lease_ttl_s)
-    with Heartbeat(api, spec.target.namespace, run_id, STEP, ttl) as heartbeat:  # renews while this step runs
-        names, held = _reserve(spec, run_id, api, provider, heartbeat, ttl)
-        owner = heartbeat.owner
+    owner = Owner.for_step(run_id, STEP, ttl)
+    names, held = _reserve(spec, run_id, api, provider, owner, ttl)
     took = time.time() - t0
     reservation = ", ".join(r.name for r in held)
     out = {"balloons": names, "requested_nodes": wp.nodes, "reservation": reservation,
@@ -75,7 +74,7 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
 
 
 def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider,
-             heartbeat: Heartbeat, ttl: float) -> tuple[list[str], list[ReservationRequest]]:
+             owner: Owner, ttl: float) -> tuple[list[str], list[ReservationRequest]]:
     """The resize, the balloons, then the reservations where the resize grows. Raises: as :func:`run`."""
     wp = spec.warm_pool
     names: list[str] = []
@@ -88,7 +87,7 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
         else:
             balloons.ensure_priority_class(api)
             with ThreadPoolExecutor(max_workers=1) as ex:  # balloons go in while the resize is in flight
-                pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, heartbeat.owner, wp.nodes,
+                pods = ex.submit(balloons.create_balloons, api, spec.target.namespace, owner, wp.nodes,
                                  spec.gpus_per_node, spec.accelerator, list(spec.target.pools),
                                  provider.scheme)
                 backend.acquire(spec, run_id, request)
@@ -101,13 +100,13 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
         plan = reservations_for(spec, run_id, pools, led.get("targets", {}), led.get("found", {}))
         recorded = {str(e.get("name")) for e in timeline.events if e.get("kind") == RESERVATION_HELD}
         for req, grown in plan:
-            provider.reserve(req, heartbeat.owner)  # re-attaches to the same name on a retried step
+            provider.reserve(req, owner)  # re-attaches to the same name on a retried step
             held.append(req)
             if req.name not in recorded:
                 timeline.event(RESERVATION_HELD, time.time(), name=req.name, gpus=req.count * req.gpus_per_node,
                                pools=grown)
     if names or held:
-        ledger.write(api, spec.target.namespace, heartbeat.owner,
+        ledger.write(api, spec.target.namespace, owner,
                      {**led, "balloons": names, "reservation": ", ".join(r.name for r in held),
                       "timeline": timeline.to_json(), "started": led.get("started", time.time())})
     return names, held

@@ -57,42 +57,35 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
     (*_CRDS, "watch"): (CLUSTER, "kopf: resources that come and go"),
     ("argoproj.io", "workflows", "get"): (NS, "owner-gone release: is the gang's Argo Workflow still running"),
     # ---- the step functions (kfp_gpu/steps/*.py), run by the controller's work units
-    ("", "nodes", "get"): (CLUSTER, "train: is a gang node gone; heartbeat: re-read a claimed node on conflict"),
+    ("", "nodes", "get"): (CLUSTER, "train: is a gang node gone; claim: re-read a node on conflict"),
     ("", "nodes", "list"): (CLUSTER, "scale_up/train/teardown/preflight: GPU nodes, claimed nodes"),
     ("", "nodes", "watch"): (CLUSTER, "scale_up: nodes to Ready; train: gang nodes (preemption taints)"),
-    ("", "nodes", "patch"): (CLUSTER, "claim/release a node (run-id + lease labels, the run's taint); heartbeat"),
-    ("", "pods", "get"): (NS, "heartbeat: the owner's pod (owner uid, Argo workflow label); re-read a balloon"),
+    ("", "nodes", "patch"): (CLUSTER, "claim/release a node (run-id + lease labels, the run's taint)"),
+    ("", "pods", "get"): (NS, "re-read a balloon"),
     ("", "pods", "list"): (NS, "balloons of a run; the gang's pods (train watch)"),
     ("", "pods", "watch"): (NS, "train: the gang's pods (placement, eviction, exit codes)"),
     ("", "pods", "create"): (NS, "warm_pool: balloon pods"),
     ("", "pods", "delete"): (NS, "teardown: balloons; train: pods stuck on a vanished node"),
-    ("", "pods", "patch"): (NS, "heartbeat: raise the balloons' lease label"),
     ("", "pods/log", "get"): (NS, "train: last log lines of a failed trainer in the error"),
     ("", "configmaps", "get"): (NS, "every step: read its ledger (a retried pod re-attaches)"),
-    ("", "configmaps", "list"): (NS, "teardown: every ledger of the run; heartbeat"),
+    ("", "configmaps", "list"): (NS, "teardown: every ledger of the run"),
     ("", "configmaps", "create"): (NS, "every step: write its ledger"),
     ("", "configmaps", "update"): (NS, "every step: update its ledger"),
-    ("", "configmaps", "patch"): (NS, "heartbeat: raise the ledgers' lease label"),
     ("", "configmaps", "delete"): (NS, "teardown: drop the run's ledgers"),
     ("", "resourcequotas", "list"): (NS, "preflight: namespace GPU quota"),
     ("kubeflow.org", "pytorchjobs", "get"): (NS, "train: re-attach to the run's job"),
-    ("kubeflow.org", "pytorchjobs", "list"): (NS, "train: watch the job; teardown/heartbeat: the run's jobs"),
+    ("kubeflow.org", "pytorchjobs", "list"): (NS, "train: watch the job; teardown: the run's jobs"),
     ("kubeflow.org", "pytorchjobs", "watch"): (NS, "train: the job's conditions"),
     ("kubeflow.org", "pytorchjobs", "create"): (NS, "train: the gang job"),
     ("kubeflow.org", "pytorchjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
-    ("kubeflow.org", "pytorchjobs", "patch"): (NS, "heartbeat: raise the job's lease label"),
     (_TR, "trainjobs", "get"): (NS, "train: re-attach to the run's TrainJob"),
-    (_TR, "trainjobs", "list"): (NS, "train: watch the TrainJob; teardown/heartbeat: the run's TrainJobs"),
+    (_TR, "trainjobs", "list"): (NS, "train: watch the TrainJob; teardown: the run's TrainJobs"),
     (_TR, "trainjobs", "watch"): (NS, "train: the TrainJob's conditions"),
     (_TR, "trainjobs", "create"): (NS, "train: the gang job as a TrainJob"),
     (_TR, "trainjobs", "delete"): (NS, "train: recovery/cancel; teardown"),
-    (_TR, "trainjobs", "patch"): (NS, "heartbeat: raise the TrainJob's lease label"),
     (_TR, "trainingruntimes", "get"): (NS, "train: a TrainJob's namespaced runtime"),
     (_TR, "clustertrainingruntimes", "get"): (CLUSTER, "train: a TrainJob's runtime"),
-    ("coordination.k8s.io", "leases", "get"): (NS, "heartbeat: the step's ownership Lease"),
     ("coordination.k8s.io", "leases", "list"): (NS, "teardown: the run's Leases"),
-    ("coordination.k8s.io", "leases", "create"): (NS, "heartbeat: the step's ownership Lease"),
-    ("coordination.k8s.io", "leases", "update"): (NS, "heartbeat: renew / release the Lease"),
     ("coordination.k8s.io", "leases", "delete"): (NS, "teardown: the run's Leases"),
     ("kueue.x-k8s.io", "localqueues", "list"): (NS, "preflight/train: the namespace's LocalQueue"),
     ("kueue.x-k8s.io", "workloads", "list"): (NS, "train: the job's Workload (admission, eviction)"),
@@ -160,6 +153,7 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("coordination.k8s.io", "leases", "list"): (CLUSTER, "the runs' ownership Leases"),
     ("coordination.k8s.io", "leases", "delete"): (CLUSTER, "the Leases of a released run"),
     ("argoproj.io", "workflows", "get"): (CLUSTER, "is a run's Argo Workflow (its lease owner) still running"),
+    (_GG, _GANGS, "list"): (CLUSTER, "a run with a GpuGang is the controller's: never swept"),
     (_PR, "provisioningrequests", "list"): (CLUSTER, "the ProvisioningRequests of a released run"),
     (_PR, "provisioningrequests", "delete"): (CLUSTER, "the ProvisioningRequests of a released run"),
     ("", "podtemplates", "list"): (CLUSTER, "the PodTemplates of a released run"),
@@ -231,21 +225,14 @@ ADMIN_MODULES = {
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
 OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
-_LABELLED = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS}  # owned.LABELLED: the heartbeat raises their lease
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
 RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/owned.py", "request", "*"): set(),  # the helper itself; its callers are listed
     ("cluster/owned.py", "list_objects", "GET"): {(g, r, "list") for g, r in OWNED_KINDS},
-    ("cluster/owned.py", "raise_lease_label", "PATCH"): {(g, r, "patch") for g, r in _LABELLED},
-    ("cluster/owned.py", "raise_lease_label", "GET"): {(g, r, "get") for g, r in _LABELLED},
-    ("cluster/owned.py", "reread", "GET"): {(g, r, "get") for g, r in _LABELLED},  # the same call, nested function
     ("cluster/owned.py", "delete", "DELETE"): {(g, r, "delete") for g, r in OWNED_KINDS - {("", _NODES)}},
     ("cluster/customjob.py", "served", "GET"): set(),  # discovery (every job kind)
     ("cluster/lease.py", "detect_identity", "GET"): {("", _PODS, "get")},
-    ("cluster/lease.py", "_write_lease", "GET"): {(*_LEASES, "get")},
-    ("cluster/lease.py", "_write_lease", "POST"): {(*_LEASES, "create")},
-    ("cluster/lease.py", "_write_lease", "PUT"): {(*_LEASES, "update")},
     ("cluster/lease.py", "release", "GET"): {(*_LEASES, "get")},
     ("cluster/lease.py", "release", "PUT"): {(*_LEASES, "update")},
     ("cluster/lease.py", "_write", "GET"): {(*_LEASES, "get")},
@@ -253,6 +240,7 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/lease.py", "_write", "PUT"): {(*_LEASES, "update")},
     ("cluster/owners.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
     ("cluster/owners.py", "_argo_served", "GET"): set(),  # discovery
+    ("steps/janitor.py", "_gangs", "GET"): {(_GG, _GANGS, "list")},  # the janitor: a run with a gang is live
     ("controller/runner.py", "post_event", "POST"): {("", "events", "create")},
     ("controller/runner.py", "read", "GET"): {(_GG, _GANGS, "get")},
     ("controller/runner.py", "flush", "PATCH"): {(_GG, _GSTATUS, "patch")},

@@ -308,7 +308,9 @@ def test_run_longer_than_its_lease_survives_the_janitor_running_in_a_loop(
     tmp_path: Path,
 ) -> None:
     """lease_ttl_s=10 s, training ~25 s, `kfp-gpu gc` sweeping every second beside it as the janitor's
-    ServiceAccount: the heartbeats keep the run alive, nothing is released, the run succeeds."""
+    ServiceAccount: the run's GpuGang (no heartbeat) keeps it the controller's, nothing is released, the run
+    succeeds."""
+    from kfp_gpu.gang import api as gang
     from kfp_gpu.steps import janitor
     from kfp_gpu.steps.janitor import GcReport
 
@@ -326,6 +328,9 @@ def test_run_longer_than_its_lease_survives_the_janitor_running_in_a_loop(
 
     gc = threading.Thread(target=sweep, daemon=True)
     copies = Copies(kube, namespace, run)
+    custom = client.CustomObjectsApi(kube.api)  # the gang as the run's first step opens it (no controller here)
+    custom.create_namespaced_custom_object(gang.GROUP, gang.VERSION, namespace, gang.PLURAL,
+                                           gang.body(run, namespace, spec.to_json(), {"local": "local:test:1"}))
     try:
         cap_json = scale_up.run(spec, run, "", api=step_api, provider=provider).output_json
         gc.start()
@@ -340,14 +345,15 @@ def test_run_longer_than_its_lease_survives_the_janitor_running_in_a_loop(
         gc.join(30)
         copies.stop()
         teardown.run(spec, run, "", api=step_api, provider=provider)
+        custom.delete_namespaced_custom_object(gang.GROUP, gang.VERSION, namespace, gang.PLURAL, gang.gang_name(run))
     assert out["status"] == "Succeeded" and out["attempts"] == 1, out
     assert trained > 2 * spec.lease_ttl_s, trained
     label = label_safe(run)
     seen = [r.runs.get(label) for r in reports if label in r.runs]
     assert len(seen) >= 15 and set(seen) == {"live"}, [str(r) for r in reports][-3:]
-    # live because the heartbeats renewed the lease, not merely because this process (the owner) still runs
+    # live because the gang exists, though every lease label expired after 10 s (nothing renews them)
     why = [r.reasons.get(label, "") for r in reports if label in r.runs]
-    assert all(w.startswith("lease valid for") for w in why), why
+    assert all(w.startswith(f"GpuGang {namespace}/{gang.gang_name(run)} exists") for w in why), why
     assert not [o for r in reports for o in r.orphans if label in o or "gke-" in o], [r.orphans for r in reports]
     assert copies.max_jobs == 1, vars(copies)
     _assert_nothing_left(kube, sim, namespace, run)
