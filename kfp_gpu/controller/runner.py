@@ -190,7 +190,7 @@ class Runner:
         if now - self._owner_checked >= OWNER_CHECK_S:
             self._owner_checked = now
             try:
-                self._owner_gone = owners.gone(self.api, (obj.get("spec") or {}).get("owner") or {})
+                self._owner_gone = owners.gone(self.api, obj)
             except Exception as exc:  # noqa: BLE001 - an owner check that fails says nothing: keep the gang
                 log.warning("gang %s/%s: owner check failed: %s", self.namespace, self.name, exc)
                 self._owner_gone = ""

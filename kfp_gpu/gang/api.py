@@ -17,8 +17,12 @@ the API, as in Kueue and ProvisioningRequest.
     jobs            {name: {job, datasetUri, queueTimeoutS}}: the training jobs the train steps ask the controller
                     to run and supervise on the gang (PyTorchJob or TrainJob, in the gang's namespace)
     release         true: release everything now (teardown); deleting the object does the same (finalizer)
-    owner           who runs the pipeline: {pod, podUid, workflow, local} as recorded by
-                    :func:`kfp_gpu.cluster.lease.detect_identity`; the controller releases the gang once it is gone
+    owner           who runs the pipeline: {pod, podUid, workflow, local, heartbeat} as recorded by
+                    :func:`kfp_gpu.gang.client.owner_of`; the controller releases the gang once it is gone. An
+                    owner it cannot observe (no Argo Workflow, no local rehearsal process: a Vertex AI pipeline)
+                    has ``heartbeat: "true"``: its steps write the annotation ``kfp-gpu.io/heartbeat`` (unix
+                    seconds) while they run, and the gang is released once neither a beat nor its creation is
+                    within ``provisioning.lease_ttl_s``
 
 ``status`` (written by the controller only):
     conditions      PolicyAdmitted, Preflighted, WarmPoolHeld, Provisioned, Degraded, Released (type, status,
@@ -54,6 +58,7 @@ CONTROLLER_SA = "kfp-gpu-controller"
 STEP_SA = "kfp-gpu"
 TENANT_LABEL = "kfp-gpu.io/tenant"  # on a namespace: "true" once `kfp-gpu tenant add` ran
 RUN_ID_LABEL = "kfp-gpu.io/run-id"
+HEARTBEAT_ANNOTATION = "kfp-gpu.io/heartbeat"  # unix seconds: an owner the controller cannot observe beats here
 
 # stages, in order; a step raises spec.stage to its own and waits for the condition of the same name
 PREFLIGHTED = "Preflighted"

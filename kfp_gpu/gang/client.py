@@ -15,9 +15,11 @@ the step with the same error (:meth:`~kfp_gpu.errors.KfpGpuError.from_dict`), on
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import socket
+import threading
 import time
 from typing import Any
 
@@ -32,19 +34,35 @@ from kfp_gpu.plan.lease import LOCAL_OWNER
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 
+log = logging.getLogger(__name__)
 OWNER_PID_ENV = "KFP_GPU_OWNER_PID"  # kfp-gpu run: the rehearsal process that owns the run (not the step's pid)
 WAIT_S = 7 * 86400.0
 GONE_S = 120.0  # a released gang's finalizer comes off in well under a second
 
 
 def owner_of(api: client.ApiClient, namespace: str) -> dict[str, str]:
-    """Who runs this pipeline, for ``spec.owner`` (see :mod:`kfp_gpu.controller.owners`)."""
+    """Who runs this pipeline, for ``spec.owner`` (see :mod:`kfp_gpu.controller.owners`). Without an Argo Workflow
+    or a ``kfp-gpu run`` process (a Vertex AI pipeline, steps run from another host) the controller cannot observe
+    the owner: ``heartbeat: "true"``, and the steps beat on the gang while they run (:meth:`GangClient.wait`)."""
     pid = os.environ.get(OWNER_PID_ENV, "")
     if pid.isdigit():
         return {"local": f"{LOCAL_OWNER}:{socket.gethostname()}:{pid}"}
     ident = lease.detect_identity(api, namespace)
-    return {k: v for k, v in (("pod", ident.pod), ("podUid", ident.pod_uid), ("workflow", ident.workflow),
-                              ("local", ident.local)) if v}
+    out = {k: v for k, v in (("pod", ident.pod), ("podUid", ident.pod_uid), ("workflow", ident.workflow),
+                             ("local", ident.local)) if v}
+    if not ident.workflow:
+        out["heartbeat"] = "true"
+    return out
+
+
+def beat_interval(obj: dict[str, Any]) -> float | None:
+    """Seconds between two heartbeats for a gang whose owner beats (``spec.owner.heartbeat``), else None:
+    a quarter of the spec's ``lease_ttl_s``, at most a minute."""
+    spec = obj.get("spec") or {}
+    if str((spec.get("owner") or {}).get("heartbeat") or "") != "true":
+        return None
+    ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or 6 * 3600.0)
+    return max(0.5, min(ttl / 4.0, 60.0))
 
 
 class GangClient:
@@ -54,14 +72,26 @@ class GangClient:
         self.api, self.namespace, self.run_id = api, namespace, run_id
         self.name = gang.gang_name(run_id)
         self.path = f"/apis/{gang.API_VERSION}/namespaces/{namespace}/{gang.PLURAL}/{self.name}"
+        self.beat_every_s: float | None = None  # set from the gang (ensure/get): the owner beats while a step waits
 
     def get(self) -> dict[str, Any] | None:
         try:
-            return owned.request(self.api, "GET", self.path)
+            obj = owned.request(self.api, "GET", self.path)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+        self.beat_every_s = beat_interval(obj)
+        return obj
+
+    def beat(self) -> None:
+        """Tell the controller this run's owner lives (``kfp-gpu.io/heartbeat``); a failed beat is logged, the next
+        one retries."""
+        try:
+            owned.request(self.api, "PATCH", self.path, body={"metadata": {"annotations": {
+                gang.HEARTBEAT_ANNOTATION: str(int(time.time()))}}}, content_type=owned.MERGE_PATCH)
+        except Exception as exc:  # noqa: BLE001 - advisory: the lease_ttl_s margin covers a few lost beats
+            log.warning("GpuGang %s/%s: heartbeat not written: %s", self.namespace, self.name, exc)
 
     def ensure(self, spec_json: str) -> dict[str, Any]:
         """The gang, created (with this pipeline as its owner) when it does not exist yet."""
@@ -70,7 +100,9 @@ class GangClient:
             return cur
         body = gang.body(self.run_id, self.namespace, spec_json, owner_of(self.api, self.namespace))
         try:
-            return owned.request(self.api, "POST", self.path.rsplit("/", 1)[0], body=body)
+            made: dict[str, Any] = owned.request(self.api, "POST", self.path.rsplit("/", 1)[0], body=body)
+            self.beat_every_s = beat_interval(made)
+            return made
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -97,6 +129,16 @@ class GangClient:
                     field_selector=f"metadata.name={self.name}").start()
         deadline = time.monotonic() + timeout_s
         seen = False
+        stop = threading.Event()
+        if self.beat_every_s:  # an owner the controller cannot observe: beat while this step runs
+            every = self.beat_every_s
+
+            def beats() -> None:
+                while not stop.is_set():
+                    self.beat()
+                    stop.wait(every)
+
+            threading.Thread(target=beats, daemon=True, name=f"kfp-gpu-heartbeat-{self.name}").start()
         try:
             while time.monotonic() < deadline:
                 try:
@@ -113,6 +155,7 @@ class GangClient:
                 if done(ev.obj):
                     return ev.obj
         finally:
+            stop.set()
             w.stop()
         raise ProvisioningTimeout(f"GpuGang {self.namespace}/{self.name} did not answer within {timeout_s:.0f}s",
                                   remediation="check the controller: kubectl -n kfp-gpu-system logs "

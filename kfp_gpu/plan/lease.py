@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-POD_OWNER, WORKFLOW_OWNER, LOCAL_OWNER = "pod", "workflow", "local"
+POD_OWNER, WORKFLOW_OWNER, LOCAL_OWNER, HEARTBEAT_OWNER = "pod", "workflow", "local", "heartbeat"
 FINISHED_POD_PHASES = ("Succeeded", "Failed")
 FINISHED_WORKFLOW_PHASES = ("Succeeded", "Failed", "Error")
 
@@ -153,3 +153,13 @@ def lock_free(holder: str, renew_time: float | None, duration_s: float | None, m
     if renew_time is None or duration_s is None:
         return True
     return renew_time + duration_s < now
+
+
+def heartbeat_state(last_beat: float | None, created: float | None, ttl_s: float, now: float) -> OwnerState:
+    """An owner the controller cannot observe (a Vertex AI pipeline, a laptop): its steps beat on the gang while they
+    run. Gone once neither a beat nor the gang's creation is within ``ttl_s`` (the spec's ``lease_ttl_s``, which must
+    cover the longest gap between two kfp-gpu steps, when no step of the run is running to beat)."""
+    latest = max((t for t in (last_beat, created) if t is not None), default=None)
+    if latest is None:
+        return OwnerState.UNKNOWN
+    return OwnerState.GONE if now - latest > ttl_s else OwnerState.LIVE

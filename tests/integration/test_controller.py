@@ -251,6 +251,37 @@ def test_owner_gone_releases_within_seconds_without_a_lease_wait(tenant, monkeyp
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
+def test_an_unobservable_owner_keeps_its_gang_by_heartbeat_and_loses_it_when_the_beats_stop(tenant, monkeypatch):
+    """Steps from a host the controller cannot observe (as on Vertex AI: no Argo Workflow, no local process on the
+    controller's host) record ``heartbeat: "true"`` and beat on the gang while they wait. The beats keep the gang
+    past its lease_ttl_s; once they stop, the controller releases it within lease_ttl_s plus its owner check."""
+    import dataclasses
+    import socket
+
+    from kfp_gpu.gang.client import GangClient
+
+    t = tenant()
+    monkeypatch.delenv(OWNER_PID_ENV, raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "vertex-worker-7")  # this process only, not the controller
+    spec, run = dataclasses.replace(t.spec(2, zones=("us-central1-a",)), lease_ttl_s=10.0), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    owner = (t.gang(run) or {})["spec"]["owner"]
+    assert owner.get("heartbeat") == "true" and owner["local"].startswith("local:vertex-worker-7:"), owner
+    c = GangClient(t.step_api, t.ns, run)
+    assert c.get() is not None and c.beat_every_s == 2.5
+    with pytest.raises(KfpGpuError, match="did not answer within 15s"):
+        c.wait(lambda o: gang.is_true(o, gang.RELEASED), timeout_s=15.0)  # a step waiting 1.5 x lease_ttl_s
+    assert not gang.is_true(t.gang(run) or {}, gang.RELEASED) and len(t.claimed(run)) == 2
+    last = float(((t.gang(run) or {})["metadata"].get("annotations") or {})[gang.HEARTBEAT_ANNOTATION])
+    took = wait_gone(t, run, timeout=60)
+    silent = time.time() - last
+    print(f"beats stopped -> gang released and gone {silent:.1f}s after the last beat (lease_ttl_s 10)")
+    assert 10.0 <= silent < 25.0, silent
+    assert took > 0 and t.claimed(run) == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
 def test_a_failed_stage_fails_the_step_with_the_controllers_error(tenant):
     t = tenant(stockouts=[{"zone": "us-central1-a", "window": "always"}])
     spec, run = t.spec(2, zones=("us-central1-a",), deadline=10.0), new_run()
