@@ -37,7 +37,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.common import BOOT_SAMPLE_ANNOTATION, ROOT, new_api, parse_go_duration, uid
+from bench.common import BOOT_SAMPLE_ANNOTATION, ROOT, new_api, parse_go_duration, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure
 from bench.world import GPUS, PENDING_S, StandIn, boot_model, pool_name, scenario
 from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL, READY_AT_ANNOTATION
@@ -248,7 +248,7 @@ class Canary:
             name = uid("canary-")
             self.core.create_namespaced_pod(self.ns, {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"kfp-gpu.io/bench": "canary"}},
-                "spec": {"nodeName": self.NAME, "terminationGracePeriodSeconds": 0,
+                "spec": {"affinity": pin_to(self.NAME), "terminationGracePeriodSeconds": 0,
                          # keyed: the bench namespace is a kfp-gpu tenant, whose admission policy refuses a pod
                          # tolerating every taint (the canary node itself has none)
                          "tolerations": [{"key": k, "operator": "Exists"} for k in CANARY_TOLERATES],

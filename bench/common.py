@@ -257,3 +257,9 @@ class Result:
 
 def flatten(xs: Iterable[Iterable[float]]) -> list[float]:
     return [x for row in xs for x in row]
+
+
+def pin_to(node: str) -> dict[str, Any]:
+    """Node affinity to exactly ``node`` (a ``metadata.name`` field match: CA-made nodes carry no hostname label)."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}

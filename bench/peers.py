@@ -33,7 +33,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.common import GPU, RequestCounter, new_api
+from bench.common import GPU, RequestCounter, new_api, pin_to
 from bench.observe import GANG_LABEL
 from bench.world import ACCEL, GPUS, POLL_S, REGION
 
@@ -48,8 +48,8 @@ def _gang_pod(tag: str, i: int, *, node: str = "", selector: dict[str, str] | No
         "terminationGracePeriodSeconds": 0, "tolerations": [GPU_TOL, *(tolerations or [])],
         "containers": [{"name": "worker", "image": "busybox", "command": ["sleep", "infinity"],
                         "resources": {"requests": {GPU: str(GPUS), "cpu": "1"}, "limits": {GPU: str(GPUS)}}}]}
-    if node:
-        spec["nodeName"] = node
+    if node:  # through the scheduler: the bench namespace is a kfp-gpu tenant, whose policy refuses spec.nodeName
+        spec["affinity"] = pin_to(node)
     if selector:
         spec["nodeSelector"] = dict(selector)
     return {"apiVersion": "v1", "kind": "Pod",
@@ -244,7 +244,10 @@ class Side:
         cap = ours.capacity_of(self.api, self.ns, self.run_id)  # the gang's status, as admin
         self.extra["profile_abs"] = {**_profile(cap.timeline_json, returned),
                                      **_controller_profile(self.api, self.ns, self.run_id)}
-        self.gang([_gang_pod(self.tag, i, node=nd) for i, nd in enumerate(cap.nodes)])
+        from kfp_gpu.cluster.nodes import run_toleration
+
+        claim = run_toleration(self.run_id, self.ns)  # ours' gang nodes carry the run's claim taint
+        self.gang([_gang_pod(self.tag, i, node=nd, tolerations=[claim]) for i, nd in enumerate(cap.nodes)])
 
     def release_ours(self) -> None:
         from bench import ours

@@ -266,3 +266,25 @@ def test_tenant_pods_may_not_tolerate_other_tenants_claims(installed: Kube, tena
     wait_until("a pod tolerating everything in a namespace that is no tenant to be admitted",
                lambda: dry_create(installed, namespace, pod(namespace, everything)) == (200, ""), timeout=30,
                every=0.5)
+
+
+def test_tenant_pods_may_not_bypass_the_scheduler_with_a_node_name(installed: Kube, tenants: tuple[str, str],
+                                                                   namespace: str):
+    """spec.nodeName skips the scheduler and every NoSchedule taint: a team-a pod could sit on team-b's claimed GPU
+    node without tolerating anything. Refused in a tenant namespace, naming the fix; allowed elsewhere."""
+    a, _ = tenants
+    pinned = pod(a)
+    pinned["spec"]["nodeName"] = "gke-team-b-gpu-0001"
+    msg = wait_until("the policy to refuse a pod created with spec.nodeName",
+                     lambda: refused(installed, a, pinned), timeout=30, every=0.5)
+    assert "sets spec.nodeName=gke-team-b-gpu-0001" in msg and "metadata.name In [gke-team-b-gpu-0001]" in msg, msg
+    selected = pod(a)
+    selected["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                "values": ["gke-team-b-gpu-0001"]}]}]}}}  # the scheduler decides
+    wait_until("the same placement through the scheduler to be admitted",
+               lambda: dry_create(installed, a, selected) == (200, ""), timeout=30, every=0.5)
+    elsewhere = pod(namespace)
+    elsewhere["spec"]["nodeName"] = "gke-team-b-gpu-0001"
+    wait_until("a pod with spec.nodeName in a namespace that is no tenant to be admitted",
+               lambda: dry_create(installed, namespace, elsewhere) == (200, ""), timeout=30, every=0.5)
