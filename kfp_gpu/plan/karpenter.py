@@ -39,7 +39,7 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # pod annotation: Karpenter never disrupts its node voluntarily
 DISRUPTED_TAINT = "karpenter.sh/disrupted"  # Karpenter taints a node it is about to drain and delete
-POOL_TAINT_KEY = "kfp-gpu.io/nodepool"  # the run's NodePool taints its nodes with it: nothing else lands there
+POOL_TAINT_SUFFIX = ".nodepools.kfp-gpu.io/run"  # <namespace> + this: the run's NodePool taints its nodes with it
 ICE_REASON = "InsufficientCapacityError"  # the NodeClaim event Karpenter publishes before deleting it
 KARPENTER_SCHEDULE_PREFIX = "Failed to schedule pod, "  # Karpenter's FailedScheduling events (not the scheduler's)
 GPU = "nvidia.com/gpu"
@@ -116,13 +116,20 @@ def requirements(instance_types: Sequence[str], cand: Candidate) -> list[dict[st
     return out
 
 
-def pool_taint(run_label: str) -> dict[str, str]:
-    return {"key": POOL_TAINT_KEY, "value": run_label, "effect": "NoSchedule"}
+def pool_taint_key(namespace: str) -> str:
+    """The NodePool taint's key for a run of ``namespace``: like the claim taint it carries the namespace, so the
+    tenant admission policy lets a pod tolerate only its own namespace's (nothing else lands on the run's nodes
+    between Karpenter registering them and the run claiming them)."""
+    return f"{namespace}{POOL_TAINT_SUFFIX}"
 
 
-def pool_toleration(run_label: str) -> str:
+def pool_taint(run_label: str, namespace: str) -> dict[str, str]:
+    return {"key": pool_taint_key(namespace), "value": run_label, "effect": "NoSchedule"}
+
+
+def pool_toleration(run_label: str, namespace: str) -> str:
     """The taint above as a ``Capacity.extra["tolerations"]`` string."""
-    return f"{POOL_TAINT_KEY}={run_label}:NoSchedule"
+    return f"{pool_taint_key(namespace)}={run_label}:NoSchedule"
 
 
 def gpu_limit(nodes: int, gpus_per_node: int) -> dict[str, str]:
@@ -131,7 +138,7 @@ def gpu_limit(nodes: int, gpus_per_node: int) -> dict[str, str]:
 
 def nodepool_body(name: str, *, labels: Mapping[str, str], annotations: Mapping[str, str],
                   instance_types: Sequence[str], cand: Candidate, limit_nodes: int, gpus_per_node: int,
-                  node_class: Mapping[str, str], run_label: str) -> dict[str, Any]:
+                  node_class: Mapping[str, str], run_label: str, namespace: str) -> dict[str, Any]:
     """The run's NodePool: its nodes carry the run's taint, ``limits`` cap it at the gang's GPUs, a budget of
     ``nodes: "0"`` stops every voluntary disruption (consolidation, drift, expiry) while the run holds it."""
     return {
@@ -140,7 +147,7 @@ def nodepool_body(name: str, *, labels: Mapping[str, str], annotations: Mapping[
         "spec": {
             "template": {  # no ownership labels on the nodes: a claim (kfp_gpu.cluster.nodes.claim) sets them
                 "spec": {"nodeClassRef": dict(node_class), "requirements": requirements(instance_types, cand),
-                         "taints": [pool_taint(run_label)], "expireAfter": "Never"},
+                         "taints": [pool_taint(run_label, namespace)], "expireAfter": "Never"},
             },
             "limits": gpu_limit(limit_nodes, gpus_per_node),
             "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never",

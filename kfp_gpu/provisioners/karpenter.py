@@ -137,7 +137,7 @@ class KarpenterProvisioner(NothingExtra):
         body = plan.nodepool_body(pool, labels=owner.labels(), instance_types=types, cand=cand, limit_nodes=gang,
                                   annotations={NAMESPACE_ANNOTATION: f"{spec.target.namespace}/{label_safe(run_id)}"},
                                   gpus_per_node=spec.gpus_per_node, node_class=api_k.node_class(self.api),
-                                  run_label=label_safe(run_id))
+                                  run_label=label_safe(run_id), namespace=spec.target.namespace)
         api_k.ensure_nodepool(self.api, body)
 
     def _retarget(self, pool: str, types: list[str], cand: plan.Candidate, gang: int, gpus_per_node: int,
@@ -257,7 +257,8 @@ class KarpenterProvisioner(NothingExtra):
             groups.setdefault(pz, []).append(name)
         extra: dict[str, Any] = {"provisioner": NAME, "scheme": SCHEME, "nodepool": pool,
                                  "capacity_type": cand.capacity_type,
-                                 "tolerations": [*spec.target.tolerations, plan.pool_toleration(label_safe(run_id))]}
+                                 "tolerations": [*spec.target.tolerations, plan.pool_toleration(label_safe(run_id),
+                                                                                      spec.target.namespace)]}
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label, cand.capacity_type == "spot",
                         timeline.to_json(), extra, scheme=SCHEME, accelerator=accelerators.get(spec.accelerator).name,
@@ -309,7 +310,7 @@ def _pod_tolerations(spec: ProvisioningSpec, run_label: str) -> list[dict[str, s
     claim taint: a recovery's placeholders never fit on the surviving (claimed) nodes, so Karpenter launches."""
     return [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
             *[parse_toleration(t) for t in spec.target.tolerations],
-            parse_toleration(plan.pool_toleration(run_label))]
+            parse_toleration(plan.pool_toleration(run_label, spec.target.namespace))]
 
 
 def _api_error(exc: ApiException) -> KfpGpuError:

@@ -104,7 +104,7 @@ def test_karpenter_example_interruption_recovers_and_leaves_nothing(
         assert sorted(warm["balloons"]) == sorted(p.metadata.name for p in pods) and len(pods) == 1, warm
         assert balloon_name(run, 0) not in warm["balloons"]
         assert pods[0].spec.node_selector == {plan.NODEPOOL_LABEL: pool}
-        assert plan.POOL_TAINT_KEY in {t.key for t in pods[0].spec.tolerations or []}
+        assert plan.pool_taint_key(namespace) in {t.key for t in pods[0].spec.tolerations or []}
         warm_claims = wait_until("the warm pool's NodeClaim", lambda: _claims(kube.api, pool), timeout=30)
 
         cap_json = scale_up.run(spec, run, pre.output_json, api=step_api).output_json
@@ -154,7 +154,7 @@ def test_the_leak_check_names_a_nodepool_a_run_left(kube: Kube, karpenter: Any, 
     body = plan.nodepool_body(pool, labels={LABEL_RUN_ID: label_safe(run)}, annotations={},
                               instance_types=["p4d.24xlarge"], cand=plan.Candidate("us-east-1a", "spot"),
                               limit_nodes=1, gpus_per_node=8, node_class=api_k.node_class(kube.api),
-                              run_label=label_safe(run))
+                              run_label=label_safe(run), namespace=namespace)
     api_k.ensure_nodepool(kube.api, body)  # no pod asks for it: Karpenter launches nothing
     try:
         assert leftovers(step_api, namespace, run, timeout_s=0.5) == {"nodepool": [pool]}

@@ -99,7 +99,7 @@ def test_gang_interrupted_recovered_from_checkpoint_and_nothing_left(kube, karpe
             assert labels[plan.NODEPOOL_LABEL] == pool and labels[plan.CAPACITY_TYPE_LABEL] == "spot"
             assert labels[plan.ZONE_LABEL] == STOCKED and labels[plan.INSTANCE_TYPE_LABEL] == "p4d.24xlarge"
             assert n.status.allocatable["nvidia.com/gpu"] == "8" and labels[LABEL_RUN_ID] == label_safe(run)
-            assert {t.key for t in n.spec.taints or []} >= {plan.POOL_TAINT_KEY, claim_taint_key(namespace)}
+            assert {t.key for t in n.spec.taints or []} >= {plan.pool_taint_key(namespace), claim_taint_key(namespace)}
         np = client.CustomObjectsApi(kube.api).get_cluster_custom_object(plan.GROUP, plan.VERSION, plan.NODEPOOLS, pool)
         assert np["spec"]["limits"] == {"nvidia.com/gpu": "16"}
         assert np["spec"]["disruption"]["budgets"] == [{"nodes": "0"}]

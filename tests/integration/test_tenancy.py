@@ -257,6 +257,8 @@ def test_tenant_pods_may_not_tolerate_other_tenants_claims(installed: Kube, tena
     assert "operator Exists and no key" in msg and "tolerates every taint" in msg, msg
     msg = refused(installed, a, pod(a, {"key": "kfp-gpu.io/run", "operator": "Exists"}))
     assert "tolerates kfp-gpu.io/run" in msg, msg
+    msg = refused(installed, a, pod(a, {"key": f"{b}.nodepools.kfp-gpu.io/run", "operator": "Exists"}))
+    assert f"tolerates {b}.nodepools.kfp-gpu.io/run" in msg, msg  # team-b's Karpenter nodes before their claim
 
     own = {"key": f"{a}{CLAIM}", "operator": "Equal", "value": "run-1", "effect": "NoSchedule"}
     other = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}

@@ -124,7 +124,7 @@ def test_failover_goes_zone_by_zone_then_on_demand_only_when_allowed() -> None:
 def test_the_nodepool_is_scoped_capped_and_never_disrupted() -> None:
     cand = k.Candidate("us-east-1b", "spot")
     body = k.nodepool_body("np", labels={"kfp-gpu.io/run-id": "r1"}, annotations={}, instance_types=["p4d.24xlarge"],
-                           cand=cand, limit_nodes=2, gpus_per_node=8, run_label="r1",
+                           cand=cand, limit_nodes=2, gpus_per_node=8, run_label="r1", namespace="team-a",
                            node_class={"group": "karpenter.kwok.sh", "kind": "KWOKNodeClass", "name": "default"})
     spec = body["spec"]
     assert spec["limits"] == {"nvidia.com/gpu": "16"}
@@ -132,8 +132,9 @@ def test_the_nodepool_is_scoped_capped_and_never_disrupted() -> None:
     reqs = {r["key"]: r["values"] for r in spec["template"]["spec"]["requirements"]}
     assert reqs == {"node.kubernetes.io/instance-type": ["p4d.24xlarge"], "karpenter.sh/capacity-type": ["spot"],
                     "topology.kubernetes.io/zone": ["us-east-1b"]}
-    assert spec["template"]["spec"]["taints"] == [{"key": "kfp-gpu.io/nodepool", "value": "r1", "effect": "NoSchedule"}]
-    assert k.pool_toleration("r1") == "kfp-gpu.io/nodepool=r1:NoSchedule"
+    assert spec["template"]["spec"]["taints"] == [{"key": "team-a.nodepools.kfp-gpu.io/run", "value": "r1",
+                                                   "effect": "NoSchedule"}]
+    assert k.pool_toleration("r1", "team-a") == "team-a.nodepools.kfp-gpu.io/run=r1:NoSchedule"
     assert k.candidate_of(body) == cand
 
 
