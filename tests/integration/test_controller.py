@@ -64,6 +64,37 @@ def test_gang_goes_through_every_stage_and_release_leaves_nothing(tenant):
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
+def test_the_jobs_pods_take_the_warm_pool_nodes_without_preempting_its_balloons(tenant):
+    """A warm pool of 2 balloons holds the gang's nodes until the job is created; then the train unit deletes them,
+    and the job's pods bind to the claimed nodes without one scheduler preemption (no Preempted event)."""
+    import dataclasses
+
+    from kfp_gpu.cluster import pytorchjob
+    from kfp_gpu.cluster.balloons import BALLOON_LABEL
+    from kfp_gpu.spec import WarmPool
+    from tests.integration.test_train_support import job_json, running_pods
+
+    t = tenant()
+    spec = dataclasses.replace(t.spec(2, zones=("us-central1-a",)), warm_pool=WarmPool(nodes=2, ttl_s=600))
+    run = new_run()
+    core = client.CoreV1Api(t.kube.api)
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    held = core.list_namespaced_pod(t.ns, label_selector=f"{BALLOON_LABEL}=true").items
+    assert len(held) == 2 and all(p.spec.node_name for p in held), [(p.metadata.name, p.spec.node_name) for p in held]
+    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(4.0), dataset_uri="", queue_timeout_s=60.0)
+    job = pytorchjob.job_name(run, "train")
+    pods = wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
+    assert {p.spec.node_name for p in pods} == set(t.claimed(run))
+    assert core.list_namespaced_pod(t.ns, label_selector=f"{BALLOON_LABEL}=true").items == []
+    preempted = [e.message for e in core.list_namespaced_event(t.ns).items if e.reason == "Preempted"]
+    assert preempted == [], preempted
+    th.join(120)
+    assert "error" not in box, f"{box.get('error')}\n{t.controller_log()}"
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
+
+
 def test_gang_beyond_policy_is_refused_naming_the_rule_and_no_cloud_call_is_made(tenant):
     t = tenant(max_gpus_per_gang=8)
     spec, run = t.spec(2), new_run()  # 2 nodes x 8 GPUs = 16 > 8
