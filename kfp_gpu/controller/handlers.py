@@ -27,7 +27,7 @@ from kfp_gpu.gang import api as gang
 
 log = logging.getLogger(__name__)
 FINALIZER = "kfp-gpu.io/release"
-TURN_S = 0.1
+TURN_S = 0.5  # at the latest: a watch event of the gang or a unit's end wakes its loop at once (Runner.wake)
 _runners: dict[tuple[str, str], Runner] = {}
 _state: dict[str, Any] = {}
 
@@ -75,18 +75,27 @@ def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, na
         obj: Obj = json.loads(json.dumps(dict(body)))
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
             break
+        runner.wake.clear()
         try:
             runner.turn(obj)
         except Exception as exc:  # noqa: BLE001 - one failed turn (API hiccup) is retried on the next
             log.warning("gang %s/%s: turn failed: %s", namespace, name, exc)
             stopped.wait(1.0)
-        stopped.wait(TURN_S)
+        runner.wake.wait(TURN_S)
     deleting = stopped.reason is not None and kopf.DaemonStoppingReason.RESOURCE_DELETED in stopped.reason
     if not deleting:  # the controller exits: leave the work to the next one (as kill -9 would)
         with runner.lock:
             for w in runner.work.values():
                 w.kill()
             runner.work.clear()
+
+
+@kopf.on.event(gang.GROUP, gang.VERSION, gang.PLURAL)  # type: ignore[arg-type]
+def gang_event(namespace: str, name: str, **_: Any) -> None:
+    """Any change of a gang (a step raised its stage, asked for a job, beat): its loop turns now."""
+    runner = _runners.get((namespace, name))
+    if runner is not None:
+        runner.wake.set()
 
 
 @kopf.on.delete(gang.GROUP, gang.VERSION, gang.PLURAL)  # type: ignore[arg-type]

@@ -84,6 +84,7 @@ class Runner:
         self.event = event
         self.log_dir = log_dir
         self.work: dict[str, Work] = {}
+        self.wake = threading.Event()  # set on a watch event of the gang and when a unit ends: turn now
         self.status: Obj | None = None
         self.lock = threading.RLock()
         self._owner_checked = 0.0
@@ -273,7 +274,7 @@ class Runner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{self.namespace}.{self.name}.{key.replace(':', '-')}.log"
         return Work(key, step, json.dumps(spec.get("provisioning") or {}), str(spec.get("runId") or ""),
-                    upstream, log_path, **kwargs)
+                    upstream, log_path, on_exit=self.wake.set, **kwargs)
 
     def _reap(self, obj: Obj) -> bool:
         assert self.status is not None

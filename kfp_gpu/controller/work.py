@@ -20,11 +20,14 @@ import ctypes
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import resource
 import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +114,7 @@ class Work:
     """A running unit: ``poll()`` is None until it ended, then its :class:`Outcome`."""
 
     def __init__(self, key: str, step: str, spec_json: str, run_id: str, upstream_json: str,
-                 log_path: Path, **kwargs: Any) -> None:
+                 log_path: Path, *, on_exit: Callable[[], None] | None = None, **kwargs: Any) -> None:
         self.key, self.step = key, step
         self._dir = Path(tempfile.mkdtemp(prefix=f"kfp-gpu-work-{step}-"))
         req = self._dir / "request.json"
@@ -121,6 +124,14 @@ class Work:
         self.proc = _context().Process(target=_unit, args=(str(req), str(self._result), str(log_path)),
                                        name=f"kfp-gpu-work-{key}", daemon=False)
         self.proc.start()
+        if on_exit is not None:  # wake the gang's loop the moment the unit ends, not on its next turn
+            sentinel = self.proc.sentinel
+
+            def watch() -> None:
+                multiprocessing.connection.wait([sentinel])
+                on_exit()
+
+            threading.Thread(target=watch, daemon=True, name=f"kfp-gpu-work-exit-{key}").start()
         self.outcome: Outcome | None = None
         self.cancelled = False
         self._progress_seq = 0
