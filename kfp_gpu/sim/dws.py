@@ -255,7 +255,7 @@ class DwsWorld:
             return []
         p = self.state.pools[t.demand.pool]
         full = len(p.instances) + t.demand.count > p.spec.max_nodes
-        if full or self.state.stockout(p.spec.zone, p.spec.accelerator) is not None:
+        if full or self.state.stockout(p.spec.zone, p.spec.accelerator, t.demand.count) is not None:
             self.state.world.later(compress(self.spec.retry_s), lambda: self._try(t))
             return []
         quota = self._quota(p, t.demand.count)

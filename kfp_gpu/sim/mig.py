@@ -112,8 +112,10 @@ class World:
     """The MIG mechanics shared by every pool: timeline, lock, backend and scenario timing."""
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
-                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None) -> None:
+                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
+                 quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None) -> None:
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
+        self.quota: Callable[[PoolSpec], dict[str, Any] | None] = quota or (lambda _spec: None)
         self.reservations: rsv.Book = {} if reservations is None else reservations
         w = scenario.world
         self.retry_s, self.plugin_s, self.notice_s = compress(w.mig_retry_s), compress(w.device_plugin_s), \
@@ -206,12 +208,12 @@ class World:
         if not self._current(p, inst, gen) or inst.state != CREATING:
             return []
         rsv.earmark(self.reservations, p.spec, inst)  # a slot may have freed since the VM was planned
-        if inst.reservation is not None:  # reserved capacity: no stock needed
+        if inst.reservation is not None:  # reserved capacity: no stock needed, its quota is already held
             item = None
         elif p.spec.reservation_affinity.effective == "specific" and not p.spec.spot:
             item = rsv.exhausted_item(p.spec)
-        else:
-            item = self.stockout(p.spec.zone, p.spec.accelerator)
+        else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
+            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator)
         if item is not None:  # the MIG records the error and keeps retrying (targetSize unchanged)
             p.errors.append({
                 "instanceActionDetails": {"action": "RECREATING" if inst.recreate else "CREATING",

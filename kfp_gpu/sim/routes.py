@@ -13,7 +13,7 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim import reservations as rsv
-from kfp_gpu.sim import shapes
+from kfp_gpu.sim import shapes, vmquota
 from kfp_gpu.sim.api import sim_time_scale
 from kfp_gpu.sim.state import SimState
 
@@ -51,7 +51,8 @@ def region_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, A
     st.check_project(m["p"])
     r = st.region(m["r"])
     base = f"{shapes.COMPUTE}/projects/{m['p']}"
-    quotas = [shapes.quota_row(k, v.limit, v.usage + st.usage(r.name, k)) for k, v in r.quotas.items()]
+    quotas = [shapes.quota_row(k, v.limit, v.usage + st.usage(r.name, k) + vmquota.cpu_usage(st, r.name, k))
+              for k, v in r.quotas.items()]
     return 200, {
         "kind": "compute#region", "id": "1000", "name": r.name, "status": "UP",
         "description": r.name, "selfLink": f"{base}/regions/{r.name}",

@@ -179,9 +179,25 @@ def test_resize_errors(sim: SimServer) -> None:
     with pytest.raises(NotFound, match="us-central1-b"):
         p.resize(PoolRef("a100-80gb-a", "us-central1-b"), 1, OWNER)
     _until_done(p, p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 16, OWNER))
-    with pytest.raises(QuotaExceeded) as info:
-        p.resize(PoolRef("a100-80gb-b", "us-central1-b"), 1, OWNER)
-    assert info.value.scope is Scope.REGION and info.value.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+    # GCE accepts the resize and refuses each VM creation: the DONE Operation carries the QuotaExceeded
+    done = _until_done(p, p.resize(PoolRef("a100-80gb-b", "us-central1-b"), 1, OWNER))
+    assert done.status is OpStatus.DONE and isinstance(done.error, QuotaExceeded)
+    assert done.error.scope is Scope.REGION and done.error.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+    assert done.error.fields["running"] == 0 and done.error.fields["target"] == 1
+    assert "\n" not in str(done.error) and "request more NVIDIA_A100_80GB_GPUS quota" in done.error.remediation
+
+
+def test_a_partial_stockout_is_a_done_operation_with_capacity_unavailable() -> None:
+    """Room for 2 of 4 VMs in the zone: 2 are created, the others fail as MIG instance errors."""
+    data = scenario(api={"error_rate": 0},
+                    stockouts=[{"zone": "us-central1-c", "accelerator": "l4", "window": "always", "capacity": 2}])
+    with running(data) as sim:
+        p = _provider(sim)
+        done = _until_done(p, p.resize(PoolRef("l4-c", "us-central1-c"), 4, OWNER))
+        assert done.status is OpStatus.DONE and isinstance(done.error, CapacityUnavailable)
+        assert done.error.scope is Scope.ZONE and done.error.fields["target"] == 4
+        assert done.error.fields["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        wait_until("2 VMs booted", lambda: len(sim.nodes("l4-c")) == 2, timeout=30, every=0.05)
 
 
 def test_resize_into_a_stockout_raises_capacity_unavailable() -> None:
