@@ -2,7 +2,7 @@
 
 A MIG resize (GKE ``nodePools.setSize``) is accepted whatever the quota; every VM creation the group then
 attempts is checked against the regional GPU metric (or the Cloud Quotas GPU family), ``GPUS_ALL_REGIONS`` and
-the vCPU metrics (``CPUS``, or ``PREEMPTIBLE_CPUS`` for Spot VMs when the region has it, plus a machine family's
+the vCPU metrics (``CPUS``, or ``PREEMPTIBLE_CPUS`` for Spot VMs when the region has that quota, plus a machine family's
 ``<FAMILY>_CPUS`` when declared). A refused creation is a ``QUOTA_EXCEEDED`` instance error in
 ``instanceGroupManagers.listErrors`` and the group retries it. See docs/sim.md, rule 4b.
 
@@ -32,9 +32,10 @@ def vcpus(spec: PoolSpec) -> int:
 
 
 def cpu_metrics(spec: PoolSpec, region: RegionSpec) -> list[str]:
-    """The vCPU metrics one VM of ``spec`` counts against. Spot VMs use ``PREEMPTIBLE_CPUS`` when the region
-    declares it and standard ``CPUS`` otherwise; a family metric (``A2_CPUS``) applies when declared."""
-    base = PREEMPTIBLE_CPUS if spec.spot and PREEMPTIBLE_CPUS in region.quotas else CPUS
+    """The vCPU metrics one VM of ``spec`` counts against. Spot VMs use ``PREEMPTIBLE_CPUS`` when the region has
+    that quota (limit above 0) and standard ``CPUS`` otherwise; a family metric (``A2_CPUS``) applies when declared."""
+    pre = region.quotas.get(PREEMPTIBLE_CPUS)
+    base = PREEMPTIBLE_CPUS if spec.spot and pre is not None and pre.limit > 0 else CPUS
     family = spec.machine_type.split("-", 1)[0].upper() + "_CPUS"
     return [base] + ([family] if family != base and family in region.quotas else [])
 

@@ -55,13 +55,15 @@ def test_is_a_capacity_provider(sim: SimServer) -> None:
 
 def test_quota_amounts_regional_preemptible_and_global(sim: SimServer) -> None:
     rows = {q.metric: q for q in _provider(sim).quota("a100-80gb", REGION, spot=True)}
-    assert set(rows) == {"NVIDIA_A100_80GB_GPUS", "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS"}
+    assert set(rows) == {"NVIDIA_A100_80GB_GPUS", "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS", "CPUS"}
+    cpus = rows["CPUS"]  # the region lists no PREEMPTIBLE_CPUS: Spot VMs use CPUS
+    assert (cpus.limit, cpus.usage, cpus.unit) == (24000, 8, "vcpus")
     a100 = rows["NVIDIA_A100_80GB_GPUS"]
     assert (a100.limit, a100.usage, a100.free, a100.status, a100.location) == (128, 0, 128, "ok", REGION)
     assert "console.cloud.google.com/iam-admin/quotas" in a100.raise_path and a100.lead_time_days > 0
     assert rows["GPUS_ALL_REGIONS"].location == "global" and rows["GPUS_ALL_REGIONS"].free == 512
     on_demand = {q.metric for q in _provider(sim).quota("l4", REGION, spot=False)}
-    assert on_demand == {"NVIDIA_L4_GPUS", "GPUS_ALL_REGIONS"}
+    assert on_demand == {"NVIDIA_L4_GPUS", "GPUS_ALL_REGIONS", "CPUS"}
 
 
 def test_quota_h100_family_comes_from_cloud_quotas(sim: SimServer) -> None:

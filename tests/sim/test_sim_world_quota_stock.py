@@ -78,7 +78,7 @@ def test_the_cpus_quota_counts_the_machine_types_vcpus() -> None:
         assert _usage(sim, "CPUS") == 4.0
 
 
-def test_spot_vms_use_preemptible_cpus_when_the_region_has_it_else_cpus() -> None:
+def test_spot_vms_use_preemptible_cpus_when_the_project_has_that_quota_else_cpus() -> None:
     spot_pools = pools(**{"l4-a": {"spot": True}, "l4-b": {"spot": True}})
     with world(pools=spot_pools, regions=_regions(CPUS=4, PREEMPTIBLE_CPUS=8)) as (sim, tl, _backend):
         cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
@@ -89,7 +89,7 @@ def test_spot_vms_use_preemptible_cpus_when_the_region_has_it_else_cpus() -> Non
         set_size(cm, "l4-b", 1)
         tl.advance(RESIZE)
         assert _codes(sim, "l4-b", "us-central1-b") == ["QUOTA_EXCEEDED"]
-    with world(pools=spot_pools, regions=_regions(CPUS=4)) as (sim, tl, _backend):
+    with world(pools=spot_pools, regions=_regions(CPUS=4, PREEMPTIBLE_CPUS=0)) as (sim, tl, _backend):
         cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
         set_size(cm, "l4-a", 2)
         tl.advance(RESIZE)
