@@ -168,6 +168,27 @@ class World:
     def instance_url(self, p: PoolRuntime, name: str) -> str:
         return f"{shapes.COMPUTE}/projects/{self.sc.project}/zones/{p.spec.zone}/instances/{name}"
 
+    def managed_instances(self, p: PoolRuntime) -> list[dict[str, Any]]:
+        """instanceGroupManagers.listManagedInstances items (lock held): each VM's ``currentAction``, its
+        ``instanceStatus`` once the VM exists, and ``lastAttempt.errors`` (the newest listErrors item of a VM the
+        group is still trying to create)."""
+        last: dict[str, dict[str, Any]] = {}
+        for e in p.errors:
+            last[e["instanceActionDetails"]["instance"]] = e["error"]
+        out = []
+        for inst in p.instances.values():
+            url = self.instance_url(p, inst.name)
+            item: dict[str, Any] = {"instance": url, "name": inst.name, "currentAction": {
+                CREATING: "RECREATING" if inst.recreate else "CREATING", BOOTING: "RECREATING" if inst.recreate
+                else "CREATING", RUNNING: "NONE", NOTICE: "NONE", DELETING: "DELETING"}[inst.state]}
+            if inst.state != CREATING:
+                item["instanceStatus"] = {BOOTING: "STAGING", NOTICE: "STOPPING", DELETING: "STOPPING"}.get(
+                    inst.state, "RUNNING")
+            elif url in last:
+                item["lastAttempt"] = {"errors": {"errors": [dict(last[url])]}}
+            out.append(item)
+        return out
+
     # ---- growth and shrink (lock held) ----------------------------------------------------------
     def add(self, p: PoolRuntime, n: int, requested_at: float, spread_s: float) -> None:
         """Add ``n`` VMs; their creations are attempted evenly over the next ``spread_s`` seconds."""

@@ -113,6 +113,21 @@ def igm_list_errors(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[s
     return 200, out
 
 
+@route("POST", _C + "/zones/(?P<z>[^/]+)/instanceGroupManagers/(?P<igm>[^/]+)/listManagedInstances",
+       "compute.instanceGroupManagers.listManagedInstances")
+def igm_list_managed(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
+    """instanceGroupManagers.listManagedInstances: ``{"managedInstances": [...], "nextPageToken"?}`` (maxResults
+    <= 500), each with ``currentAction``, ``instanceStatus`` and ``lastAttempt.errors``."""
+    st.check_project(m["p"])
+    items = st.igm_instances(m["z"], m["igm"])
+    size = int(q.get("maxResults") or 500)
+    start = int(q["pageToken"]) if q.get("pageToken", "").isdigit() else 0
+    out: dict[str, Any] = {"managedInstances": items[start:start + size]}
+    if start + size < len(items):
+        out["nextPageToken"] = str(start + size)
+    return 200, out
+
+
 def _reservation_key(st: SimState, m: re.Match[str], name: str) -> tuple[str, str]:
     st.check_project(m["p"])
     st.zone_region(m["z"])

@@ -318,6 +318,12 @@ class SimState:
         with self.lock:
             return [dict(e) for e in p.errors]
 
+    def igm_instances(self, zone: str, igm: str) -> list[dict[str, Any]]:
+        """instanceGroupManagers.listManagedInstances items. Raises: SimHttpError 404 for an unknown group."""
+        p = self._igm_pool(zone, igm)
+        with self.lock:
+            return self.world.managed_instances(p)
+
     def node_pool_json(self, p: PoolRuntime, location: str, cluster: str) -> dict[str, Any]:
         s = self.scenario
         acc = accelerators.get(p.spec.accelerator)

@@ -94,3 +94,24 @@ def test_spot_vms_use_preemptible_cpus_when_the_project_has_that_quota_else_cpus
         set_size(cm, "l4-a", 2)
         tl.advance(RESIZE)
         assert _codes(sim, "l4-a", "us-central1-a") == ["QUOTA_EXCEEDED"] and _usage(sim, "CPUS") == 4.0
+
+
+def test_list_managed_instances_shows_each_vms_action_and_last_creation_error() -> None:
+    so = [{"zone": "us-central1-c", "accelerator": "l4", "window": "always", "capacity": 1}]
+    with world(stockouts=so, regions=_regions(NVIDIA_L4_GPUS=2)) as (sim, tl, _backend):
+        kw = client_kwargs(sim.url)
+        cm = container_v1.ClusterManagerClient(**kw)
+        set_size(cm, "l4-a", 1)
+        set_size(cm, "l4-c", 3)  # room for 1 in the zone; quota for 2 in the region (l4-a holds one)
+        tl.advance(RESIZE)
+        mig = compute_v1.InstanceGroupManagersClient(**kw)
+        got = {m.instance.rsplit("/", 1)[1]: m for m in mig.list_managed_instances(
+            project=PROJECT, zone="us-central1-c", instance_group_manager=igm("l4-c", ""))}
+        assert got[node("l4-c", 0)].current_action == "CREATING" and got[node("l4-c", 0)].instance_status == "STAGING"
+        assert not got[node("l4-c", 0)].last_attempt.errors.errors
+        # the region's quota is checked before the zone's stock: the other two VMs are refused for quota
+        assert [got[node("l4-c", i)].last_attempt.errors.errors[0].code for i in (1, 2)] == ["QUOTA_EXCEEDED"] * 2
+        assert not got[node("l4-c", 1)].instance_status
+        tl.advance(real(600))
+        done = mig.list_managed_instances(project=PROJECT, zone="us-central1-c", instance_group_manager=igm("l4-c", ""))
+        assert [(m.current_action, m.instance_status) for m in done][0] == ("NONE", "RUNNING")
