@@ -25,7 +25,7 @@ from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Action
 from kfp_gpu.sim.mig import MemoryBackend as MemoryBackend
 from kfp_gpu.sim.mig import NodeBackend as NodeBackend
 from kfp_gpu.sim.mig import PoolRuntime as PoolRuntime
-from kfp_gpu.sim.scenario import PoolSpec, RegionSpec, Scenario
+from kfp_gpu.sim.scenario import RegionSpec, Scenario
 from kfp_gpu.sim.shapes import SimHttpError
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class SimState:
                 raise shapes.http_error(
                     400, f"nodeCount {count} is outside [0, {p.spec.max_nodes}] for node pool {name}.")
             if p.running_op:
-                raise operation_in_progress(p.running_op, name)
+                raise shapes.operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
             if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
                 item = self.stockout(p.spec.zone, p.spec.accelerator)
@@ -345,7 +345,7 @@ class SimState:
             "config": config,
             "initialNodeCount": p.spec.initial_size,
             "locations": [p.spec.zone],
-            "autoscaling": autoscaling_json(p.spec),
+            "autoscaling": shapes.autoscaling_json(p.spec),
             "selfLink": f"{base}/nodePools/{p.spec.name}",
             "instanceGroupUrls": [
                 f"{shapes.COMPUTE}/projects/{s.project}/zones/{p.spec.zone}/instanceGroupManagers/{igm_name(cluster, p)}"
@@ -427,27 +427,6 @@ class SimState:
     def shutdown(self) -> None:
         self.timeline.stop()
         self.world.shutdown()
-
-
-def operation_in_progress(op_name: str, pool: str) -> SimHttpError:
-    """GKE's refusal of a second mutation of a node pool while an operation runs on it."""
-    err = shapes.http_error(
-        400, f"Operation {op_name} is currently operating on node pool {pool}. "
-        "Please wait and try again once it is done.", reason="conditionNotMet")
-    err.body["error"]["status"] = "FAILED_PRECONDITION"
-    return err
-
-
-def autoscaling_json(spec: PoolSpec) -> dict[str, Any]:
-    """nodePools.get ``autoscaling``: empty when disabled, per-zone or total limits when enabled."""
-    a = spec.autoscaling
-    if not a.enabled:
-        return {}
-    if a.total:
-        return {"enabled": True, "totalMinNodeCount": a.min_nodes, "totalMaxNodeCount": a.max_nodes,
-                "locationPolicy": "ANY"}
-    return {"enabled": True, "minNodeCount": a.min_nodes, "maxNodeCount": a.max_nodes,
-            "locationPolicy": "BALANCED"}
 
 
 def igm_name(cluster: str, p: PoolRuntime) -> str:
