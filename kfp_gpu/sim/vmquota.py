@@ -51,13 +51,13 @@ def cpu_usage(st: SimState, region: str, metric: str) -> float:
             and metric in cpu_metrics(p.spec, r) for i in p.instances.values() if i.state != CREATING))
 
 
-def creation_error(st: SimState, spec: PoolSpec) -> dict[str, Any] | None:
-    """The listErrors ``error`` ({code, message}) when creating one more VM of ``spec`` would exceed a quota."""
+def creation_error(st: SimState, spec: PoolSpec, vms: int = 1) -> dict[str, Any] | None:
+    """The listErrors ``error`` ({code, message}) when creating ``vms`` more VMs of ``spec`` would exceed a quota."""
     acc = accelerators.get(spec.accelerator)
-    short = st.quota_short(spec.region, spec.quota_metric, acc.gcp_gpu_family, float(spec.gpus_per_node))
+    short = st.quota_short(spec.region, spec.quota_metric, acc.gcp_gpu_family, float(spec.gpus_per_node * vms))
     if short is None:
         r = st.region(spec.region)
-        need = float(vcpus(spec))
+        need = float(vcpus(spec) * vms)
         for metric in cpu_metrics(spec, r):
             q = r.quotas.get(metric)
             if q is not None and q.usage + cpu_usage(st, spec.region, metric) + need > q.limit:
