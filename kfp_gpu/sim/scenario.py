@@ -349,16 +349,20 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
 
 
 def _check_quota_usage(sc: Scenario) -> None:
-    """Initial pool sizes must fit into the quotas the scenario declares."""
+    """Initial pool sizes (their GPUs, and vCPUs for CPU metrics) must fit into the quotas the scenario declares."""
+    from kfp_gpu.sim import vmquota  # it imports this module
+
     for rname, region in sc.regions.items():
         for metric, q in region.quotas.items():
-            used = q.usage + sum(
-                p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric
-            )
+            gpus = sum(p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric)
+            vcpus = sum(p.initial_size * vmquota.vcpus(p) for p in sc.pools
+                        if p.region == rname and metric in vmquota.cpu_metrics(p, region))
+            used = q.usage + gpus + vcpus
             if used > q.limit:
+                unit = "vCPUs" if vcpus else "GPUs"
                 raise InvalidSpec(
                     f"regions.{rname}.quotas.{metric}.limit", q.limit,
-                    f"below the usage of the initial pool sizes ({used:g} GPUs)",
+                    f"below the usage of the initial pool sizes ({used:g} {unit})",
                 )
     for metric, q in sc.global_quotas.items():
         if metric == accelerators.GCP_ALL_REGIONS_METRIC:
