@@ -39,7 +39,7 @@ from kubernetes import client
 
 from bench.common import BOOT_SAMPLE_ANNOTATION, ROOT, new_api, parse_go_duration, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure
-from bench.world import GPUS, PENDING_S, StandIn, boot_model, pool_name, scenario
+from bench.world import DEVICE_PLUGIN_S, GPUS, PENDING_S, StandIn, boot_model, pool_name, scenario
 from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL, READY_AT_ANNOTATION
 from kfp_gpu.sim.clock import TIME_SCALE, compress
 
@@ -93,7 +93,8 @@ class SideRun:
 
 class Injector:
     """Boot latency for the bench CA's nodes (label ``kfp-gpu.io/boot-injection=pending``): the next sample of the
-    run's seeded lognormal (the stand-in's sampler), plus the stand-in's operation PENDING time, as an absolute
+    run's seeded lognormal (the stand-in's sampler), plus the stand-in's operation PENDING time and its device-plugin
+    delay (the stand-in's GPUs become allocatable that long after the Node registers), as an absolute
     ready-at from the moment the watch saw the node (so the patch's own latency is not charged to CA)."""
 
     def __init__(self, api: client.ApiClient) -> None:
@@ -112,7 +113,7 @@ class Injector:
         if (md.get("labels") or {}).get(INJECT_LABEL) != "pending" or BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
             return
         with self.lock:
-            s = compress(PENDING_S + self.model.sample(self.rng))
+            s = compress(PENDING_S + self.model.sample(self.rng) + DEVICE_PLUGIN_S)  # GPUs usable, as the stand-in's
         at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=s)
         body = {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                              BOOT_DELAY_ANNOTATION: f"{s:.6f}s", BOOT_SAMPLE_ANNOTATION: f"{s:.6f}"}}}

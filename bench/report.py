@@ -231,12 +231,20 @@ OURS_THROUGH_GANG = """| ours_node_pool | the product as a pipeline runs it (`be
 | ours_karpenter | the same, provisioner `karpenter`, against the dev cluster's Karpenter |"""
 
 
+def _plugin(w: dict[str, Any]) -> str:
+    """The device-plugin delay of the recorded world (results recorded before it was set had none)."""
+    if "device_plugin_real_s" not in w:
+        return "(`device_plugin_s: 0` folds the driver time into the one sample)"
+    return (f"plus {w['device_plugin_real_s']} s real from Node registration to GPUs allocatable (`device_plugin_s`, "
+            "the bench CA's nodes get the same)")
+
+
 def _world(w: dict[str, Any]) -> str:
     b = w.get("boot", {})
     return (f"TIME_SCALE = {w.get('time_scale')} (`kfp_gpu.sim.clock`: one real-world minute lasts 0.5 s); boot "
             f"{b.get('dist')}, median {b.get('median_real_s')} s real ({b.get('median_wall_s')} s here), sigma "
             f"{b.get('sigma')}, floor {b.get('min_real_s')} s, counted from the create request to GPUs usable "
-            f"(`device_plugin_s: 0` folds the driver time into the one sample); asynchronous resize operations "
+            f"{_plugin(w)}; asynchronous resize operations "
             f"(PENDING {w.get('operation_pending_real_s')} s); API latency {w.get('api_latency_ms')} ms per request "
             f"(not compressed); seeded 5xx on {w.get('api_error_rate', 0) * 100:g} % of requests; Compute's "
             f"1,500 requests/minute budget; the stand-in runs as its own process, one per side-run "

@@ -5,7 +5,8 @@ The error -> scope mapping itself lives in each provider's table (``classify``);
 NONE (transient) blocks nothing and means "back off and retry the same zone".
 When every candidate is blocked, :meth:`FailoverState.exhausted` builds the error to raise:
 a ``CapacityUnavailable`` carrying the whole failover history, or - when the provider itself is
-blocked (permissions...) - that permanent error, also with the history attached.
+blocked (permissions...) or a region is (a regional quota) - that permanent error, also with the history
+attached.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class FailoverState:
     provider_blocked: bool = False
     provider_error: dict[str, Any] | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    region_error: dict[str, Any] | None = None  # the newest region-scoped error (e.g. a regional quota)
 
     def is_blocked(self, c: Candidate) -> bool:
         return self.provider_blocked or c.region in self.blocked_regions or (
@@ -72,6 +74,7 @@ class FailoverState:
                 self.blocked_regions.add(where.region)
         elif kerr.scope is Scope.REGION:
             self.blocked_regions.add(where.region)
+            self.region_error = kerr.to_dict()
         elif kerr.scope is Scope.PROVIDER:
             self.provider_blocked = True
             self.provider_error = kerr.to_dict()
@@ -104,10 +107,11 @@ class FailoverState:
     def exhausted(self, what: str = "the requested GPUs") -> KfpGpuError:
         """The error to raise once nothing is left to try; it carries ``history`` in its fields."""
         tried = ", ".join(dict.fromkeys(h["zone"] or h["region"] for h in self.history)) or "nothing"
-        if self.provider_blocked and self.provider_error is not None:
-            err = KfpGpuError.from_dict(self.provider_error)
-            err.fields["failover_history"] = list(self.history)
-            return err
+        for blocking in (self.provider_error if self.provider_blocked else None, self.region_error):
+            if blocking is not None:  # a provider- or region-wide refusal (a quota) is the reason, said as itself
+                err = KfpGpuError.from_dict(blocking)
+                err.fields["failover_history"] = list(self.history)
+                return err
         return CapacityUnavailable(
             f"no candidate zone could provide {what}; tried {tried}",
             remediation=(
@@ -122,7 +126,7 @@ class FailoverState:
         return {
             "blocked_zones": sorted(self.blocked_zones), "blocked_regions": sorted(self.blocked_regions),
             "provider_blocked": self.provider_blocked, "provider_error": self.provider_error,
-            "history": list(self.history),
+            "region_error": self.region_error, "history": list(self.history),
         }
 
     @classmethod
@@ -130,4 +134,5 @@ class FailoverState:
         return cls(
             set(d.get("blocked_zones", [])), set(d.get("blocked_regions", [])),
             bool(d.get("provider_blocked", False)), d.get("provider_error"), list(d.get("history", [])),
+            d.get("region_error"),
         )

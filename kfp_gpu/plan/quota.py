@@ -53,6 +53,7 @@ class Need:
     location: str  # region or "global"
     amount: float
     unit: str  # "gpus" | "vcpus"
+    optional: bool = False  # not checked when the provider returns no row for it (a metric the cloud does not list)
 
     @property
     def metric(self) -> str:
@@ -136,15 +137,23 @@ def needs(spec: ProvisioningSpec, region: str, *, reserved: int = 0) -> list[Nee
         regional = (acc.gcp_preemptible_metric, acc.gcp_quota_metric)
     if acc.gcp_gpu_family:
         regional += (acc.gcp_gpu_family, accelerators.GCP_GPU_FAMILY_QUOTA_ID)
+    vcpus = float(nodes * acc.gce_machine_for(spec.gpus_per_node).vcpus)
+    cpus = (GCP_PREEMPTIBLE_CPUS, GCP_CPUS) if spec.spot else (GCP_CPUS,)
     return [
         Need(regional, region, gpus, "gpus"),
         Need((accelerators.GCP_ALL_REGIONS_METRIC,), "global", gpus, "gpus"),
+        Need(cpus, region, vcpus, "vcpus", optional=True),  # GCE checks the machine type's vCPUs per VM too
     ]
 
 
+GCP_CPUS, GCP_PREEMPTIBLE_CPUS = "CPUS", "PREEMPTIBLE_CPUS"
+
+
 def _row_for(need: Need, rows: Sequence[QuotaAmount]) -> QuotaAmount | None:
-    for metric in need.metrics:
+    for i, metric in enumerate(need.metrics):
         matches = [r for r in rows if r.metric == metric and r.location == need.location]
+        if metric == GCP_PREEMPTIBLE_CPUS and i + 1 < len(need.metrics) and all(r.limit == 0 for r in matches):
+            continue  # no preemptible CPU quota: Spot VMs use the standard CPUS quota
         if matches:
             known = [r for r in matches if r.free is not None]
             if known:
@@ -153,9 +162,11 @@ def _row_for(need: Need, rows: Sequence[QuotaAmount]) -> QuotaAmount | None:
     return None
 
 
-def check(need: Need, rows: Sequence[QuotaAmount]) -> QuotaCheck:
-    """Compare one need with the rows the provider returned."""
+def check(need: Need, rows: Sequence[QuotaAmount]) -> QuotaCheck | None:
+    """Compare one need with the rows the provider returned (None: an optional need with no row)."""
     row = _row_for(need, rows)
+    if row is None and need.optional:
+        return None
     if row is None:
         return QuotaCheck(
             need.metric, need.location, need.unit, need.amount, Verdict.UNKNOWN,
@@ -181,4 +192,4 @@ def evaluate(spec: ProvisioningSpec, region: str, rows: Sequence[QuotaAmount], *
 
     Raises: InvalidSpec (see :func:`needs`).
     """
-    return [check(n, rows) for n in needs(spec, region, reserved=reserved)]
+    return [c for n in needs(spec, region, reserved=reserved) if (c := check(n, rows)) is not None]

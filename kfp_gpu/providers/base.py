@@ -168,6 +168,11 @@ class PoolError:
         return self.code.startswith("ZONE_RESOURCE_POOL_EXHAUSTED") or self.code in (
             "InsufficientInstanceCapacity", "GCE_STOCKOUT")
 
+    @property
+    def quota(self) -> bool:
+        """A quota refused the VM (GCE ``QUOTA_EXCEEDED`` instance error; EC2 vCPU limits)."""
+        return self.code in ("QUOTA_EXCEEDED", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded")
+
 
 @dataclass(frozen=True)
 class PoolActivity:

@@ -28,7 +28,14 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
 from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, claim_all, list_nodes, name_of
-from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, PermissionDenied, ProvisioningTimeout
+from kfp_gpu.errors import (
+    CapacityUnavailable,
+    KfpGpuError,
+    NotFound,
+    PermissionDenied,
+    ProvisioningTimeout,
+    QuotaExceeded,
+)
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
@@ -293,15 +300,24 @@ class _CloudChecks:
 
 def _stockout(provider: CapacityProvider, watched: Sequence[PoolRef], since: float
               ) -> tuple[str, KfpGpuError] | None:
-    """The first watched pool whose instance group hit a stockout at or after ``since``, as (zone, error)."""
+    """The first watched pool whose instance group hit a stockout or a quota refusal at or after ``since``, as
+    (zone, error): a quota error blocks the region (QuotaExceeded), a stockout the zone."""
     for ref in watched:
         try:
             act = provider.pool_activity(ref, since)
         except KfpGpuError as exc:  # a read that failed after retries: look again next time
             log.debug("pool activity of %s: %s", ref.pool, exc)
             continue
+        if act.running >= act.target:
+            continue
+        quota = [e for e in act.errors if e.quota]
+        if quota:
+            return ref.zone, QuotaExceeded(
+                f"node pool {ref.pool} ({ref.zone}) cannot create its VMs: {quota[-1].code}: {quota[-1].message}",
+                remediation="request more quota for the metric the message names, or choose a region with free quota",
+                zone=ref.zone, region=ref.region, pool=ref.pool, running=act.running, target=act.target)
         hits = [e for e in act.errors if e.stockout]
-        if hits and act.running < act.target:
+        if hits:
             return ref.zone, CapacityUnavailable(
                 f"node pool {ref.pool} ({ref.zone}) cannot create its VMs: {hits[-1].code}: {hits[-1].message}",
                 remediation="the zone is out of stock; kfp-gpu fails over to the next candidate zone",

@@ -3,13 +3,17 @@
 Pure Python, thread-safe, no HTTP; :mod:`kfp_gpu.sim.server` asks it before and after each request.
 See docs/sim.md, "API layer", for the documented Google behaviour each rule follows.
 
-* **Budget.** Each (project, API service) pair may make ``api.requests_per_minute`` requests per
-  *compressed* minute (``60 / TIME_SCALE`` real seconds), counted in fixed, synchronized windows that
-  start with the server: Compute refills "at the start of the next synchronized interval", not
-  continuously. A request over budget is refused (Compute: 403 ``rateLimitExceeded``; GKE and Cloud
-  Quotas: 429 ``RESOURCE_EXHAUSTED`` / ``RATE_LIMIT_EXCEEDED``) with ``Retry-After`` = real seconds until
-  the window refills (decimal, since a compressed minute is shorter than a second). Once an interval's
-  budget is spent, every further request of that interval is refused: retrying sooner does not help.
+* **Budget.** Each (project, API service) pair may make ``api.requests_per_minute`` requests per minute of
+  **wall-clock** time, enforced per wall second: ``floor(rpm / 60)`` requests in each fixed one-second window
+  (below 60 rpm: one request per ``60 / rpm`` s window), counted in synchronized windows that start with the
+  server, as Compute refills "at the start of the next synchronized interval", not continuously. The requests
+  are real requests made in real time, so the world's time compression does not apply to them (a budget per
+  *compressed* minute, 1,500 requests per 0.5 s, never bound). Any sequence allowed in one-second windows
+  stays within the per-minute figure in every aligned minute, so the stand-in is never kinder than the
+  documented quota; it is harsher on bursts. A request over budget is refused (Compute: 403
+  ``rateLimitExceeded``; GKE and Cloud Quotas: 429 ``RESOURCE_EXHAUSTED`` / ``RATE_LIMIT_EXCEEDED``) with
+  ``Retry-After`` = seconds until the window refills (decimal). Once a window's budget is spent, every
+  further request of that window is refused: retrying sooner does not help.
 * **5xx.** A seeded ``api.error_rate`` of requests answers 500 or 503 ``backendError``. The decision is
   a hash of (seed, route, n-th call of that route), so a sequential client sees the same faults on every
   run. For a mutation, ``api.committed_5xx`` of those answers are sent *after* the change took effect
@@ -76,6 +80,16 @@ def rate_limited(service: str, project: str, limit: int, retry_after_s: float) -
     return err
 
 
+def budget_window(requests_per_minute: int) -> tuple[float, int]:
+    """(window length in wall seconds, requests allowed per window) for a per-minute quota: one-second windows
+    of ``floor(rpm / 60)`` requests; below 60 rpm, one request per ``60 / rpm`` s. (1.0, 0) for 0 = unlimited."""
+    if requests_per_minute <= 0:
+        return 1.0, 0
+    if requests_per_minute < 60:
+        return 60.0 / requests_per_minute, 1
+    return 1.0, requests_per_minute // 60
+
+
 def backend_error(status: int) -> SimHttpError:
     """Google's transient backend failure (500 INTERNAL / 503 UNAVAILABLE, reason backendError)."""
     return http_error(status, reason="backendError")
@@ -92,15 +106,13 @@ class ApiGate:
 
     Args:
         spec: the scenario's ``api:`` block.
-        now: real monotonic seconds (injectable for tests).
-        time_scale: compression factor of the stand-in's clock (one real minute = 60/time_scale s).
+        now: wall-clock monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, spec: ApiSpec, now: Callable[[], float] = time.monotonic,
-                 time_scale: float | None = None) -> None:
+    def __init__(self, spec: ApiSpec, now: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self.clock = now
-        self.window_s = 60.0 / (time_scale or sim_time_scale())
+        self.window_s, self.budget = budget_window(spec.requests_per_minute)
         self.t0 = now()
         self._lock = threading.Lock()
         self._windows: dict[tuple[str, str], tuple[int, int]] = {}  # (project, service) -> (window, used)
@@ -109,7 +121,7 @@ class ApiGate:
 
     def admit(self, path: str) -> SimHttpError | None:
         """Spend one request of the budget of ``path``'s (project, service); the refusal when over budget."""
-        service, limit = service_of(path), self.spec.requests_per_minute
+        service, limit = service_of(path), self.budget
         if not service or limit <= 0:
             return None
         project = project_of(path)
@@ -125,7 +137,7 @@ class ApiGate:
         wait = self.spec.retry_after_s
         if wait is None:
             wait = (window + 1) * self.window_s - elapsed
-        return rate_limited(service, project, limit, max(0.001, wait))
+        return rate_limited(service, project, self.spec.requests_per_minute, max(0.001, wait))
 
     def fault(self, route: str) -> tuple[int, bool] | None:
         """(HTTP status, committed) when this call of ``route`` answers 5xx, else None.

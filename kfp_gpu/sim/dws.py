@@ -240,14 +240,11 @@ class DwsWorld:
         return [self._status(t)]
 
     def _quota(self, p: PoolRuntime, count: int) -> tuple[str, str] | None:
-        from kfp_gpu import accelerators
+        """GPU and vCPU quota for all ``count`` VMs at once (the request is atomic), as GCE checks each VM."""
+        from kfp_gpu.sim import vmquota
 
-        acc = accelerators.get(p.spec.accelerator)
-        err = self.state.quota_check(p.spec.region, p.spec.quota_metric, acc.gcp_gpu_family,
-                                     float(count * p.spec.gpus_per_node))
-        if err is None:
-            return None
-        return "QuotaExceeded", str(err.body["error"]["message"])
+        err = vmquota.creation_error(self.state, p.spec, count)
+        return None if err is None else ("QuotaExceeded", str(err["message"]))
 
     def _try(self, t: Tracked) -> list[Action]:
         """The queue wait is over: take all nodes at once, or wait on (stockout, full pool) and look again."""
@@ -255,7 +252,7 @@ class DwsWorld:
             return []
         p = self.state.pools[t.demand.pool]
         full = len(p.instances) + t.demand.count > p.spec.max_nodes
-        if full or self.state.stockout(p.spec.zone, p.spec.accelerator) is not None:
+        if full or self.state.stockout(p.spec.zone, p.spec.accelerator, t.demand.count) is not None:
             self.state.world.later(compress(self.spec.retry_s), lambda: self._try(t))
             return []
         quota = self._quota(p, t.demand.count)

@@ -112,8 +112,10 @@ class World:
     """The MIG mechanics shared by every pool: timeline, lock, backend and scenario timing."""
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
-                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None) -> None:
+                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
+                 quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None) -> None:
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
+        self.quota: Callable[[PoolSpec], dict[str, Any] | None] = quota or (lambda _spec: None)
         self.reservations: rsv.Book = {} if reservations is None else reservations
         w = scenario.world
         self.retry_s, self.plugin_s, self.notice_s = compress(w.mig_retry_s), compress(w.device_plugin_s), \
@@ -166,6 +168,27 @@ class World:
     def instance_url(self, p: PoolRuntime, name: str) -> str:
         return f"{shapes.COMPUTE}/projects/{self.sc.project}/zones/{p.spec.zone}/instances/{name}"
 
+    def managed_instances(self, p: PoolRuntime) -> list[dict[str, Any]]:
+        """instanceGroupManagers.listManagedInstances items (lock held): each VM's ``currentAction``, its
+        ``instanceStatus`` once the VM exists, and ``lastAttempt.errors`` (the newest listErrors item of a VM the
+        group is still trying to create)."""
+        last: dict[str, dict[str, Any]] = {}
+        for e in p.errors:
+            last[e["instanceActionDetails"]["instance"]] = e["error"]
+        out = []
+        for inst in p.instances.values():
+            url = self.instance_url(p, inst.name)
+            item: dict[str, Any] = {"instance": url, "name": inst.name, "currentAction": {
+                CREATING: "RECREATING" if inst.recreate else "CREATING", BOOTING: "RECREATING" if inst.recreate
+                else "CREATING", RUNNING: "NONE", NOTICE: "NONE", DELETING: "DELETING"}[inst.state]}
+            if inst.state != CREATING:
+                item["instanceStatus"] = {BOOTING: "STAGING", NOTICE: "STOPPING", DELETING: "STOPPING"}.get(
+                    inst.state, "RUNNING")
+            elif url in last:
+                item["lastAttempt"] = {"errors": {"errors": [dict(last[url])]}}
+            out.append(item)
+        return out
+
     # ---- growth and shrink (lock held) ----------------------------------------------------------
     def add(self, p: PoolRuntime, n: int, requested_at: float, spread_s: float) -> None:
         """Add ``n`` VMs; their creations are attempted evenly over the next ``spread_s`` seconds."""
@@ -206,12 +229,12 @@ class World:
         if not self._current(p, inst, gen) or inst.state != CREATING:
             return []
         rsv.earmark(self.reservations, p.spec, inst)  # a slot may have freed since the VM was planned
-        if inst.reservation is not None:  # reserved capacity: no stock needed
+        if inst.reservation is not None:  # reserved capacity: no stock needed, its quota is already held
             item = None
         elif p.spec.reservation_affinity.effective == "specific" and not p.spec.spot:
             item = rsv.exhausted_item(p.spec)
-        else:
-            item = self.stockout(p.spec.zone, p.spec.accelerator)
+        else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
+            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator)
         if item is not None:  # the MIG records the error and keeps retrying (targetSize unchanged)
             p.errors.append({
                 "instanceActionDetails": {"action": "RECREATING" if inst.recreate else "CREATING",

@@ -13,7 +13,7 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim import reservations as rsv
-from kfp_gpu.sim import shapes
+from kfp_gpu.sim import shapes, vmquota
 from kfp_gpu.sim.api import sim_time_scale
 from kfp_gpu.sim.state import SimState
 
@@ -51,7 +51,8 @@ def region_get(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, A
     st.check_project(m["p"])
     r = st.region(m["r"])
     base = f"{shapes.COMPUTE}/projects/{m['p']}"
-    quotas = [shapes.quota_row(k, v.limit, v.usage + st.usage(r.name, k)) for k, v in r.quotas.items()]
+    quotas = [shapes.quota_row(k, v.limit, v.usage + st.usage(r.name, k) + vmquota.cpu_usage(st, r.name, k))
+              for k, v in r.quotas.items()]
     return 200, {
         "kind": "compute#region", "id": "1000", "name": r.name, "status": "UP",
         "description": r.name, "selfLink": f"{base}/regions/{r.name}",
@@ -107,6 +108,21 @@ def igm_list_errors(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[s
     size = int(q.get("maxResults") or 500)
     start = int(q["pageToken"]) if q.get("pageToken", "").isdigit() else 0
     out: dict[str, Any] = {"items": items[start:start + size]}
+    if start + size < len(items):
+        out["nextPageToken"] = str(start + size)
+    return 200, out
+
+
+@route("POST", _C + "/zones/(?P<z>[^/]+)/instanceGroupManagers/(?P<igm>[^/]+)/listManagedInstances",
+       "compute.instanceGroupManagers.listManagedInstances")
+def igm_list_managed(st: SimState, m: re.Match[str], q: dict[str, str], b: dict[str, Any]) -> tuple[int, Any]:
+    """instanceGroupManagers.listManagedInstances: ``{"managedInstances": [...], "nextPageToken"?}`` (maxResults
+    <= 500), each with ``currentAction``, ``instanceStatus`` and ``lastAttempt.errors``."""
+    st.check_project(m["p"])
+    items = st.igm_instances(m["z"], m["igm"])
+    size = int(q.get("maxResults") or 500)
+    start = int(q["pageToken"]) if q.get("pageToken", "").isdigit() else 0
+    out: dict[str, Any] = {"managedInstances": items[start:start + size]}
     if start + size < len(items):
         out["nextPageToken"] = str(start + size)
     return 200, out

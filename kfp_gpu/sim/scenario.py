@@ -92,6 +92,7 @@ class Stockout:
     end_s: float | None = None  # None = forever ("always")
     accelerator: str = ""  # empty = every accelerator
     with_details: bool = False  # use ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS
+    capacity: int | None = None  # room for this many VMs (of the accelerator) in the zone; None = none at all
 
     def active(self, t: float, accelerator: str) -> bool:
         if self.accelerator and self.accelerator != accelerator:
@@ -208,7 +209,7 @@ def from_dict(data: Any) -> Scenario:
     stockouts = []
     for i, s in enumerate(_list(d.get("stockouts", []), "stockouts")):
         f = f"stockouts[{i}]"
-        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details"})
+        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details", "capacity"})
         zone = str(so.get("zone", ""))
         if zone not in zones:
             raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; known: {sorted(zones)}")
@@ -221,7 +222,10 @@ def from_dict(data: Any) -> Scenario:
         acc = str(so.get("accelerator", ""))
         if acc:
             acc = accelerators.get(acc).name
-        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False))))
+        cap = so.get("capacity")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise InvalidSpec(f"{f}.capacity", cap, "must be a whole number of VMs >= 0 (omit it for no room at all)")
+        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False)), cap))
     faults = []
     for i, x in enumerate(_list(d.get("faults", []), "faults")):
         f = f"faults[{i}]"
@@ -345,16 +349,20 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
 
 
 def _check_quota_usage(sc: Scenario) -> None:
-    """Initial pool sizes must fit into the quotas the scenario declares."""
+    """Initial pool sizes (their GPUs, and vCPUs for CPU metrics) must fit into the quotas the scenario declares."""
+    from kfp_gpu.sim import vmquota  # it imports this module
+
     for rname, region in sc.regions.items():
         for metric, q in region.quotas.items():
-            used = q.usage + sum(
-                p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric
-            )
+            gpus = sum(p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric)
+            vcpus = sum(p.initial_size * vmquota.vcpus(p) for p in sc.pools
+                        if p.region == rname and metric in vmquota.cpu_metrics(p, region))
+            used = q.usage + gpus + vcpus
             if used > q.limit:
+                unit = "vCPUs" if vcpus else "GPUs"
                 raise InvalidSpec(
                     f"regions.{rname}.quotas.{metric}.limit", q.limit,
-                    f"below the usage of the initial pool sizes ({used:g} GPUs)",
+                    f"below the usage of the initial pool sizes ({used:g} {unit})",
                 )
     for metric, q in sc.global_quotas.items():
         if metric == accelerators.GCP_ALL_REGIONS_METRIC:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kfp_gpu.sim.scenario import PoolSpec
 
 COMPUTE = "https://www.googleapis.com/compute/v1"
 CONTAINER = "https://container.googleapis.com/v1"
@@ -201,3 +204,24 @@ def finish_container_operation(op: dict[str, Any]) -> None:
 
 def quota_row(metric: str, limit: float, usage: float) -> dict[str, Any]:
     return {"metric": metric, "limit": float(limit), "usage": float(usage)}
+
+
+def operation_in_progress(op_name: str, pool: str) -> SimHttpError:
+    """GKE's refusal of a second mutation of a node pool while an operation runs on it."""
+    err = http_error(
+        400, f"Operation {op_name} is currently operating on node pool {pool}. "
+        "Please wait and try again once it is done.", reason="conditionNotMet")
+    err.body["error"]["status"] = "FAILED_PRECONDITION"
+    return err
+
+
+def autoscaling_json(spec: PoolSpec) -> dict[str, Any]:
+    """nodePools.get ``autoscaling``: empty when disabled, per-zone or total limits when enabled."""
+    a = spec.autoscaling
+    if not a.enabled:
+        return {}
+    if a.total:
+        return {"enabled": True, "totalMinNodeCount": a.min_nodes, "totalMaxNodeCount": a.max_nodes,
+                "locationPolicy": "ANY"}
+    return {"enabled": True, "minNodeCount": a.min_nodes, "maxNodeCount": a.max_nodes,
+            "locationPolicy": "BALANCED"}

@@ -19,13 +19,13 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim import reservations as rsv
-from kfp_gpu.sim import shapes
+from kfp_gpu.sim import shapes, vmquota
 from kfp_gpu.sim.clock import Timeline, compress, expand
 from kfp_gpu.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Action, Instance, World
 from kfp_gpu.sim.mig import MemoryBackend as MemoryBackend
 from kfp_gpu.sim.mig import NodeBackend as NodeBackend
 from kfp_gpu.sim.mig import PoolRuntime as PoolRuntime
-from kfp_gpu.sim.scenario import PoolSpec, RegionSpec, Scenario
+from kfp_gpu.sim.scenario import RegionSpec, Scenario
 from kfp_gpu.sim.shapes import SimHttpError
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ class SimState:
         self.timeline = timeline or Timeline()
         self.reservations: rsv.Book = {(r.zone, r.name): rsv.from_spec(scenario.project, r)
                                        for r in scenario.reservations}
-        self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout, self.reservations)
+        self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout, self.reservations,
+                           quota=lambda spec: vmquota.creation_error(self, spec))
         self.pools: dict[str, PoolRuntime] = {}
         self.gke_ops: dict[str, dict[str, Any]] = {}
         self.compute_ops: dict[str, dict[str, Any]] = {}
@@ -126,11 +127,12 @@ class SimState:
     def _used(self, want: Callable[[str, str, str], bool]) -> float:
         """GPUs counted against quota, for the (region, metric, accelerator) ``want`` keeps: each reservation's
         reserved GPUs, plus the VMs of pools that hold no reserved slot (VMs inside a reservation are in its
-        count: max(reserved, used), never the sum). VMs of a SPECIFIC pool without a slot do not exist."""
+        count: max(reserved, used), never the sum). VMs of a SPECIFIC pool without a slot do not exist, nor do VMs
+        the group has not created yet (CREATING): they use no quota."""
         with self.lock:
             used = sum(
                 p.spec.gpus_per_node for p in self.pools.values() for i in p.instances.values()
-                if i.reservation is None and (p.spec.spot or p.spec.reservation_affinity.effective != "specific")
+                if i.reservation is None and i.state != CREATING and (p.spec.spot or p.spec.reservation_affinity.effective != "specific")
                 and want(p.spec.region, p.spec.quota_metric, p.spec.accelerator))
             used += sum(r["_gpus"] for (zone, _), r in self.reservations.items()
                         if r["_acc"] and want(self.zone_region(zone).name, r["_metric"], r["_acc"]))
@@ -146,37 +148,62 @@ class SimState:
     def all_regions_usage(self) -> float:
         return self._used(lambda _r, _m, _a: True)
 
-    def quota_check(self, region: str, metric: str, family: str | None, extra: float) -> SimHttpError | None:
-        """The first quota that ``extra`` more GPUs would exceed, as a 403, else None."""
+    def quota_short(self, region: str, metric: str, family: str | None, extra: float
+                    ) -> tuple[str, str, float] | None:
+        """(metric, region or "global", limit) of the first GPU quota ``extra`` more GPUs would exceed, else None."""
         r = self.region(region)
         q = r.quotas.get(metric)
         if q is not None and q.usage + self.usage(region, metric) + extra > q.limit:
-            return shapes.quota_exceeded(metric, region, q.limit, q.usage + self.usage(region, metric), extra)
+            return metric, region, q.limit
         if q is None and family and family in r.gpu_families:
-            limit, used = r.gpu_families[family], self.family_usage(region, family)
-            if used + extra > limit:
-                return shapes.quota_exceeded(f"GPUS-PER-GPU-FAMILY ({family})", region, limit, used, extra)
+            if self.family_usage(region, family) + extra > r.gpu_families[family]:
+                return f"GPUS-PER-GPU-FAMILY ({family})", region, r.gpu_families[family]
         g = self.scenario.global_quotas.get(accelerators.GCP_ALL_REGIONS_METRIC)
         if g is not None and g.usage + self.all_regions_usage() + extra > g.limit:
-            return shapes.quota_exceeded(
-                accelerators.GCP_ALL_REGIONS_METRIC, "global", g.limit, g.usage + self.all_regions_usage(), extra)
+            return accelerators.GCP_ALL_REGIONS_METRIC, "global", g.limit
         return None
 
-    def stockout(self, zone: str, accelerator: str) -> dict[str, Any] | None:
-        """The stockout error item when ``zone`` has no ``accelerator`` stock now (windows are in
-        real-world seconds since the world started), else None."""
+    def quota_check(self, region: str, metric: str, family: str | None, extra: float) -> SimHttpError | None:
+        """The first quota that ``extra`` more GPUs would exceed, as a 403, else None."""
+        short = self.quota_short(region, metric, family, extra)
+        if short is None:
+            return None
+        m, where, limit = short
+        if where == "global":
+            used = self.all_regions_usage() + self.scenario.global_quotas[m].usage
+        elif m == metric:
+            used = self.usage(region, metric) + self.region(region).quotas[metric].usage
+        else:
+            used = self.family_usage(region, family or "")
+        return shapes.quota_exceeded(m, where, limit, used, extra)
+
+    def stockout(self, zone: str, accelerator: str, need: int = 1) -> dict[str, Any] | None:
+        """The stockout error item when ``zone`` has no room for ``need`` more VMs of ``accelerator`` now (windows
+        are in real-world seconds since the world started; a window with ``capacity`` k has room for k VMs of the
+        accelerator in the zone, counting the created ones), else None."""
         t = expand(self.elapsed())
         for s in self.scenario.stockouts:
             if s.zone == zone and s.active(t, accelerator):
+                if s.capacity is not None and self._created_in(zone, s.accelerator) + need <= s.capacity:
+                    continue
                 return shapes.stockout_item(zone, self.scenario.project, s.with_details)
         return None
+
+    def _created_in(self, zone: str, accelerator: str) -> int:
+        """VMs (of ``accelerator``; "" = any) that exist in ``zone``: created, not merely planned."""
+        with self.lock:
+            return sum(1 for p in self.pools.values() if p.spec.zone == zone
+                       and (not accelerator or p.spec.accelerator == accelerator)
+                       for i in p.instances.values() if i.state != CREATING)
 
     # ---- node pools -------------------------------------------------------------------------
     def set_size(self, location: str, cluster: str, name: str, count: int) -> dict[str, Any]:
         """GKE nodePools.setSize. Returns the Operation JSON (PENDING); the MIG's target changes when
         it turns RUNNING, and it is DONE ``operations.set_size_s`` later, whatever the VMs do.
 
-        Raises: SimHttpError (404 unknown pool, 400 bad count / running operation, 403 quota).
+        Quota is not checked here: the MIG's VM creations are (docs/sim.md rule 4b).
+
+        Raises: SimHttpError (404 unknown pool, 400 bad count / running operation).
         """
         p = self.pool(location, cluster, name)
         project = self.scenario.project
@@ -187,17 +214,9 @@ class SimState:
                 raise shapes.http_error(
                     400, f"nodeCount {count} is outside [0, {p.spec.max_nodes}] for node pool {name}.")
             if p.running_op:
-                raise operation_in_progress(p.running_op, name)
+                raise shapes.operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
-            delta = count - len(p.instances)
-            outside = 0 if p.spec.reservation_affinity.effective == "specific" and not p.spec.spot else \
-                delta - rsv.free_for(self.reservations, p.spec)  # VMs a reservation holds need no more quota
-            if delta > 0:
-                acc = accelerators.get(p.spec.accelerator)
-                err = None if outside <= 0 else self.quota_check(
-                    p.spec.region, p.spec.quota_metric, acc.gcp_gpu_family, float(outside * p.spec.gpus_per_node))
-                if err is not None:
-                    raise err
+            if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
                 item = self.stockout(p.spec.zone, p.spec.accelerator)
                 if item is not None:  # no stock at all right now: GKE fails the operation at once
                     self.gke_ops[op["name"]] = op
@@ -299,6 +318,12 @@ class SimState:
         with self.lock:
             return [dict(e) for e in p.errors]
 
+    def igm_instances(self, zone: str, igm: str) -> list[dict[str, Any]]:
+        """instanceGroupManagers.listManagedInstances items. Raises: SimHttpError 404 for an unknown group."""
+        p = self._igm_pool(zone, igm)
+        with self.lock:
+            return self.world.managed_instances(p)
+
     def node_pool_json(self, p: PoolRuntime, location: str, cluster: str) -> dict[str, Any]:
         s = self.scenario
         acc = accelerators.get(p.spec.accelerator)
@@ -320,7 +345,7 @@ class SimState:
             "config": config,
             "initialNodeCount": p.spec.initial_size,
             "locations": [p.spec.zone],
-            "autoscaling": autoscaling_json(p.spec),
+            "autoscaling": shapes.autoscaling_json(p.spec),
             "selfLink": f"{base}/nodePools/{p.spec.name}",
             "instanceGroupUrls": [
                 f"{shapes.COMPUTE}/projects/{s.project}/zones/{p.spec.zone}/instanceGroupManagers/{igm_name(cluster, p)}"
@@ -402,27 +427,6 @@ class SimState:
     def shutdown(self) -> None:
         self.timeline.stop()
         self.world.shutdown()
-
-
-def operation_in_progress(op_name: str, pool: str) -> SimHttpError:
-    """GKE's refusal of a second mutation of a node pool while an operation runs on it."""
-    err = shapes.http_error(
-        400, f"Operation {op_name} is currently operating on node pool {pool}. "
-        "Please wait and try again once it is done.", reason="conditionNotMet")
-    err.body["error"]["status"] = "FAILED_PRECONDITION"
-    return err
-
-
-def autoscaling_json(spec: PoolSpec) -> dict[str, Any]:
-    """nodePools.get ``autoscaling``: empty when disabled, per-zone or total limits when enabled."""
-    a = spec.autoscaling
-    if not a.enabled:
-        return {}
-    if a.total:
-        return {"enabled": True, "totalMinNodeCount": a.min_nodes, "totalMaxNodeCount": a.max_nodes,
-                "locationPolicy": "ANY"}
-    return {"enabled": True, "minNodeCount": a.min_nodes, "maxNodeCount": a.max_nodes,
-            "locationPolicy": "BALANCED"}
 
 
 def igm_name(cluster: str, p: PoolRuntime) -> str:

@@ -64,6 +64,19 @@ def test_provider_block_gives_up_with_original_error() -> None:
     assert isinstance(err, PermissionDenied) and err.remediation == "grant x"
 
 
+def test_region_quota_then_nothing_left_gives_up_with_the_quota_error() -> None:
+    """A regional quota refusal (GCE reports it as a MIG instance error) that leaves no candidate is said as
+    itself, the one-line QuotaExceeded with its metric, not as a generic 'no zone could provide'."""
+    st = FailoverState()
+    st.decide(CapacityUnavailable("stockout r2-a"), CANDS[2], CANDS, at=0.0)
+    d = st.decide(QuotaExceeded("quota NVIDIA_L4_GPUS exceeded in r1", metric="NVIDIA_L4_GPUS",
+                                remediation="request more"), CANDS[0], CANDS, at=1.0)
+    assert d.action is Action.GIVE_UP
+    err = FailoverState.from_dict(json.loads(json.dumps(st.to_dict()))).exhausted("2 x l4")
+    assert isinstance(err, QuotaExceeded) and err.fields["metric"] == "NVIDIA_L4_GPUS"
+    assert err.remediation == "request more" and [h["zone"] for h in err.fields["failover_history"]] == ["r2-a", "r1-a"]
+
+
 def test_backoff_full_jitter_bounds() -> None:
     bo = Backoff(base=1, factor=2, cap=10, rng=random.Random(7))
     assert [bo.ceiling(i) for i in range(6)] == [1, 2, 4, 8, 10, 10]

@@ -25,7 +25,22 @@ def test_gcp_needs_gpus_regional_and_global() -> None:
     assert [(n.metrics[0], n.location, n.amount, n.unit) for n in ns] == [
         ("NVIDIA_A100_80GB_GPUS", "us-central1", 16.0, "gpus"),
         ("GPUS_ALL_REGIONS", "global", 16.0, "gpus"),
+        ("CPUS", "us-central1", 192.0, "vcpus"),  # 2 x a2-ultragpu-8g, 96 vCPUs each
     ]
+
+
+def test_gcp_vcpus_are_checked_when_the_region_lists_them() -> None:
+    """GCE checks the machine type's vCPUs per VM (CPUS; PREEMPTIBLE_CPUS for Spot when the project has it)."""
+    spec = ProvisioningSpec("a100-80gb", nodes=2, target=GKE)
+    gpus = [row("NVIDIA_A100_80GB_GPUS", "us-central1", 64), row("GPUS_ALL_REGIONS", "global", 64)]
+    assert [c.metric for c in evaluate(spec, "us-central1", gpus)] == ["NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS"]
+    short = evaluate(spec, "us-central1", [*gpus, row("CPUS", "us-central1", 150, unit="vcpus")])[2]
+    assert (short.metric, short.verdict, short.short_by, short.unit) == ("CPUS", Verdict.SHORT, 42.0, "vcpus")
+    spot = ProvisioningSpec("a100-80gb", nodes=2, capacity="spot", target=GKE)  # type: ignore[arg-type]
+    none = [*gpus, row("PREEMPTIBLE_CPUS", "us-central1", 0), row("CPUS", "us-central1", 500)]
+    assert evaluate(spot, "us-central1", none)[2].metric == "CPUS"  # no preemptible CPU quota: standard quota
+    some = [*gpus, row("PREEMPTIBLE_CPUS", "us-central1", 100), row("CPUS", "us-central1", 500)]
+    assert evaluate(spot, "us-central1", some)[2].verdict is Verdict.SHORT
 
 
 def test_gcp_spot_prefers_preemptible_metric_and_falls_back() -> None:

@@ -79,7 +79,7 @@ def test_reservation_covers_quota() -> None:
                                                                                                   "us-central1"))]
     assert reservation_free(spec, pools) == 2  # two pools of one zone share the reservation: counted once
     assert reserved_nodes(spec, pools) == 2
-    assert [n.amount for n in needs(spec, "us-central1", reserved=2)] == [8.0, 8.0]  # 1 node x 8 GPUs left
+    assert [n.amount for n in needs(spec, "us-central1", reserved=2)] == [8.0, 8.0, 96.0]  # 1 node: 8 GPUs, 96 vCPUs
     assert reserved_nodes(spec, [pool("us-central1-a", 9)]) == 3  # never more than the gang
     assert reservation_free(spec, [pool("us-central1-a", None)]) is None
     assert reservation_free(spec, [pool("us-central1-a", 2, names=("other",))]) is None

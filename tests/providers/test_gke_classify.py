@@ -6,6 +6,7 @@ as a failed Operation) and checks the class and scope GkeProvider.classify assig
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -91,14 +92,27 @@ def test_iam_permission_table(method: str, url: str, perm: str) -> None:
     assert cl.permission_for(method, url) == perm
 
 
+def _done_error(**extra: Any) -> KfpGpuError | None:
+    """The error of the DONE resize Operation when GCE refuses the VM creations (quota is checked per VM)."""
+    with running(scenario(api={"error_rate": 0}, **extra)) as sim:
+        p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, retry=FAST)
+        op = p.resize(PoolRef("l4-a", "us-central1-a"), 1, OWNER)
+        deadline = time.monotonic() + 10
+        while not op.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+            op = p.operation(op)
+        assert op.done, op
+        return op.error if isinstance(op.error, KfpGpuError) else None
+
+
 def test_quota_exceeded_regional_vs_all_regions() -> None:
-    regional = _resize_error([], pools=[{"name": "l4-a", "zone": "us-central1-a", "accelerator": "l4",
-                                         "gpus_per_node": 1, "max_nodes": 500}],
-                             regions={"us-central1": {"zones": ["us-central1-a"],
-                                                      "quotas": {"NVIDIA_L4_GPUS": {"limit": 0}}}})
+    regional = _done_error(pools=[{"name": "l4-a", "zone": "us-central1-a", "accelerator": "l4",
+                                   "gpus_per_node": 1, "max_nodes": 500}],
+                           regions={"us-central1": {"zones": ["us-central1-a"],
+                                                    "quotas": {"NVIDIA_L4_GPUS": {"limit": 0}}}})
     assert isinstance(regional, QuotaExceeded) and regional.scope is Scope.REGION
     assert regional.fields["metric"] == "NVIDIA_L4_GPUS"
-    everywhere = _resize_error([], global_quotas={"GPUS_ALL_REGIONS": {"limit": 0}})
+    everywhere = _done_error(global_quotas={"GPUS_ALL_REGIONS": {"limit": 0}})
     assert isinstance(everywhere, QuotaExceeded) and everywhere.scope is Scope.PROVIDER
     assert everywhere.fields["metric"] == "GPUS_ALL_REGIONS"
 

@@ -55,13 +55,15 @@ def test_is_a_capacity_provider(sim: SimServer) -> None:
 
 def test_quota_amounts_regional_preemptible_and_global(sim: SimServer) -> None:
     rows = {q.metric: q for q in _provider(sim).quota("a100-80gb", REGION, spot=True)}
-    assert set(rows) == {"NVIDIA_A100_80GB_GPUS", "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS"}
+    assert set(rows) == {"NVIDIA_A100_80GB_GPUS", "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS", "GPUS_ALL_REGIONS", "CPUS"}
+    cpus = rows["CPUS"]  # the region lists no PREEMPTIBLE_CPUS: Spot VMs use CPUS
+    assert (cpus.limit, cpus.usage, cpus.unit) == (24000, 8, "vcpus")
     a100 = rows["NVIDIA_A100_80GB_GPUS"]
     assert (a100.limit, a100.usage, a100.free, a100.status, a100.location) == (128, 0, 128, "ok", REGION)
     assert "console.cloud.google.com/iam-admin/quotas" in a100.raise_path and a100.lead_time_days > 0
     assert rows["GPUS_ALL_REGIONS"].location == "global" and rows["GPUS_ALL_REGIONS"].free == 512
     on_demand = {q.metric for q in _provider(sim).quota("l4", REGION, spot=False)}
-    assert on_demand == {"NVIDIA_L4_GPUS", "GPUS_ALL_REGIONS"}
+    assert on_demand == {"NVIDIA_L4_GPUS", "GPUS_ALL_REGIONS", "CPUS"}
 
 
 def test_quota_h100_family_comes_from_cloud_quotas(sim: SimServer) -> None:
@@ -179,9 +181,25 @@ def test_resize_errors(sim: SimServer) -> None:
     with pytest.raises(NotFound, match="us-central1-b"):
         p.resize(PoolRef("a100-80gb-a", "us-central1-b"), 1, OWNER)
     _until_done(p, p.resize(PoolRef("a100-80gb-a", "us-central1-a"), 16, OWNER))
-    with pytest.raises(QuotaExceeded) as info:
-        p.resize(PoolRef("a100-80gb-b", "us-central1-b"), 1, OWNER)
-    assert info.value.scope is Scope.REGION and info.value.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+    # GCE accepts the resize and refuses each VM creation: the DONE Operation carries the QuotaExceeded
+    done = _until_done(p, p.resize(PoolRef("a100-80gb-b", "us-central1-b"), 1, OWNER))
+    assert done.status is OpStatus.DONE and isinstance(done.error, QuotaExceeded)
+    assert done.error.scope is Scope.REGION and done.error.fields["metric"] == "NVIDIA_A100_80GB_GPUS"
+    assert done.error.fields["running"] == 0 and done.error.fields["target"] == 1
+    assert "\n" not in str(done.error) and "request more NVIDIA_A100_80GB_GPUS quota" in done.error.remediation
+
+
+def test_a_partial_stockout_is_a_done_operation_with_capacity_unavailable() -> None:
+    """Room for 2 of 4 VMs in the zone: 2 are created, the others fail as MIG instance errors."""
+    data = scenario(api={"error_rate": 0},
+                    stockouts=[{"zone": "us-central1-c", "accelerator": "l4", "window": "always", "capacity": 2}])
+    with running(data) as sim:
+        p = _provider(sim)
+        done = _until_done(p, p.resize(PoolRef("l4-c", "us-central1-c"), 4, OWNER))
+        assert done.status is OpStatus.DONE and isinstance(done.error, CapacityUnavailable)
+        assert done.error.scope is Scope.ZONE and done.error.fields["target"] == 4
+        assert done.error.fields["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        wait_until("2 VMs booted", lambda: len(sim.nodes("l4-c")) == 2, timeout=30, every=0.05)
 
 
 def test_resize_into_a_stockout_raises_capacity_unavailable() -> None:

@@ -38,11 +38,12 @@ def _limited(sim: SimServer) -> int:
     return sim.gate.snapshot().get("rateLimited", 0)
 
 
-# The budget interval is one compressed minute (0.5 s): calls in a quick row exhaust it, whichever
-# interval they land in. Each test makes several calls so an interval boundary cannot hide the limit.
+# The budget is per wall second (rpm / 60 per one-second window; below 60 rpm one request per 60/rpm s):
+# calls in a quick row exhaust it, whichever interval they land in. Each test makes several calls so an
+# interval boundary cannot hide the limit.
 
 def test_rate_limited_call_waits_at_least_retry_after_then_succeeds() -> None:
-    with running(scenario(api={"requests_per_minute": 2, "retry_after_s": 0.3, "error_rate": 0})) as sim:
+    with running(scenario(api={"requests_per_minute": 120, "retry_after_s": 0.3, "error_rate": 0})) as sim:
         p = _provider(sim)
         waits = []
         for _ in range(6):

@@ -206,3 +206,19 @@ def test_unknown_nodegroup_is_resource_not_found(world: Any) -> None:
         ng(c, "nope")
     assert err.value.response["Error"]["Code"] == "ResourceNotFoundException"
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+
+def test_throttle_buckets_refill_per_wall_second_not_per_compressed_second() -> None:
+    """Requests are real requests in real time: EC2's 20 tokens/s refill is 20 per wall second (refilled per
+    compressed second it was 2,400 per wall second and the bucket never bound beyond its burst)."""
+    from kfp_gpu.sim.aws.server import Buckets
+
+    now = [0.0]
+    buckets = Buckets(from_dict(scenario(throttle={"read_burst": 2, "read_refill_per_s": 20.0})), now=lambda: now[0])
+    assert buckets.take("ec2", "DescribeInstances") and buckets.take("ec2", "DescribeInstances")
+    assert not buckets.take("ec2", "DescribeInstances")
+    now[0] = 0.01  # 1/100 s: 0.2 tokens, not 24
+    assert not buckets.take("ec2", "DescribeInstances")
+    now[0] = 0.06  # 1.2 tokens
+    assert buckets.take("ec2", "DescribeInstances") and not buckets.take("ec2", "DescribeInstances")
+    assert buckets.take("ec2", "DescribeSubnets")  # each API has its own bucket

@@ -173,6 +173,16 @@ def test_quota_short_fails_at_once_and_refusals_fail_unaccepted() -> None:
     assert w2.true("Failed") and not w2.true("Accepted")
 
 
+def test_a_queued_request_over_the_cpus_quota_fails_with_quota_exceeded() -> None:
+    data = _data()
+    data["regions"]["us-central1"]["quotas"]["CPUS"] = {"limit": 100, "usage": 0}  # below one H100 VM's vCPUs
+    w = World(data)
+    w.dws.submit(KEY, "u1", 1, Demand(POOL, 1, 7200))
+    w.at(11)
+    failed = w.cond("Failed")
+    assert failed is not None and failed["reason"] == "QuotaExceeded" and "'CPUS' exceeded" in failed["message"]
+
+
 def test_node_extras_taint_and_label_queued_nodes_only() -> None:
     w = World()
     w.dws.submit(KEY, "u1", 1, Demand(POOL, 1, 7200))

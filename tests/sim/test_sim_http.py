@@ -97,14 +97,23 @@ def test_node_pools_list_get_and_set_size(sim: SimServer) -> None:
         _set_size(cm, "a100-80gb-a", 99)
 
 
-def test_set_size_over_quota_is_a_403_with_quota_exceeded(sim: SimServer) -> None:
-    cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
+def test_set_size_over_quota_succeeds_and_the_group_reports_quota_exceeded(sim: SimServer) -> None:
+    """GCE checks quota per VM creation: the resize is DONE without error, the VM is never created, and
+    listErrors carries QUOTA_EXCEEDED naming the metric (docs/sim.md rule 4b)."""
+    kw = client_kwargs(sim.url)
+    cm = container_v1.ClusterManagerClient(**kw)
     _wait_op(cm, _set_size(cm, "a100-80gb-a", 16).name)
-    with pytest.raises(gexc.Forbidden) as info:
-        _set_size(cm, "a100-80gb-b", 1)
-    assert info.value.reason == "QUOTA_EXCEEDED"
-    assert info.value.errors[0]["reason"] == "QUOTA_EXCEEDED"
-    assert "NVIDIA_A100_80GB_GPUS" in info.value.message
+    op = _wait_op(cm, _set_size(cm, "a100-80gb-b", 1).name)
+    assert op.status == container_v1.Operation.Status.DONE and not op.error.message
+    igm = f"gke-{CLUSTER}-a100-80gb-b-grp"
+    errors = list(compute_v1.InstanceGroupManagersClient(**kw).list_errors(
+        project=PROJECT, zone="us-central1-b", instance_group_manager=igm))
+    assert errors and errors[0].error.code == "QUOTA_EXCEEDED"
+    assert "'NVIDIA_A100_80GB_GPUS' exceeded" in errors[0].error.message
+    assert errors[0].instance_action_details.instance.endswith(f"gke-{CLUSTER}-a100-80gb-b-0000")
+    assert sim.nodes("a100-80gb-b") == []
+    r = compute_v1.RegionsClient(**kw).get(project=PROJECT, region=REGION)
+    assert {q.metric: q.usage for q in r.quotas}["NVIDIA_A100_80GB_GPUS"] == 128.0  # the VM never existed
 
 
 def test_stockout_fails_the_operation_with_real_shapes() -> None:

@@ -115,3 +115,16 @@ def test_world_timing_defaults_and_overrides() -> None:
     assert not pool.autoscaling.enabled
     auto = from_dict(scenario(pools=[_pool(autoscaling={"min_nodes": 1})])).pools[0].autoscaling
     assert (auto.enabled, auto.min_nodes, auto.max_nodes) == (True, 1, 4)  # max defaults to the pool's
+
+
+def test_cpu_quota_below_the_initial_pools_vcpus_and_bad_stockout_capacity_are_named() -> None:
+    data = scenario(pools=[{"name": "l4-a", "zone": "us-central1-a", "accelerator": "l4", "gpus_per_node": 1,
+                            "initial_size": 3}])
+    data["regions"]["us-central1"]["quotas"]["CPUS"] = {"limit": 11, "usage": 0}  # 3 x g2-standard-4 = 12 vCPUs
+    with pytest.raises(InvalidSpec, match=r"regions\.us-central1\.quotas\.CPUS\.limit.*12 vCPUs"):
+        from_dict(data)
+    data["regions"]["us-central1"]["quotas"]["CPUS"] = {"limit": 12, "usage": 0}
+    assert from_dict(data).pools[0].initial_size == 3
+    for bad in (-1, 1.5, True):
+        with pytest.raises(InvalidSpec, match=r"stockouts\[0\]\.capacity"):
+            from_dict(scenario(stockouts=[{"zone": "us-central1-a", "capacity": bad}]))

@@ -2,9 +2,10 @@
 
 * :func:`pool_activity` reads ``instanceGroupManagers.get`` (``targetSize``, ``currentActions``) and
   ``instanceGroupManagers.listErrors`` (the creation/recreation errors, e.g. a stockout).
-* :func:`partial_stockout` turns the stockout errors a setSize met *after* its GKE operation started into
-  a zone-scoped :class:`~kfp_gpu.errors.CapacityUnavailable`: GKE finishes the operation DONE once the
-  group's target is set, while the group fails to create some VMs (ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS]).
+* :func:`creation_failure` turns the instance errors a setSize met *after* its GKE operation started into the
+  classified error: GKE finishes the operation DONE once the group's target is set, while the group fails to
+  create some VMs: ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] (a zone-scoped
+  :class:`~kfp_gpu.errors.CapacityUnavailable`) or QUOTA_EXCEEDED (:class:`~kfp_gpu.errors.QuotaExceeded`).
 
 https://cloud.google.com/compute/docs/reference/rest/v1/instanceGroupManagers/listErrors
 https://cloud.google.com/compute/docs/instance-groups/creating-groups-of-managed-instances#monitoring_groups
@@ -15,8 +16,9 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
-from kfp_gpu.errors import CapacityUnavailable, NotFound, Scope
+from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, QuotaExceeded, Scope
 from kfp_gpu.providers.base import PoolActivity, PoolError, PoolRef
+from kfp_gpu.providers.gke import classify as cl
 
 if TYPE_CHECKING:
     from kfp_gpu.providers.gke.provider import GkeProvider
@@ -95,22 +97,37 @@ def pool_activity(p: GkeProvider, ref: PoolRef, since: float = 0.0) -> PoolActiv
                         tuple(list_errors(p, ref, since)))
 
 
-def partial_stockout(p: GkeProvider, ref: PoolRef, started: float, target: int) -> CapacityUnavailable | None:
-    """The stockout a resize to ``target`` met after ``started`` (unix seconds), or None.
+def creation_failure(p: GkeProvider, ref: PoolRef, started: float, target: int) -> KfpGpuError | None:
+    """Why a resize to ``target`` is missing VMs: the instance errors its group met after ``started`` (unix
+    seconds), or None. A ``QUOTA_EXCEEDED`` instance error (GCE checks quota per VM, not at setSize) is a
+    region-scoped :class:`QuotaExceeded` naming the metric (provider scope for ``GPUS_ALL_REGIONS``); a stockout a
+    zone-scoped :class:`CapacityUnavailable`. Quota wins: no other zone of the region can help.
 
     Raises: NotFound, PermissionDenied, RateLimited, TransientCloudError.
     """
     act = pool_activity(p, ref, since=started)
+    quota = [e for e in act.errors if e.quota]
     stockouts = [e for e in act.errors if e.stockout]
-    if not stockouts or act.running >= act.target:  # the group got every VM it wants after all
+    if not (quota or stockouts) or act.running >= act.target:  # the group got every VM it wants after all
         return None
+    size = target if target >= 0 else act.target
+    region = ref.region or ref.zone.rsplit("-", 1)[0]
+    counts = {"running": act.running, "target": act.target, "creating": act.creating}
+    if quota:
+        last = quota[-1]
+        err = cl.classify_fault(cl.Fault(last.message, 0, [last.code], cl.metric_in(last.message)),
+                                zone=ref.zone, region=region)
+        metric = err.fields.get("metric", "the quota")
+        return QuotaExceeded(
+            f"quota {metric} refused VMs of node pool {ref.pool} ({ref.zone}) resized to {size}: {act.running} of "
+            f"{act.target} running, {len(quota)} creation error(s): {last.message}",
+            scope=err.scope, code=last.code, metric=metric, zone=ref.zone, region=region, failed=len(quota), **counts,
+            remediation=str(err.remediation) + "; the instance group keeps retrying until its target is lowered")
     last = stockouts[-1]
     return CapacityUnavailable(
-        f"GCE stockout in {ref.zone} while resizing node pool {ref.pool} to {target if target >= 0 else act.target}: "
-        f"{act.running} of "
+        f"GCE stockout in {ref.zone} while resizing node pool {ref.pool} to {size}: {act.running} of "
         f"{act.target} instances running, {len(stockouts)} creation error(s) ({last.code}): {last.message}",
-        scope=Scope.ZONE, code=last.code, zone=ref.zone, region=ref.region or ref.zone.rsplit("-", 1)[0],
-        running=act.running, target=act.target, failed=len(stockouts), creating=act.creating,
+        scope=Scope.ZONE, code=last.code, zone=ref.zone, region=region, failed=len(stockouts), **counts,
         remediation="fail over to another zone, use a reservation, or retry later; the instance group keeps "
         "retrying the missing VMs until its target is lowered",
     )

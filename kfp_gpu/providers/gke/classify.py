@@ -132,7 +132,7 @@ def fault_from_exception(exc: BaseException) -> Fault:
     text = str(exc)
     m = _URL_RE.search(text)
     method, url = (m.group(1), m.group(2)) if m else ("", "")
-    return Fault(message, status, [t for t in tokens if t], metric or _metric_in(message), method, url)
+    return Fault(message, status, [t for t in tokens if t], metric or metric_in(message), method, url)
 
 
 def fault_from_gke_operation(op: Any) -> Fault | None:
@@ -146,7 +146,7 @@ def fault_from_gke_operation(op: Any) -> Fault | None:
     message = (getattr(err, "message", "") if err is not None else "") or status_message
     tokens = [_enum_name(c.code) for c in conditions]
     tokens += [t for t in re.findall(r"\b[A-Z][A-Z_]{5,}\b", f"{message} {status_message}") if t in ERROR_SCOPES]
-    return Fault(str(message), 0, [t for t in tokens if t and t != "UNKNOWN"], _metric_in(str(message)))
+    return Fault(str(message), 0, [t for t in tokens if t and t != "UNKNOWN"], metric_in(str(message)))
 
 
 def fault_from_compute_operation(op: Any) -> Fault | None:
@@ -164,7 +164,7 @@ def fault_from_compute_operation(op: Any) -> Fault | None:
                 metric = name.rsplit("/", 1)[-1].upper()
     message = "; ".join(f"{e.code}: {e.message}" for e in errors)
     return Fault(message, int(getattr(op, "http_error_status_code", 0) or 0), tokens,
-                 metric or _metric_in(message))
+                 metric or metric_in(message))
 
 
 def classify_fault(f: Fault, *, zone: str = "", region: str = "", permission: str = "") -> KfpGpuError:
@@ -267,7 +267,8 @@ def _build(
                remediation="retry with back-off", zone=where["zone"], region=where["region"])
 
 
-def _metric_in(message: str) -> str:
+def metric_in(message: str) -> str:
+    """The quota metric a Google error message names ('' if none)."""
     m = _METRIC_RE.search(message)
     return (m.group(1) or m.group(2) or "") if m else ""
 

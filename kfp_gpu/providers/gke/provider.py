@@ -350,7 +350,8 @@ class GkeProvider:
         statusMessage and node pool conditions, not only status). A resize that finished DONE is
         checked against the instance group's listErrors since the operation started: a stockout there
         comes back as a DONE Operation whose ``error`` is a zone-scoped CapacityUnavailable saying how
-        many instances run (partial success; the group keeps retrying the rest).
+        many instances run (partial success; the group keeps retrying the rest), a QUOTA_EXCEEDED instance
+        error (GCE checks quota per VM creation, not at setSize) as a QuotaExceeded naming the metric.
 
         Raises: RateLimited, TransientCloudError, PermissionDenied.
         """
@@ -364,7 +365,7 @@ class GkeProvider:
             new = self._gke_op(raw, op.target, zone, zone.rsplit("-", 1)[0])
             if new.status is OpStatus.DONE and new.error is None and zone:
                 ref = PoolRef(op.target.split("/", 1)[0], zone, zone.rsplit("-", 1)[0])
-                err = activity.partial_stockout(self, ref, activity.unix(str(raw.start_time)), self._target(op))
+                err = activity.creation_failure(self, ref, activity.unix(str(raw.start_time)), self._target(op))
                 if err is not None:
                     new = Operation(new.id, new.kind, new.target, OpStatus.DONE, err)
             with self._lock:

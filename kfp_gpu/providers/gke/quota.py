@@ -41,7 +41,8 @@ def read(p: GkeProvider, acc: Accelerator, region: str, *, spot: bool) -> list[Q
     if acc.gcp_gpu_family:
         family = acc.gcp_gpu_family
         kinds.append(("family", lambda: _family(p, region, family)))
-    kinds += [("regional", lambda: _regional(p, acc, region, metrics)), ("global", lambda: _global(p))]
+    cpus = ["PREEMPTIBLE_CPUS", "CPUS"] if spot else ["CPUS"]  # listed in every real region; absent: not read
+    kinds += [("regional", lambda: _regional(p, acc, region, metrics, cpus)), ("global", lambda: _global(p))]
     names = {"regional": metrics, "global": [GCP_ALL_REGIONS_METRIC], "family": [str(acc.gcp_gpu_family)]}
     rows: dict[str, list[QuotaAmount]] = {}
     for (kind, _), result in zip(kinds, p.parallel([fn for _, fn in kinds]), strict=True):
@@ -65,11 +66,14 @@ def _unknown(p: GkeProvider, metric: str, loc: str, err: KfpGpuError) -> QuotaAm
                        raise_path=console_url(p.project, metric, loc))
 
 
-def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str]) -> list[QuotaAmount]:
+def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str], cpus: list[str]
+              ) -> list[QuotaAmount]:
     r = p.shared_read(("regions.get", p.project, region), lambda: p._call(
         "regions", "get", at_region=region, project=p.project, region=region))
     by_metric = {str(q.metric): q for q in r.quotas}
-    rows = []
+    rows = [QuotaAmount(m, region, float(q.limit), float(q.usage), unit="vcpus",
+                        raise_path=console_url(p.project, m, region), lead_time_days=LEAD_TIME_DAYS["regional"])
+            for m in cpus if (q := by_metric.get(m)) is not None]
     for m in metrics:
         q = by_metric.get(m)
         if q is None:

@@ -1,7 +1,7 @@
 """AwsSimServer: the HTTP front of the AWS stand-in (EKS, Auto Scaling, EC2, Service Quotas on one port).
 
-Every AWS request passes the throttle first (a token bucket per service and read/write kind, refilled in
-the stand-in's compressed time), then is routed by the SigV4 credential scope's service name.
+Every AWS request passes the throttle first (a token bucket per service and API action, refilled in wall-clock
+time: requests are real requests in real time), then is routed by the SigV4 credential scope's service name.
 ``/sim/v1/...`` are the stand-in's own control paths (interrupt, state, requests, reset-requests).
 """
 
@@ -11,6 +11,7 @@ import collections
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 from kfp_gpu.sim.aws import api, wire
 from kfp_gpu.sim.aws.scenario import AwsScenario, load
 from kfp_gpu.sim.aws.world import AwsError, AwsWorld, EksNodeBackend
-from kfp_gpu.sim.clock import TIME_SCALE, Timeline
+from kfp_gpu.sim.clock import Timeline
 
 THROTTLE = {"ec2": ("RequestLimitExceeded", "Request limit exceeded.", 503),
             "autoscaling": ("Throttling", "Rate exceeded", 400),
@@ -30,11 +31,13 @@ _READ = ("Describe", "List", "Get")
 
 class Buckets:
     """One token bucket per (service, API action), as EC2 evaluates "each API individually"; its size and refill
-    rate are the scenario's read (Describe/List/Get) or write figures. Refilled at the real-world rate per
-    stand-in second times TIME_SCALE (a real-world second of refill lasts 1/TIME_SCALE here)."""
+    rate are the scenario's read (Describe/List/Get) or write figures. Refilled at the documented rate per
+    **wall-clock** second (``now``, injectable): the clients' requests are real requests made in real time, so the
+    world's time compression does not apply (refilled per compressed second, 20 tokens/s became 2,400/s and the
+    bucket never bound beyond its burst)."""
 
-    def __init__(self, scenario: AwsScenario, timeline: Timeline) -> None:
-        self.t, self.timeline = scenario.throttle, timeline
+    def __init__(self, scenario: AwsScenario, now: Callable[[], float] = time.monotonic) -> None:
+        self.t, self.clock = scenario.throttle, now
         self.level: dict[tuple[str, str], tuple[float, float]] = {}  # (service, action) -> (tokens, at)
         self.lock = threading.Lock()
         self.refused = 0
@@ -45,7 +48,7 @@ class Buckets:
         rate = self.t.read_refill_per_s if kind == "read" else self.t.write_refill_per_s
         if burst <= 0:
             return True
-        now = self.timeline.now() * TIME_SCALE
+        now = self.clock()
         with self.lock:
             tokens, at = self.level.get((service, action), (float(burst), now))
             tokens = min(float(burst), tokens + (now - at) * rate)
@@ -85,7 +88,7 @@ class AwsSimServer:
                 backend = MemoryNodes()
         self.backend = backend
         self.world = AwsWorld(self.scenario, backend, timeline=timeline)
-        self.buckets = Buckets(self.scenario, self.world.timeline)
+        self.buckets = Buckets(self.scenario)
         self.requests: collections.Counter[str] = collections.Counter()
         self.host, self.port = host, port
         self._httpd: ThreadingHTTPServer | None = None
