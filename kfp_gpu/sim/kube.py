@@ -129,29 +129,27 @@ class KubeBackend:
         """
         from kubernetes.client import ApiException
 
-        node = self._read(name)
-        if node is None:
-            return
+        # the pods first: the kubelet's SIGTERM is what a trainer's emergency save starts from
+        for pod in self._live_pods(name):
+            self._patch_status(pod, {"conditions": self._conditions(pod, running=True)})
         patch: dict[str, Any] = {"metadata": {"annotations": {SHUTTING_DOWN_ANNOTATION: "true"}}}
-        if taint_key:
-            taints: list[dict[str, Any]] = [{"key": t.key, "value": t.value, "effect": t.effect}
-                                            for t in (node.spec.taints or []) if t.key != taint_key]
-            taints.append({"key": taint_key, "value": "true", "effect": "NoSchedule"})
-            patch["spec"] = {"taints": taints}
         try:
+            if taint_key:
+                node = self._read(name)
+                if node is None:
+                    return
+                taints: list[dict[str, Any]] = [{"key": t.key, "value": t.value, "effect": t.effect}
+                                                for t in (node.spec.taints or []) if t.key != taint_key]
+                taints.append({"key": taint_key, "value": "true", "effect": "NoSchedule"})
+                patch["spec"] = {"taints": taints}
             self.core.patch_node(name, patch)
-            conds = [self.api_client.sanitize_for_serialization(c) for c in (node.status.conditions or [])
-                     if c.type != "Ready"]
-            conds.append({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                          "message": "node is shutting down", "lastHeartbeatTime": _now(),
-                          "lastTransitionTime": _now()})
-            self.core.patch_node_status(name, {"status": {"conditions": conds}})
+            # a strategic merge on conditions (keyed by type): only Ready changes
+            self.core.patch_node_status(name, {"status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "node is shutting down",
+                 "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            return
-        for pod in self._live_pods(name):
-            self._patch_status(pod, {"conditions": self._conditions(pod, running=True)})
 
     def kill(self, name: str) -> None:
         """The grace of the node's pods ran out (GKE: 15 s for non-system pods): their containers are killed

@@ -261,8 +261,9 @@ class World:
         return self.tl.now() + self.notice_s
 
     def node_shutdown(self, inst: Instance, gen: int) -> list[Action]:
-        """The notice (returned: the Node shutting down, its pods told), and the kill of its pods ``pod_grace_s``
-        later (scheduled), unless the instance changed incarnation by then."""
+        """The notice (returned: its pods told, the Node shutting down), and the kill of its pods ``pod_grace_s``
+        later (scheduled), unless the instance changed incarnation by then. The kill is counted from the notice, not
+        from when the API calls telling the pods returned: their latency only shortens the pods' grace."""
         self.later(self.pod_grace_s, lambda: [(inst.name, lambda: self.backend.kill(inst.name))]
                    if inst.gen == gen else [])
         return [(inst.name, lambda: self.backend.notice(inst.name, self.taint_key))]
