@@ -207,9 +207,10 @@ def test_gke_spot_notice_emergency_save_fits_15_s(
 
 # ---- (b), (c) rank loss ---------------------------------------------------------------------------
 
-def _template(pg_timeout_s: float) -> JobTemplate:
+def _template(pg_timeout_s: float, run_s: float = 300.0) -> JobTemplate:
+    """Pods KWOK keeps Running for ``run_s`` wall seconds, with the job's process-group timeout (world seconds)."""
     return JobTemplate(name="train", image="busybox", command=("true",), checkpoint_every=10,
-                       annotations={pytorchjob.SIM_DURATION_ANNOTATION: "300s",
+                       annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{run_s:g}s",
                                     PG_TIMEOUT_ANNOTATION: f"{pg_timeout_s:g}"})
 
 
@@ -301,7 +302,7 @@ def test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout(
     run = f"run-{uuid.uuid4().hex[:6]}"
     cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
     cap = Capacity.from_json(cap_json)
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(timeout_s).to_json(),
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(timeout_s, 8.0).to_json(),
                     api=step_api)
     th.start()
     job = pytorchjob.job_name(run, "train")
