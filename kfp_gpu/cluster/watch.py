@@ -361,7 +361,7 @@ class GangWatch:
             verdict = classify(self.gang, self.incidents, self.pods.values(), now=now,
                                job_failed=self.conditions.get("Failed", ""), queue_evicted=adm.reason if evicted
                                else "", queue_evicted_at=adm.at if evicted else None)
-            if verdict.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION) or verdict.final(now):
+            if verdict.cause is Cause.QUEUE_EVICTION or verdict.final(now):
                 self.decided_at = now
                 return verdict
             if "Succeeded" in self.conditions and verdict.cause is Cause.NONE:

@@ -13,7 +13,10 @@ of a lost node die with NCCL errors that look like application failures):
    then an eviction by Kueue (``queue_evicted``, see :mod:`kfp_gpu.plan.admission`) -> QUEUE_EVICTION: the
    gang's nodes are kept, the job waits in its queue again (its pods die with 143 or vanish; not the app's fault);
 2. a pod with a ``DisruptionTarget`` condition or an eviction reason (:data:`EVICTION_REASONS`)
-   -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption);
+   -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption). The
+   kubelet's ``TerminationByKubelet`` comes with its node's shutdown, but the two arrive on different watches in
+   either order: that verdict is final only :data:`KUBELET_SETTLE_S` later, so the node's signal can name the
+   lost node (rule 1) instead of a second preemption being counted when it arrives;
 3. a pod that exited 137/143 within :data:`NODE_EVENT_WINDOW_S` after a node incident -> PREEMPTION;
 4. any other failed pod, or a Failed job condition -> APP_FAILURE, committed only once
    :data:`APP_FAILURE_SETTLE_S` passed with no preemption evidence (the caller re-classifies until then).
@@ -57,6 +60,7 @@ EVICTION_REASONS: frozenset[str] = frozenset({
 PREEMPT_EXIT_CODES: frozenset[int] = frozenset({137, 143})  # SIGKILL / SIGTERM
 NODE_EVENT_WINDOW_S = 120.0  # a 137/143 exit this soon after a node incident is the incident's fallout
 APP_FAILURE_SETTLE_S = 2.0  # wait this long for preemption evidence before blaming the application
+KUBELET_SETTLE_S = 1.0  # wait this long after a pod's TerminationByKubelet for its node's shutdown signal
 
 
 class Cause(str, enum.Enum):
@@ -111,7 +115,7 @@ class Verdict:
     lost_nodes: tuple[str, ...] = ()
     reason: str = ""
     pods: tuple[str, ...] = ()
-    settle_until: float | None = None  # APP_FAILURE only: not final before this time
+    settle_until: float | None = None  # not final before this time (APP_FAILURE; a kubelet termination)
 
     def final(self, now: float) -> bool:
         return self.cause is not Cause.NONE and (self.settle_until is None or now >= self.settle_until)
@@ -202,7 +206,8 @@ def classify(
         why = p.disruption or (p.reason if p.reason in EVICTION_REASONS else "")
         if why:
             gone = (p.node,) if p.node and p.node in incidents else ()
-            return Verdict(Cause.PREEMPTION, p.at, gone, f"pod {p.name}: {why}", (p.name,))
+            settle = p.at + KUBELET_SETTLE_S if why == "TerminationByKubelet" and p.node and not gone else None
+            return Verdict(Cause.PREEMPTION, p.at, gone, f"pod {p.name}: {why}", (p.name,), settle_until=settle)
     recent = [i for i in incidents.values() if 0.0 <= now - i.at <= NODE_EVENT_WINDOW_S]
     failed = [p for p in pod_list if p.phase == "Failed" or (p.exit_code not in (None, 0))]
     for p in failed:

@@ -64,6 +64,23 @@ def test_spot_notice_graceful_node_shutdown_is_a_loss_with_no_taint() -> None:
     assert v.cause is Cause.PREEMPTION and v.lost_nodes == ("n1",) and v.reason == "node n1: node is shutting down"
 
 
+def test_spot_notice_pod_told_before_its_node_waits_for_the_node_signal() -> None:
+    """TerminationByKubelet on a pod can reach us before the node's "shutting down": the verdict settles for
+    KUBELET_SETTLE_S, so the node's signal makes it one preemption of that node instead of two."""
+    from kfp_gpu.plan.recovery import KUBELET_SETTLE_S
+
+    told = running(1, at=10.0, disruption="TerminationByKubelet")
+    early = classify(GANG, {}, [running(0), told], now=10.1)
+    assert early.cause is Cause.PREEMPTION and not early.final(10.1) and early.settle_until == 10.0 + KUBELET_SETTLE_S
+    inc = {"n1": NodeIncident("n1", 10.2, "node is shutting down")}
+    late = classify(GANG, inc, [running(0), told], now=10.3)
+    assert late.final(10.3) and late.lost_nodes == ("n1",)
+    alone = classify(GANG, {}, [running(0), told], now=11.0)  # node-pressure eviction: no node signal comes
+    assert alone.final(11.0) and alone.lost_nodes == ()
+    evicted = classify(GANG, {}, [running(1, at=10.0, disruption="EvictionByEvictionAPI")], now=10.0)
+    assert evicted.final(10.0)  # other disruptions decide at once
+
+
 def test_gpu_taint_and_healthy_node_are_not_shutdown() -> None:
     assert node_shutdown_reason(NodeFact("n0", 0.0, taints=("nvidia.com/gpu",))) == ""
     assert node_shutdown_reason(NodeFact("n0", 0.0, exists=False)) == "deleted"
