@@ -36,7 +36,13 @@ from kfp_gpu.providers.base import Owner, PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer, clock, from_dict
 from kfp_gpu.sim.clock import compress, expand
-from kfp_gpu.sim.ranks import PG_TIMEOUT_ANNOTATION, STALLED_ANNOTATION
+from kfp_gpu.sim.ranks import (
+    PG_TIMEOUT_ANNOTATION,
+    RENDEZVOUS_ANNOTATION,
+    RESTARTS_ANNOTATION,
+    RESUMES_ANNOTATION,
+    STALLED_ANNOTATION,
+)
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity, Placement
@@ -335,3 +341,50 @@ def test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout(
     assert {q.metadata.owner_references[0].uid for q in new} != {old_uid} and len(new) == 4  # every rank is new
     assert not failed_peers, f"old peers hung until the timeout: {failed_peers}"
     assert back_after < timeout_s, f"the gang came back {back_after:.0f}s after the notice, past the timeout"
+
+
+def test_rank_loss_elastic_job_peers_re_rendezvous_instead_of_hanging(
+    kube: Kube, namespace: str, gke: Any,
+) -> None:
+    """An elastic PyTorchJob (spec.elasticPolicy: torchrun --nnodes 2:4 --max-restarts 3): the peers of the killed
+    rank stop, re-rendezvous (``kfp-gpu.io/resumes-at``) and keep running past the process-group timeout."""
+    sim, _, nodes = gke(4)
+    name = f"elastic-{uuid.uuid4().hex[:5]}"
+    timeout_s, rdzv_s = 120.0, 60.0  # world seconds: 1 s and 0.5 s here
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    template = _template(timeout_s)
+    body = pytorchjob.manifest(name, capacity=cap, template=template, labels={}, nodes=4, checkpoint_uri="",
+                               run_id=name, gang_nodes=nodes)
+    body["spec"]["elasticPolicy"] = {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 3, "rdzvBackend": "c10d"}
+    body["spec"]["runPolicy"]["backoffLimit"] = 10  # the operator restarts the killed rank; the job lives on
+    for r in body["spec"]["pytorchReplicaSpecs"].values():
+        r["restartPolicy"] = "OnFailure"
+    body["metadata"]["annotations"][RENDEZVOUS_ANNOTATION] = f"{rdzv_s:g}"
+    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
+                                                body)
+    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
+        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    victim = next(n for n, p in placed.items() if p.metadata.name.endswith("worker-0"))
+    peers = [p.metadata.name for n, p in placed.items() if n != victim]
+    sim.preempt(victim)
+    regrouped = wait_until("peers re-rendezvous", lambda: (ps := [kube.core.read_namespaced_pod(n, namespace)
+                                                                  for n in peers])
+                           and all((p.metadata.annotations or {}).get(RESUMES_ANNOTATION) for p in ps) and ps,
+                           timeout=10)
+    for p in regrouped:
+        notes = p.metadata.annotations
+        assert notes[RESTARTS_ANNOTATION] == "1" and "kfp-gpu.io/sim-exit-code" not in notes, notes
+        pause = (parse_time(notes[RESUMES_ANNOTATION]) - parse_time(notes[STALLED_ANNOTATION]))
+        assert abs(pause - compress(rdzv_s)) < 0.01, pause  # the rendezvous, in world time
+    time.sleep(compress(timeout_s) + 1.0)  # past the process-group timeout: still training, nobody exited
+    later = [kube.core.read_namespaced_pod(n, namespace) for n in peers]
+    assert all(p.status.phase == "Running" for p in later), [p.status.phase for p in later]
+    print(f"\nrank loss, elastic job: {len(peers)} peers re-rendezvoused after {rdzv_s:g}s (world) and were still "
+          f"Running {expand(compress(timeout_s) + 1.0):.0f}s later (pg timeout {timeout_s:g}s)")
+
+
+def parse_time(text: str) -> float:
+    from datetime import datetime
+
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
