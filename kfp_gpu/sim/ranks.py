@@ -14,9 +14,10 @@ is formed, and all workers are started with a new RANK and WORLD_SIZE"
 applies it to KWOK pods when the world kills a rank (:mod:`kfp_gpu.sim.kube`): the peers are annotated, and a hung
 peer's failure is played by KWOK's ``kfp-gpu-pod-fail`` stage (``kfp-gpu.io/sim-exit-code`` +
 ``kfp-gpu.io/sim-duration`` as an absolute RFC 3339 time, kfp_gpu/devcluster/kwok/stages.yaml). The stand-in, not
-a new stage, decides: KWOK keeps playing a delayed stage job it queued before a pod changed, so a stage cannot take
-back a completion it already scheduled; the peers' annotations say when progress stopped (and resumes), which is
-what a simulated trainer reads. Durations are real-world seconds, compressed by :data:`kfp_gpu.sim.clock.TIME_SCALE`.
+a new stage, decides who is a peer and when: that needs the job's other pods and its PyTorchJob, which a stage's
+selector over one pod cannot see (and stages.yaml records KWOK playing a job it queued from an older copy of an
+object). The peers' annotations say when progress stopped (and resumes), which is what a simulated trainer reads.
+Not modelled: a ``kfp-gpu.io/sim-duration`` completion KWOK queued before the loss may still play at its time. Durations are real-world seconds, compressed by :data:`kfp_gpu.sim.clock.TIME_SCALE`.
 """
 
 from __future__ import annotations
