@@ -7,8 +7,10 @@ from the same scenario (one spot A100 pool, **fixed** boot latency ``BOOT_S`` fo
   ``RATE`` steps/s only while all 4 replicas of the job are Running and commits a checkpoint through
   :class:`kfp_gpu.checkpoint.CheckpointStore` every ``K`` steps;
 * when the trainer reaches step ``2K + offset`` (offset varies per repeat, the same on both sides) it is frozen
-  and the node running ``worker-1`` is preempted with ``SimServer.preempt`` (taint + evict + delete, as GCE
-  reclaims a spot VM); ``t0`` is the moment of that call.
+  and the node running ``worker-1`` is preempted with ``SimServer.preempt`` (as GKE reclaims a spot VM: graceful
+  node shutdown at the notice, the pods killed 15 s in, the VM gone at 30 s and recreated by its MIG); ``t0`` is
+  the moment of that call. The killed rank's peers then hang in the collective until the process-group timeout
+  (600 s, torch's default; kfp_gpu/sim/ranks.py) and exit 1, unless something restarts them first.
 
 ``ours``: the product as a pipeline runs it (bench/ours.py): the scale_up and train steps are
 :func:`kfp_gpu.gang.client.request` calls with the tenant's ``kfp-gpu`` token; the bench's kfp-gpu controller
@@ -18,11 +20,14 @@ the train step's own output (ledger, timeline), which the measurement reads as b
 ``request("teardown")``. ``training_operator``: the same PyTorchJob pods
 (``pytorchjob.manifest``, not pinned to node names) with ``restartPolicy: OnFailure`` and no kfp-gpu
 supervision; the bench plays an instantly-reacting autoscaler: when it sees the operator's replacement pod it
-calls setSize(+1) on the stand-in, so the replacement node gets the same injected boot latency.
+calls setSize(N) on the stand-in (the pool's size is still N: a MIG keeps its target size through a preemption and
+recreates the VM itself, so the request adds nothing; the replacement node is that recreated VM, with the same
+injected boot latency).
 
 Measured (same pod watch for both sides): detection = first reaction after ``t0`` (ours: the train step's
 decision time from its ledger; operator: its replacement pod's ADDED event); time to running again = first time
-after ``t0`` that 4 live pods of the job are Running, one of them created after ``t0``, minus the replacement
+after ``t0`` that 4 live pods of the job are Running, one of them created after ``t0`` and none of them a hung
+peer (annotation ``kfp-gpu.io/stalled-since``: Running but blocked, so not training), minus the replacement
 node's injected boot latency (its ``kfp-gpu.io/boot-sample``, counted from the setSize request). Steps lost =
 trainer step at ``t0`` - step the job resumes from (ours: the recreated job's ``KFP_GPU_RESUME_STEP``).
 """
@@ -56,6 +61,7 @@ from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.clock import compress
+from kfp_gpu.sim.ranks import RESUMES_ANNOTATION, STALLED_ANNOTATION
 from kfp_gpu.sim.server import SimServer
 
 POOL = "bench-a100-spot-a"
@@ -162,11 +168,14 @@ class JobPods:
                     self.first_new_at = now
                     self.first_new_pod = rec
                     callback = self.on_new_pod
+            notes = p.metadata.annotations or {}
             rec.update(phase=p.status.phase if p.status else None, node=p.spec.node_name,
-                       live=kind != "DELETED" and p.metadata.deletion_timestamp is None)
+                       live=kind != "DELETED" and p.metadata.deletion_timestamp is None,
+                       hung=bool(notes.get(STALLED_ANNOTATION)) and not notes.get(RESUMES_ANNOTATION))
             if self.t0 is not None and self.running_again_at is None:
                 running = [r for r in self.pods.values() if r["live"] and r["phase"] == "Running"]
-                if len(running) >= self.n and any(r["seen"] > self.t0 for r in running):
+                if (len(running) >= self.n and any(r["seen"] > self.t0 for r in running)
+                        and not any(r["hung"] for r in running)):
                     self.running_again_at = now
             self.cond.notify_all()
         if callback is not None:
@@ -545,16 +554,18 @@ def run(repeats: int, namespace: str, step_kubeconfig: str | Path, log: Any = pr
         res.extra["phases_ours_median_from_t0_s"] = {
             k: round(statistics.median(ph[k] for ph in phases if k in ph), 4) for k in phases[0]}
     det.notes.append(
-        "t0 = the stand-in's preempt call (taint + evict + delete node). ours: the train step's recovery decision "
+        "t0 = the stand-in's preempt call (GKE graceful node shutdown: notice, pods killed 15 s in, VM gone at "
+        "30 s). ours: the train step's recovery decision "
         "(ledger decided_at); training_operator: the operator's replacement pod first seen by the bench's watch.")
     res.notes.append(
         "Same pod watch for both sides: first time 4 live pods of the job are Running, one created after t0, "
         f"minus the replacement node's injected boot ({BOOT_S:g} s, from its setSize request). ours recreates the "
         "whole job from the newest checkpoint (pods on the 3 survivors restart too); the operator only recreates "
-        "the evicted pod: on KWOK the survivors keep 'Running', whereas real DDP peers would hang or crash "
-        "(NCCL) and need their own restart. The baseline's autoscaler is the bench itself calling setSize(+1) "
-        "the moment the replacement pod appears (a real cluster-autoscaler adds its scan interval and GPU "
-        "batching buffer): both favour the baseline.")
+        "the killed pod, and the survivors hang in the collective (Running, kfp-gpu.io/stalled-since) until the "
+        "process-group timeout (600 s world), exit 1 and are restarted: a hung pod does not count as running. "
+        "The baseline's autoscaler is the bench itself calling setSize(N) the moment the replacement pod appears "
+        "(a no-op on a MIG that recreates the VM itself; a real cluster-autoscaler adds its scan interval and GPU "
+        "batching buffer): it favours the baseline.")
     lost.notes.append(
         f"Simulated trainer: {p.rate:g} steps/s while all replicas Run, checkpoint every {K} steps; preempted at "
         f"step 2K + offset (offsets {[offset_for(r) for r in range(repeats)]}). ours = step at preemption - the "

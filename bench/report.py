@@ -148,7 +148,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
                        None if r is None else r <= 1.2,
                        "" if r is None or r <= 1.2 else f"ours' phases after the preemption (median, s): "
                        f"{rec.get('phases_ours_median_from_t0_s')}; ours recreates the whole gang from its checkpoint, "
-                       "the operator only the evicted pods (KWOK survivors keep Running)"))
+                       "the operator only the killed pod (its peers hang until the process-group timeout)"))
     return rows
 
 

@@ -6,7 +6,7 @@ Stdlib only at import time; boto3 / google-cloud-storage / fsspec / torch are im
 
     store = CheckpointStore(os.environ["KFP_GPU_CHECKPOINT_URI"])   # path, file://, s3://, gs://
     resumed = load_torch(store, model, optimizer)                  # None on a fresh start
-    guard = on_preemption(lambda: save_torch(store, step, model, optimizer), AWS_SPOT_GRACE_S)
+    guard = on_preemption(lambda: save_torch(store, step, model, optimizer), spot_grace_s("gke"))
     for step in range(start, steps):
         with guard.critical():                                     # SIGTERM waits for the step to end
             ...
@@ -28,8 +28,11 @@ from kfp_gpu.checkpoint.preemption import (
     DEFAULT_GRACE_S,
     EXIT_CODE_PREEMPTED,
     GCE_SPOT_GRACE_S,
+    GKE_SPOT_GRACE_S,
+    SPOT_GRACE_S,
     PreemptionGuard,
     on_preemption,
+    spot_grace_s,
 )
 from kfp_gpu.checkpoint.probe import probe_writable
 from kfp_gpu.checkpoint.store import (
@@ -54,6 +57,8 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "EXIT_CODE_PREEMPTED",
     "GCE_SPOT_GRACE_S",
+    "GKE_SPOT_GRACE_S",
+    "SPOT_GRACE_S",
     "Incomplete",
     "MARKER",
     "PayloadWriter",
@@ -71,4 +76,5 @@ __all__ = [
     "rng_state",
     "save_torch",
     "set_rng_state",
+    "spot_grace_s",
 ]

@@ -1,7 +1,10 @@
 """Emergency checkpoint on preemption: SIGTERM -> save within the grace period -> exit 143.
 
 Kubernetes sends SIGTERM when a spot/preemptible node is reclaimed, then SIGKILL when the grace period
-ends: about 30 s on GCE spot/preemptible VMs, 2 minutes on AWS spot (the interruption notice). The
+ends: 15 s for a (non-system) pod on a GKE Spot/preemptible node (the kubelet's graceful node shutdown splits the
+VM's 30 s notice into 15 s for ordinary pods, then 15 s for system-critical ones), 30 s for a process on a bare GCE
+Spot VM, up to 2 minutes on AWS spot (the interruption notice; the node is drained, so the pod's own
+``terminationGracePeriodSeconds`` applies, capped by the notice). The
 handler installed by :func:`on_preemption` runs the save callback and exits with 143 (128 + SIGTERM),
 which the launcher reads as "preempted", not "failed".
 
@@ -35,14 +38,34 @@ from types import FrameType
 
 log = logging.getLogger("kfp_gpu.checkpoint")
 
+GKE_SPOT_GRACE_S = 15.0
+"""A non-system pod on a GKE Spot/preemptible node: GKE's kubelet runs graceful node shutdown with
+``shutdownGracePeriod`` 30 s and ``shutdownGracePeriodCriticalPods`` 15 s, so ordinary pods get 15 s
+(cloud.google.com/kubernetes-engine/docs/concepts/spot-vms, "Termination and graceful shutdown of Spot VMs")."""
 GCE_SPOT_GRACE_S = 30.0
-"""GCE spot / preemptible VMs: ACPI soft-off, then hard stop ~30 s later."""
+"""A process on a bare GCE Spot/preemptible VM (no Kubernetes): ACPI soft-off, then hard stop 30 s later."""
 AWS_SPOT_GRACE_S = 120.0
-"""AWS spot: the two-minute interruption notice."""
-DEFAULT_GRACE_S = GCE_SPOT_GRACE_S
+"""AWS spot: the two-minute interruption notice (the pod's ``terminationGracePeriodSeconds`` applies within it)."""
+SPOT_GRACE_S: dict[str, float] = {"gke": GKE_SPOT_GRACE_S, "gce": GCE_SPOT_GRACE_S, "aws": AWS_SPOT_GRACE_S,
+                                  "eks": AWS_SPOT_GRACE_S}
+DEFAULT_GRACE_S = GKE_SPOT_GRACE_S  # the shortest of the documented budgets
 EXIT_CODE_PREEMPTED = 143
 """128 + SIGTERM: what a process killed by SIGTERM reports; the launcher maps it to Preempted."""
 SAFETY_MARGIN_S = 2.0
+
+
+def spot_grace_s(platform: str, termination_grace_s: float | None = None) -> float:
+    """The emergency-save budget on ``platform`` (gke | gce | eks | aws): the platform's grace, capped by the pod's
+    ``terminationGracePeriodSeconds`` when given (the kubelet never waits longer than either).
+
+    Raises: ValueError naming an unknown platform.
+    """
+    try:
+        grace = SPOT_GRACE_S[platform.lower()]
+    except KeyError:
+        raise ValueError(f"platform {platform!r} has no documented spot grace; use one of "
+                         f"{', '.join(sorted(SPOT_GRACE_S))}") from None
+    return grace if termination_grace_s is None else min(grace, max(0.0, termination_grace_s))
 
 
 class PreemptionGuard:
@@ -197,8 +220,9 @@ def on_preemption(
 ) -> PreemptionGuard:
     """Install a SIGTERM handler that runs ``callback`` (the emergency save) and exits with 143.
 
-    ``grace_s`` is the platform's grace period (:data:`GCE_SPOT_GRACE_S`, :data:`AWS_SPOT_GRACE_S`, or the
-    pod's ``terminationGracePeriodSeconds``); a watchdog exits just before it ends. ``exit_code=None``
+    ``grace_s`` is the platform's grace period (:func:`spot_grace_s`: :data:`GKE_SPOT_GRACE_S` 15 s on a GKE
+    Spot node, :data:`AWS_SPOT_GRACE_S` on EKS, capped by the pod's ``terminationGracePeriodSeconds``); a
+    watchdog exits just before it ends. ``exit_code=None``
     only records the save (for tests and for loops that exit by themselves). ``save_on_error`` also saves
     when a ``critical()`` block fails after the signal (distributed jobs: a peer that was preempted first
     breaks the collective). Returns the guard; wrap each training step in ``guard.critical()`` so the

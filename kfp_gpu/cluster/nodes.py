@@ -70,11 +70,14 @@ class NodeView:
 
 
 def is_going(node: Node) -> bool:
-    """Cordoned, or tainted by a shutdown/termination notice (:data:`kfp_gpu.plan.recovery.SHUTDOWN_TAINTS`)."""
-    from kfp_gpu.plan.recovery import SHUTDOWN_TAINTS
+    """Cordoned, shutting down (the kubelet's graceful node shutdown: Ready=False, "node is shutting down"), or
+    tainted by a shutdown/termination notice (:data:`kfp_gpu.plan.recovery.SHUTDOWN_TAINTS`)."""
+    from kfp_gpu.plan.recovery import NODE_SHUTTING_DOWN, SHUTDOWN_TAINTS
 
     spec = node.get("spec") or {}
-    return bool(spec.get("unschedulable")) or any(
+    shutting = any(c.get("type") == "Ready" and c.get("status") != "True" and NODE_SHUTTING_DOWN in str(c.get("message") or "")
+                   for c in (node.get("status") or {}).get("conditions") or [])
+    return shutting or bool(spec.get("unschedulable")) or any(
         t.get("key") in SHUTDOWN_TAINTS for t in spec.get("taints") or [])
 
 

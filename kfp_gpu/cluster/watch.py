@@ -25,6 +25,7 @@ from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
 from kfp_gpu.plan.admission import Admission, QueueState, WorkloadFact, admission
 from kfp_gpu.plan.recovery import (
     DISRUPTION_CONDITION,
+    NODE_SHUTTING_DOWN,
     Cause,
     NodeFact,
     NodeIncident,
@@ -94,6 +95,8 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
     )
+    shutting_down = any(c.get("type") == "Ready" and c.get("status") != "True"
+                        and NODE_SHUTTING_DOWN in str(c.get("message") or "") for c in status.get("conditions") or [])
     return NodeFact(
         name=str(meta.get("name", "")), at=at, exists=not deleted and not meta.get("deletionTimestamp"),
         ready=ready, unschedulable=bool(spec.get("unschedulable")),
@@ -101,7 +104,7 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
         gpus=quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
         claimed_by=str((meta.get("labels") or {}).get(LABEL_RUN_ID, "")),
-        uid=str(meta.get("uid", "")),
+        uid=str(meta.get("uid", "")), shutting_down=shutting_down,
     )
 
 
@@ -358,7 +361,7 @@ class GangWatch:
             verdict = classify(self.gang, self.incidents, self.pods.values(), now=now,
                                job_failed=self.conditions.get("Failed", ""), queue_evicted=adm.reason if evicted
                                else "", queue_evicted_at=adm.at if evicted else None)
-            if verdict.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION) or verdict.final(now):
+            if verdict.cause is Cause.QUEUE_EVICTION or verdict.final(now):
                 self.decided_at = now
                 return verdict
             if "Succeeded" in self.conditions and verdict.cause is Cause.NONE:

@@ -7,11 +7,16 @@ facts, asks :func:`classify` what happened, then :func:`decide` what to do about
 Classification (first match wins, preemption evidence always beats application failure, because peers
 of a lost node die with NCCL errors that look like application failures):
 
-1. a gang node deleted, or tainted for shutdown (:data:`SHUTDOWN_TAINTS`) -> PREEMPTION of that node;
+1. a gang node deleted, shutting down (the kubelet's graceful node shutdown: ``Ready=False`` with the message
+   :data:`NODE_SHUTTING_DOWN`, what GKE's Spot VMs show first), or tainted for shutdown (:data:`SHUTDOWN_TAINTS`)
+   -> PREEMPTION of that node;
    then an eviction by Kueue (``queue_evicted``, see :mod:`kfp_gpu.plan.admission`) -> QUEUE_EVICTION: the
    gang's nodes are kept, the job waits in its queue again (its pods die with 143 or vanish; not the app's fault);
 2. a pod with a ``DisruptionTarget`` condition or an eviction reason (:data:`EVICTION_REASONS`)
-   -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption);
+   -> PREEMPTION (of the pod's node when that node is unhealthy; of no node for scheduler preemption). The
+   kubelet's ``TerminationByKubelet`` comes with its node's shutdown, but the two arrive on different watches in
+   either order: that verdict is final only :data:`KUBELET_SETTLE_S` later, so the node's signal can name the
+   lost node (rule 1) instead of a second preemption being counted when it arrives;
 3. a pod that exited 137/143 within :data:`NODE_EVENT_WINDOW_S` after a node incident -> PREEMPTION;
 4. any other failed pod, or a Failed job condition -> APP_FAILURE, committed only once
    :data:`APP_FAILURE_SETTLE_S` passed with no preemption evidence (the caller re-classifies until then).
@@ -26,16 +31,27 @@ from dataclasses import dataclass, field, replace
 from kfp_gpu.spec import Recovery
 
 DISRUPTION_CONDITION = "DisruptionTarget"
+# The kubelet's graceful node shutdown sets the Node's Ready condition False with this message, then terminates the
+# pods (kubernetes.io/docs/concepts/cluster-administration/node-shutdown/). GKE enables it on every node since 1.20;
+# on a Spot/preemptible VM it is the earliest signal in the API (the 30 s ACPI notice starts it).
+NODE_SHUTTING_DOWN = "node is shutting down"
+# Taints some actor documents setting on a node that is about to go; each entry names its source.
 SHUTDOWN_TAINTS: frozenset[str] = frozenset({
-    "cloud.google.com/impending-node-termination",  # GKE spot/preemptible termination notice
-    "node.kubernetes.io/out-of-service",  # non-graceful node shutdown
-    "ToBeDeletedByClusterAutoscaler",  # (not DeletionCandidateOfClusterAutoscaler: a soft PreferNoSchedule mark
-                                       # the autoscaler lifts once pods need the node)
+    # GoogleCloudPlatform/k8s-node-termination-handler (deprecated: GKE >= 1.20 uses graceful node shutdown instead,
+    # and sets no taint); kept for clusters that still run the handler
+    "cloud.google.com/impending-node-termination",
+    # non-graceful node shutdown (kubernetes.io/docs/concepts/cluster-administration/node-shutdown/)
+    "node.kubernetes.io/out-of-service",
+    # cluster-autoscaler marks a node it is deleting (autoscaler FAQ, "What are the taints the CA uses?"); not
+    # DeletionCandidateOfClusterAutoscaler: a soft PreferNoSchedule mark the autoscaler lifts once pods need the node
+    "ToBeDeletedByClusterAutoscaler",
+    # the cloud node lifecycle controller: the VM is shut down (kubernetes.io/docs/reference/labels-annotations-taints/)
     "node.cloudprovider.kubernetes.io/shutdown",
+    # aws-node-termination-handler with taintNode (github.com/aws/aws-node-termination-handler, README "Taints")
     "aws-node-termination-handler/spot-itn",
     "aws-node-termination-handler/rebalance-recommendation",
+    # Karpenter taints a node it is draining (karpenter.sh/docs/concepts/disruption/)
     "karpenter.sh/disrupted",
-    "kfp-gpu.io/preempted",  # the local GKE stand-in's own marker
 })
 EVICTION_REASONS: frozenset[str] = frozenset({
     "Evicted", "TerminationByKubelet", "DeletionByTaintManager", "PreemptionByScheduler",
@@ -44,6 +60,7 @@ EVICTION_REASONS: frozenset[str] = frozenset({
 PREEMPT_EXIT_CODES: frozenset[int] = frozenset({137, 143})  # SIGKILL / SIGTERM
 NODE_EVENT_WINDOW_S = 120.0  # a 137/143 exit this soon after a node incident is the incident's fallout
 APP_FAILURE_SETTLE_S = 2.0  # wait this long for preemption evidence before blaming the application
+KUBELET_SETTLE_S = 1.0  # wait this long after a pod's TerminationByKubelet for its node's shutdown signal
 
 
 class Cause(str, enum.Enum):
@@ -65,6 +82,7 @@ class NodeFact:
     zone: str = ""
     claimed_by: str = ""  # the kfp-gpu.io/run-id claim label ("" when unclaimed)
     uid: str = ""  # the Node object's uid: a VM recreated under the same name is a new Node
+    shutting_down: bool = False  # Ready=False with the message NODE_SHUTTING_DOWN (graceful node shutdown)
 
 
 @dataclass(frozen=True)
@@ -97,16 +115,19 @@ class Verdict:
     lost_nodes: tuple[str, ...] = ()
     reason: str = ""
     pods: tuple[str, ...] = ()
-    settle_until: float | None = None  # APP_FAILURE only: not final before this time
+    settle_until: float | None = None  # not final before this time (APP_FAILURE; a kubelet termination)
 
     def final(self, now: float) -> bool:
         return self.cause is not Cause.NONE and (self.settle_until is None or now >= self.settle_until)
 
 
 def node_shutdown_reason(node: NodeFact) -> str:
-    """Why ``node`` is going away ("deleted", the shutdown taint key), or "" when it is not."""
+    """Why ``node`` is going away ("deleted", :data:`NODE_SHUTTING_DOWN`, the shutdown taint key), or "" when it
+    is not."""
     if not node.exists:
         return "deleted"
+    if node.shutting_down:
+        return NODE_SHUTTING_DOWN
     for key in node.taints:
         if key in SHUTDOWN_TAINTS:
             return key
@@ -127,7 +148,7 @@ def gang_ready(gang: Iterable[str], nodes: Mapping[str, NodeFact], gpus_per_node
 def gang_losses(gang: Iterable[str], nodes: Mapping[str, NodeFact], run_label: str) -> tuple[str, ...]:
     """The gang nodes lost for good, as opposed to merely not Ready yet.
 
-    A node is lost when it is absent or deleted, tainted for shutdown (a preemption notice), or claimed by
+    A node is lost when it is absent or deleted, shutting down or tainted for shutdown (a preemption notice), or claimed by
     another run. Lost nodes must be replaced (and counted as a preemption); nodes that are only NotReady
     or still lack GPUs are waited for. An *unclaimed* gang node is not lost: a managed instance group
     recreates a preempted VM under the same name, and the fresh Node is this run's again once claimed
@@ -185,7 +206,8 @@ def classify(
         why = p.disruption or (p.reason if p.reason in EVICTION_REASONS else "")
         if why:
             gone = (p.node,) if p.node and p.node in incidents else ()
-            return Verdict(Cause.PREEMPTION, p.at, gone, f"pod {p.name}: {why}", (p.name,))
+            settle = p.at + KUBELET_SETTLE_S if why == "TerminationByKubelet" and p.node and not gone else None
+            return Verdict(Cause.PREEMPTION, p.at, gone, f"pod {p.name}: {why}", (p.name,), settle_until=settle)
     recent = [i for i in incidents.values() if 0.0 <= now - i.at <= NODE_EVENT_WINDOW_S]
     failed = [p for p in pod_list if p.phase == "Failed" or (p.exit_code not in (None, 0))]
     for p in failed:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kfp_gpu.sim.clock import compress
-from kfp_gpu.sim.mig import NOTICE, RUNNING, Action, PoolRuntime, World
+from kfp_gpu.sim.mig import NOTICE, RUNNING, Action, PoolRuntime
 from kfp_gpu.sim.state import SimState, igm_name
 
 log = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ class DwsWorld:
                 actions += self._drop(t, [n])
                 continue
             inst.state, inst.gen = NOTICE, inst.gen + 1
-            actions.append((n, _notice(world, n)))
+            actions += world.node_shutdown(inst, inst.gen)
         world.later(world.notice_s, lambda: self._drop(t, list(t.nodes)))
         return actions
 
@@ -351,7 +351,3 @@ class DwsWorld:
 def resize_request_name(key: Key) -> str:
     """The name GKE gives the request's Compute resize request (stand-in form: ``gke-<namespace>-<name>``)."""
     return f"gke-{key[0]}-{key[1]}"
-
-
-def _notice(world: World, node: str) -> Callable[[], None]:
-    return lambda: world.backend.notice(node, world.taint_key)

@@ -13,15 +13,14 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.sim.clock import expand
+from kfp_gpu.sim.ranks import RankWorld
 from kfp_gpu.sim.scenario import PoolSpec
 
 log = logging.getLogger(__name__)
 
-# GKE taints a spot node it is about to reclaim with this key; EKS's node termination handler uses its own.
-IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 SHUTTING_DOWN_ANNOTATION = "kfp-gpu.io/shutting-down"  # KWOK's node stages leave such a node NotReady
 BOOT_SAMPLE_ANNOTATION = "kfp-gpu.io/boot-sample"  # stand-in seconds from the request to the Node
-SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."  # the kubelet's nodeShutdownMessage
 
 
 def _now() -> str:
@@ -47,6 +46,7 @@ class KubeBackend:
         cfg.connection_pool_maxsize = pool_size
         self.api_client = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api_client)
+        self.ranks = RankWorld(self.api_client)  # what a killed rank's peers do (kfp_gpu.sim.ranks)
         # (pool, node name) -> (extra labels, extra taints) a node gets at registration (queued pools: kfp_gpu.sim.dws)
         self.extras: Callable[[str, str], tuple[dict[str, str], list[dict[str, str]]]] | None = None
 
@@ -109,68 +109,88 @@ class KubeBackend:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+        pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+        for pod in pods:
             try:
                 self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        self.ranks.lost(pods)  # ranks still Running when their VM vanished
 
-    def notice(self, name: str, taint_key: str = IMPENDING_TERMINATION_TAINT) -> None:
-        """The reclaim notice as GKE's graceful node shutdown shows it: the Node is tainted
-        ``<taint_key>:NoSchedule`` and turns ``Ready=False`` ("node is shutting down"); the kubelet
-        terminates its pods (condition ``DisruptionTarget``/``TerminationByKubelet``, phase Failed).
+    def notice(self, name: str, taint_key: str = "") -> None:
+        """The start of the kubelet's graceful node shutdown (GKE: the Spot VM's 30 s ACPI notice): the Node turns
+        ``Ready=False`` ("node is shutting down") and every pod on it gets the ``DisruptionTarget`` condition
+        (reason ``TerminationByKubelet``) while it keeps running: the kubelet reports a pod terminal only once its
+        containers stopped (:meth:`kill` ends them when the grace runs out). ``taint_key``: a taint another actor
+        adds at the notice (aws-node-termination-handler's); GKE adds none.
 
         Raises: ApiException for failures other than the node already being gone.
         """
         from kubernetes.client import ApiException
 
-        node = self._read(name)
-        if node is None:
-            return
-        taints: list[dict[str, Any]] = [
-            {"key": t.key, "value": t.value, "effect": t.effect} for t in (node.spec.taints or []) if t.key != taint_key
-        ]
-        taints.append({"key": taint_key, "value": "true", "effect": "NoSchedule"})
+        # the pods first: the kubelet's SIGTERM is what a trainer's emergency save starts from
+        for pod in self._live_pods(name):
+            self._patch_status(pod, {"conditions": self._conditions(pod, running=True)})
+        patch: dict[str, Any] = {"metadata": {"annotations": {SHUTTING_DOWN_ANNOTATION: "true"}}}
         try:
-            self.core.patch_node(name, {"metadata": {"annotations": {SHUTTING_DOWN_ANNOTATION: "true"}},
-                                        "spec": {"taints": taints}})
-            conds = [self.api_client.sanitize_for_serialization(c) for c in (node.status.conditions or [])
-                     if c.type != "Ready"]
-            conds.append({"type": "Ready", "status": "False", "reason": "KubeletNotReady",
-                          "message": "node is shutting down", "lastHeartbeatTime": _now(),
-                          "lastTransitionTime": _now()})
-            self.core.patch_node_status(name, {"status": {"conditions": conds}})
+            if taint_key:
+                node = self._read(name)
+                if node is None:
+                    return
+                taints: list[dict[str, Any]] = [{"key": t.key, "value": t.value, "effect": t.effect}
+                                                for t in (node.spec.taints or []) if t.key != taint_key]
+                taints.append({"key": taint_key, "value": "true", "effect": "NoSchedule"})
+                patch["spec"] = {"taints": taints}
+            self.core.patch_node(name, patch)
+            # a strategic merge on conditions (keyed by type): only Ready changes
+            self.core.patch_node_status(name, {"status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "node is shutting down",
+                 "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            return
-        for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
-            if pod.status.phase in ("Succeeded", "Failed"):
-                continue
-            self._terminate(pod)
 
-    def _terminate(self, pod: Any) -> None:
+    def kill(self, name: str) -> None:
+        """The grace of the node's pods ran out (GKE: 15 s for non-system pods): their containers are killed
+        (exit 137), the pods turn ``Failed`` (reason ``Terminated``), and the peers of every killed training rank
+        get their fate (:mod:`kfp_gpu.sim.ranks`). Raises: ApiException other than 404."""
+        killed = []
+        for pod in self._live_pods(name):
+            statuses = [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0,
+                         "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": _now()}}}
+                        for c in pod.spec.containers]
+            if self._patch_status(pod, {"phase": "Failed", "reason": "Terminated", "message": SHUTDOWN_MESSAGE,
+                                        "conditions": self._conditions(pod, running=False),
+                                        "containerStatuses": statuses}):
+                killed.append(pod)
+        self.ranks.lost(killed)
+
+    def _live_pods(self, name: str) -> list[Any]:
+        return [p for p in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+                if p.status.phase not in ("Succeeded", "Failed")]
+
+    def _conditions(self, pod: Any, *, running: bool) -> list[dict[str, Any]]:
+        drop = ("DisruptionTarget",) if running else ("DisruptionTarget", "Ready", "ContainersReady")
+        conds = [self.api_client.sanitize_for_serialization(c) for c in (pod.status.conditions or [])
+                 if c.type not in drop]
+        conds.append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                      "message": SHUTDOWN_MESSAGE, "lastTransitionTime": _now()})
+        if not running:
+            conds += [{"type": t, "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()}
+                      for t in ("Ready", "ContainersReady")]
+        return conds
+
+    def _patch_status(self, pod: Any, status: dict[str, Any]) -> bool:
         from kubernetes.client import ApiException
 
-        conds = [self.api_client.sanitize_for_serialization(c) for c in (pod.status.conditions or [])
-                 if c.type not in ("DisruptionTarget", "Ready", "ContainersReady")]
-        conds += [
-            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-             "message": SHUTDOWN_MESSAGE, "lastTransitionTime": _now()},
-            {"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()},
-            {"type": "ContainersReady", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()},
-        ]
-        statuses = [{"name": c.name, "image": c.image, "ready": False, "restartCount": 0,
-                     "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": _now()}}}
-                    for c in pod.spec.containers]
-        body = {"status": {"phase": "Failed", "reason": "Terminated", "message": SHUTDOWN_MESSAGE,
-                           "conditions": conds, "containerStatuses": statuses}}
         try:
-            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, body)
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return False
+        return True
 
     def gpus_ready(self, name: str, gpus: int) -> None:
         """The GPU device plugin registered: ``nvidia.com/gpu`` capacity/allocatable becomes ``gpus`` (one
@@ -187,9 +207,10 @@ class KubeBackend:
                 raise
 
     def preempt(self, name: str) -> None:
-        """Notice and reclaim at once (no notice period): for tests that drive a cluster without a
+        """Notice, kill and reclaim at once (no notice period): for tests that drive a cluster without a
         stand-in world. Raises: ApiException for failures other than the node already being gone."""
         self.notice(name)
+        self.kill(name)
         self.delete(name)
 
     def _read(self, name: str) -> Any:

@@ -41,6 +41,8 @@ class NodeBackend(Protocol):
 
     def notice(self, name: str, taint_key: str) -> None: ...
 
+    def kill(self, name: str) -> None: ...
+
     def gpus_ready(self, name: str, gpus: int) -> None: ...
 
 
@@ -51,6 +53,7 @@ class MemoryBackend:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.noticed: list[str] = []
+        self.killed: list[str] = []
         self.gpus: dict[str, int] = {}
         self.boot_samples: dict[str, float | None] = {}
 
@@ -70,6 +73,9 @@ class MemoryBackend:
 
     def notice(self, name: str, taint_key: str) -> None:
         self.noticed.append(name)
+
+    def kill(self, name: str) -> None:
+        self.killed.append(name)
 
     def gpus_ready(self, name: str, gpus: int) -> None:
         self.gpus[name] = gpus
@@ -120,7 +126,10 @@ class World:
         w = scenario.world
         self.retry_s, self.plugin_s, self.notice_s = compress(w.mig_retry_s), compress(w.device_plugin_s), \
             compress(w.notice_s)
-        self.taint_key = IMPENDING_GCP if w.cloud == "gcp" else IMPENDING_AWS
+        self.pod_grace_s = compress(w.pod_grace_s)
+        # GKE (>= 1.20) shows the notice through the kubelet's graceful node shutdown and adds no taint; the AWS
+        # flavour stands for aws-node-termination-handler, which taints the node (its README, "taintNode")
+        self.taint_key = "" if w.cloud == "gcp" else IMPENDING_AWS
         self._shards = [] if timeline.virtual else [
             ThreadPoolExecutor(1, thread_name_prefix=f"sim-node-{i}") for i in range(NODE_SHARDS)]
         self._pending: collections.Counter[str] = collections.Counter()
@@ -270,9 +279,17 @@ class World:
         inst.state = NOTICE
         inst.gen += 1
         gen = inst.gen
-        self.later(0.0, lambda: [(inst.name, lambda: self.backend.notice(inst.name, self.taint_key))])
+        self.later(0.0, lambda: self.node_shutdown(inst, gen))
         self.later(self.notice_s, lambda: self._reclaim(p, inst, gen))
         return self.tl.now() + self.notice_s
+
+    def node_shutdown(self, inst: Instance, gen: int) -> list[Action]:
+        """The notice (returned: its pods told, the Node shutting down), and the kill of its pods ``pod_grace_s``
+        later (scheduled), unless the instance changed incarnation by then. The kill is counted from the notice, not
+        from when the API calls telling the pods returned: their latency only shortens the pods' grace."""
+        self.later(self.pod_grace_s, lambda: [(inst.name, lambda: self.backend.kill(inst.name))]
+                   if inst.gen == gen else [])
+        return [(inst.name, lambda: self.backend.notice(inst.name, self.taint_key))]
 
     def _reclaim(self, p: PoolRuntime, inst: Instance, gen: int) -> list[Action]:
         if not self._current(p, inst, gen):
@@ -291,5 +308,4 @@ class World:
         return actions
 
 
-IMPENDING_GCP = "cloud.google.com/impending-node-termination"
 IMPENDING_AWS = "aws-node-termination-handler/spot-itn"

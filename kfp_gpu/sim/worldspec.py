@@ -25,6 +25,9 @@ BOOT_MEDIAN_S: dict[str, float] = {
 BOOT_SIGMA = 0.45
 BOOT_MIN_S = 60.0  # no GPU VM is created, booted and registered in under a minute
 NOTICE_S: dict[str, float] = {"gcp": 30.0, "aws": 120.0}  # ACPI soft-off / EC2 spot interruption notice
+# From the notice to the kill of a (non-system) pod on the node: GKE's graceful node shutdown gives non-system pods
+# shutdownGracePeriod - shutdownGracePeriodCriticalPods = 30 - 15 s; the AWS flavour runs to the instance's end.
+POD_GRACE_S: dict[str, float] = {"gcp": 15.0, "aws": 120.0}
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,15 @@ class ReservationSpec:
 
 @dataclass(frozen=True)
 class World:
-    """World-level timing: provider flavour, device plugin delay, MIG retry period, preemption notice."""
+    """World-level timing: provider flavour, device plugin delay, MIG retry period, preemption notice, and the
+    pods' grace within it (``pod_grace_s``: from the notice to the kill of a pod on the node)."""
 
     cloud: str = "gcp"
     device_plugin_s: float = 90.0
     mig_retry_s: float = 60.0
     notice_s: float = NOTICE_S["gcp"]
     operations: Operations = field(default_factory=Operations)
+    pod_grace_s: float = POD_GRACE_S["gcp"]
 
 
 def default_boot(accelerator: str, pool_name: str) -> BootLatency:
@@ -196,15 +201,19 @@ def parse_world(d: dict[str, Any]) -> World:
     cloud = str(d.get("cloud", "gcp"))
     if cloud not in NOTICE_S:
         raise InvalidSpec("cloud", cloud, f"allowed: {', '.join(sorted(NOTICE_S))}")
-    pre = obj(d.get("preemption", {}), "preemption", {"notice_s"})
+    pre = obj(d.get("preemption", {}), "preemption", {"notice_s", "pod_grace_s"})
     o = obj(d.get("operations", {}), "operations", {"pending_s", "set_size_s", "delete_instances_s"})
     dflt = Operations()
     ops = Operations(*(num(o.get(k, getattr(dflt, k)), f"operations.{k}", 0.0)
                        for k in ("pending_s", "set_size_s", "delete_instances_s")))
+    notice = num(pre.get("notice_s", NOTICE_S[cloud]), "preemption.notice_s", 0.0)
+    grace = num(pre.get("pod_grace_s", min(POD_GRACE_S[cloud], notice)), "preemption.pod_grace_s", 0.0)
+    if grace > notice:
+        raise InvalidSpec("preemption.pod_grace_s", grace, f"must be <= preemption.notice_s ({notice:g}): the VM is "
+                          "gone at the end of the notice, and its pods with it")
     return World(
         cloud, num(d.get("device_plugin_s", World.device_plugin_s), "device_plugin_s", 0.0),
-        num(d.get("mig_retry_s", World.mig_retry_s), "mig_retry_s", 0.001),
-        num(pre.get("notice_s", NOTICE_S[cloud]), "preemption.notice_s", 0.0), ops,
+        num(d.get("mig_retry_s", World.mig_retry_s), "mig_retry_s", 0.001), notice, ops, grace,
     )
 
 

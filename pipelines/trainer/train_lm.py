@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="GRU layers")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed for reproducibility)")
     p.add_argument("--grace-s", type=float, default=ckpt.DEFAULT_GRACE_S,
-                   help="preemption grace period (30 GCE spot, 120 AWS spot)")
+                   help="preemption grace period (15 GKE spot pods, 120 EKS spot; kfp_gpu.checkpoint.spot_grace_s)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="sleep per step (demos and tests)")
     p.add_argument("--sharded", action="store_true",
                    help="save/load through torch.distributed.checkpoint, every rank writing its shard")

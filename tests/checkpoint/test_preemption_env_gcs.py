@@ -15,11 +15,14 @@ import pytest
 
 from kfp_gpu.checkpoint import (
     AWS_SPOT_GRACE_S,
+    DEFAULT_GRACE_S,
     EXIT_CODE_PREEMPTED,
     GCE_SPOT_GRACE_S,
+    GKE_SPOT_GRACE_S,
     CheckpointStore,
     on_preemption,
     resume_step_from_env,
+    spot_grace_s,
 )
 from kfp_gpu.checkpoint.backends import GCSBackend
 from kfp_gpu.errors import InvalidSpec
@@ -29,7 +32,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_grace_constants() -> None:
-    assert (GCE_SPOT_GRACE_S, AWS_SPOT_GRACE_S, EXIT_CODE_PREEMPTED) == (30.0, 120.0, 143)
+    assert (GKE_SPOT_GRACE_S, GCE_SPOT_GRACE_S, AWS_SPOT_GRACE_S, EXIT_CODE_PREEMPTED) == (15.0, 30.0, 120.0, 143)
+    assert DEFAULT_GRACE_S == GKE_SPOT_GRACE_S  # the shortest documented budget is the safe default
+
+
+def test_spot_grace_is_per_cloud_and_capped_by_the_pods_grace() -> None:
+    assert (spot_grace_s("gke"), spot_grace_s("EKS"), spot_grace_s("gce")) == (15.0, 120.0, 30.0)
+    assert spot_grace_s("eks", termination_grace_s=30) == 30.0  # drained: the pod's own grace applies
+    assert spot_grace_s("gke", termination_grace_s=60) == 15.0  # GKE's kubelet gives non-system pods 15 s
+    with pytest.raises(ValueError, match="platform 'azure'.*aws, eks, gce, gke"):
+        spot_grace_s("azure")
 
 
 def test_signal_outside_critical_runs_callback_at_once() -> None:

@@ -102,7 +102,7 @@ def test_preempt_one_of_four_resumes_from_checkpoint(
     kinds = [e["kind"] for e in Timeline.from_json(out["timeline"]).events]
     for k in ("job-created", "job-running", "preemption", "resumed", "job-finished"):
         assert k in kinds, kinds
-    _record_latency("sim-preempt (taint+evict+delete)", latency, p["detect_latency_s"])
+    _record_latency("sim-preempt (notice+kill+delete)", latency, p["detect_latency_s"])
 
 
 def test_repeated_preemptions_fall_back_to_on_demand_then_exhaust(

@@ -3,7 +3,7 @@
 * :class:`StepThread` runs ``train.run`` in a thread and keeps its result or error.
 * :class:`Reprovisioner` is a stand-in for ``scale_up.reprovision``: it creates replacement KWOK nodes
   (spot in the original pool, on-demand in a ``-od`` pool) and returns their Capacity.
-* :func:`preempt` reclaims a node the way the GKE stand-in does (taint + evict + delete).
+* :func:`preempt` reclaims a node the way the GKE stand-in does (notice, kill, delete).
 """
 
 from __future__ import annotations

@@ -44,6 +44,43 @@ def test_shutdown_taints_mean_the_node_is_going(taint: str) -> None:
     assert node_shutdown_reason(NodeFact("n0", 0.0, taints=("nvidia.com/gpu", taint))) == taint
 
 
+def test_spot_notice_graceful_node_shutdown_is_a_loss_with_no_taint() -> None:
+    """GKE >= 1.20: the kubelet's graceful node shutdown (Ready=False, "node is shutting down") is the first signal;
+    a node that is merely NotReady (booting, a heartbeat gap) is waited for, not lost."""
+    from kfp_gpu.cluster.nodes import is_going
+    from kfp_gpu.cluster.watch import node_fact
+
+    def obj(message: str) -> dict[str, object]:
+        return {"metadata": {"name": "n1"}, "status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": message}]}}
+
+    going, booting = node_fact(obj("node is shutting down"), 1.0), node_fact(obj("PLEG is not healthy"), 1.0)
+    assert going.shutting_down and not booting.shutting_down
+    assert is_going(obj("node is shutting down")) and not is_going(obj("PLEG is not healthy"))  # the controller's view
+    assert node_shutdown_reason(going) == "node is shutting down" and node_shutdown_reason(booting) == ""
+    assert gang_losses(("n1",), {"n1": going}, "") == ("n1",) and gang_losses(("n1",), {"n1": booting}, "") == ()
+    inc = {"n1": NodeIncident("n1", 1.0, node_shutdown_reason(going))}
+    v = classify(GANG, inc, [running(0), running(1)], now=1.0)
+    assert v.cause is Cause.PREEMPTION and v.lost_nodes == ("n1",) and v.reason == "node n1: node is shutting down"
+
+
+def test_spot_notice_pod_told_before_its_node_waits_for_the_node_signal() -> None:
+    """TerminationByKubelet on a pod can reach us before the node's "shutting down": the verdict settles for
+    KUBELET_SETTLE_S, so the node's signal makes it one preemption of that node instead of two."""
+    from kfp_gpu.plan.recovery import KUBELET_SETTLE_S
+
+    told = running(1, at=10.0, disruption="TerminationByKubelet")
+    early = classify(GANG, {}, [running(0), told], now=10.1)
+    assert early.cause is Cause.PREEMPTION and not early.final(10.1) and early.settle_until == 10.0 + KUBELET_SETTLE_S
+    inc = {"n1": NodeIncident("n1", 10.2, "node is shutting down")}
+    late = classify(GANG, inc, [running(0), told], now=10.3)
+    assert late.final(10.3) and late.lost_nodes == ("n1",)
+    alone = classify(GANG, {}, [running(0), told], now=11.0)  # node-pressure eviction: no node signal comes
+    assert alone.final(11.0) and alone.lost_nodes == ()
+    evicted = classify(GANG, {}, [running(1, at=10.0, disruption="EvictionByEvictionAPI")], now=10.0)
+    assert evicted.final(10.0)  # other disruptions decide at once
+
+
 def test_gpu_taint_and_healthy_node_are_not_shutdown() -> None:
     assert node_shutdown_reason(NodeFact("n0", 0.0, taints=("nvidia.com/gpu",))) == ""
     assert node_shutdown_reason(NodeFact("n0", 0.0, exists=False)) == "deleted"

@@ -140,7 +140,7 @@ def test_stockout_surfaces_through_the_google_client(kube: Kube, cluster_sim: An
 def test_preemption_notice_then_the_mig_recreates_the_node_under_the_same_name(
     kube: Kube, namespace: str, cluster_sim: Any,  # noqa: F811
 ) -> None:
-    sim, p = cluster_sim(preemption={"notice_s": 240})  # 2 s here
+    sim, p = cluster_sim(preemption={"notice_s": 240, "pod_grace_s": 120})  # 2 s and 1 s here
     ref = PoolRef("h100-80gb-spot-a", "us-central1-a")
     _until_done(p, p.resize(ref, 1, OWNER))
     node = wait_until("Ready node with GPUs", lambda: [
@@ -164,17 +164,22 @@ def test_preemption_notice_then_the_mig_recreates_the_node_under_the_same_name(
     assert time.monotonic() - t0 < 0.5, "preempt must return at once"
     assert (out["node"], out["pool"], out["poolSize"]) == (name, "h100-80gb-spot-a", 1) and out["noticeS"] == 2.0
 
-    # during the notice: tainted, shutting down, its pod terminated by the kubelet
+    # during the notice: the kubelet's graceful node shutdown (no taint on GKE); the pod keeps running, told
     noticed = wait_until("node under notice", lambda: (n := kube.core.read_node(name)) and any(
-        t.key == "cloud.google.com/impending-node-termination" and t.effect == "NoSchedule"
-        for t in (n.spec.taints or [])) and n, timeout=10)
+        c.type == "Ready" and c.status == "False" for c in n.status.conditions) and n, timeout=10)
     ready = next(c for c in noticed.status.conditions if c.type == "Ready")
-    assert (ready.status, ready.message) == ("False", "node is shutting down")
-    got = wait_until("pod terminated", lambda: (x := kube.core.read_namespaced_pod("trainer", namespace))
+    assert ready.message == "node is shutting down"
+    assert not any(t.key == "cloud.google.com/impending-node-termination" for t in (noticed.spec.taints or []))
+    told = wait_until("pod told", lambda: (x := kube.core.read_namespaced_pod("trainer", namespace)) and any(
+        c.type == "DisruptionTarget" for c in (x.status.conditions or [])) and x, timeout=10)
+    cond = next(c for c in told.status.conditions if c.type == "DisruptionTarget")
+    assert (cond.status, cond.reason, told.status.phase) == ("True", "TerminationByKubelet", "Running")
+    assert time.monotonic() - t0 < 0.9, "the pod grace ran out before its checks"
+    got = wait_until("pod killed", lambda: (x := kube.core.read_namespaced_pod("trainer", namespace))
                      and x.status.phase == "Failed" and x, timeout=10)
-    cond = next(c for c in got.status.conditions if c.type == "DisruptionTarget")
-    assert (cond.status, cond.reason) == ("True", "TerminationByKubelet")
-    assert time.monotonic() - t0 < 2.0, "the notice ran out before its checks"
+    killed_after = time.monotonic() - t0
+    assert 1.0 <= killed_after < 2.0, f"killed {killed_after:.2f}s after the notice (grace: 1 s here)"
+    assert got.status.container_statuses[0].state.terminated.exit_code == 137
 
     # after the notice the Node is gone, the pool keeps its size, and the VM comes back as a fresh Node
     assert sim.state.wait_node_gone(name, 10.0)

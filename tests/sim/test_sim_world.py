@@ -215,6 +215,32 @@ def test_preemption_keeps_the_target_and_recreates_the_vm_under_the_same_name() 
         assert backend.created.count(victim) == 2 and sim.state.pools["l4-spot-a"].target == 2
 
 
+def test_gke_spot_notice_kills_the_pods_15_s_in_and_the_vm_at_30_s() -> None:
+    """GKE graceful node shutdown on a Spot VM: notice at 0 (no taint), non-system pods killed at 15 s, VM gone at 30 s."""
+    with world(pools=pools(**{"l4-spot-a": {"initial_size": 1}})) as (sim, tl, backend):
+        victim = node("l4-spot-a", 0)
+        tl.advance(real(10))
+        sim.preempt(victim)
+        tl.advance(real(14.9))
+        assert backend.noticed == [victim] and backend.killed == [] and backend.deleted == []
+        tl.advance(real(0.2))
+        assert backend.killed == [victim] and backend.deleted == []
+        tl.advance(real(15))
+        assert backend.deleted == [victim]
+        assert sim.state.world.taint_key == ""  # GKE >= 1.20 taints nothing: the kubelet's shutdown is the signal
+
+
+def test_pod_grace_is_a_scenario_field_bounded_by_the_notice() -> None:
+    from kfp_gpu.errors import InvalidSpec
+
+    assert from_dict(scenario(preemption={"pod_grace_s": 5})).world.pod_grace_s == 5.0
+    assert from_dict(scenario(cloud="aws")).world.pod_grace_s == 120.0
+    assert from_dict(scenario(preemption={"notice_s": 10})).world.pod_grace_s == 10.0  # capped by a short notice
+    with pytest.raises(InvalidSpec) as info:
+        from_dict(scenario(preemption={"notice_s": 30, "pod_grace_s": 31}))
+    assert "preemption.pod_grace_s" in str(info.value) and "notice_s (30)" in str(info.value)
+
+
 def test_preemption_under_a_stockout_fails_the_recreation_and_retries() -> None:
     so = [{"zone": "us-central1-b", "start_s": 1, "end_s": 400}]
     spot = pools(**{"h100-80gb-spot-b": {"initial_size": 1}})
@@ -238,7 +264,7 @@ def test_aws_flavour_gives_the_two_minute_notice_and_a_new_instance() -> None:
         victim = node("l4-spot-c", 0)
         assert sim.preempt(victim)["noticeS"] == real(120)
         tl.advance(real(119))
-        assert victim in sim.nodes("l4-spot-c")
+        assert victim in sim.nodes("l4-spot-c") and backend.killed == []  # pods run to the end of the notice
         tl.advance(real(2))
         assert victim not in sim.nodes("l4-spot-c") and sim.state.pools["l4-spot-c"].target == 1
         tl.advance(real(3600))

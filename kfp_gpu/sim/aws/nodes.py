@@ -92,9 +92,11 @@ class EksKubeNodes(KubeBackend):
             if exc.status == 404:
                 return
             raise
+        evicted = []
         for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
             if pod.status.phase in ("Succeeded", "Failed"):
                 continue
+            evicted.append(pod)
             body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.metadata.name,
                                                                   namespace=pod.metadata.namespace))
             try:
@@ -105,6 +107,7 @@ class EksKubeNodes(KubeBackend):
                              pod.metadata.name)
                 elif exc.status != 404:
                     raise
+        self.ranks.lost(evicted)  # KWOK deletes an evicted pod at once: its peers lose a rank
 
 
 class MemoryNodes:
