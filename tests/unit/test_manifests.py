@@ -268,7 +268,8 @@ def test_claim_admission_policy():
                                        "resources": ["pods"]}]
     cel = " ".join(v["expression"] for v in vap["variables"])
     assert "request.namespace + '.claims.kfp-gpu.io/run'" in cel and "k == 'kfp-gpu.io/run'" in cel
-    assert "'Exists'" in cel and len(vap["validations"]) == 2
+    assert "request.namespace + '.nodepools.kfp-gpu.io/run'" in cel and "nodeName" in str(vap["validations"])
+    assert "'Exists'" in cel and len(vap["validations"]) == 3
     assert all(v.get("messageExpression") and "fix:" in v["messageExpression"] for v in vap["validations"])
 
 
