@@ -218,7 +218,7 @@ class GangWatch:
     def apply(self, ev: Event) -> None:
         """Fold one event into the facts. Raises: PermissionDenied when a watch was refused (RBAC)."""
         if ev.type == ERROR:
-            from kfp_gpu.cluster.kube import api_refusal
+            from kfp_gpu.cluster.apierrors import api_refusal
             from kfp_gpu.errors import PermissionDenied
 
             exc = ev.obj["error"]
