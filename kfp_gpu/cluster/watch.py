@@ -23,6 +23,7 @@ from kfp_gpu.cluster import kueue_workload
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
 from kfp_gpu.plan.admission import Admission, QueueState, WorkloadFact, admission
+from kfp_gpu.plan.readiness import is_ready
 from kfp_gpu.plan.recovery import (
     DISRUPTION_CONDITION,
     Cause,
@@ -91,12 +92,9 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
     return NodeFact(
         name=str(meta.get("name", "")), at=at, exists=not deleted and not meta.get("deletionTimestamp"),
-        ready=ready, unschedulable=bool(spec.get("unschedulable")),
+        ready=is_ready(obj), unschedulable=bool(spec.get("unschedulable")),
         taints=tuple(str(t.get("key", "")) for t in spec.get("taints") or []),
         gpus=quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
