@@ -32,6 +32,8 @@ from tests.integration.conftest import NodeFactory
 from tests.integration.rbac_support import Identity
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 10.0  # the spec's minimum lease_ttl_s
 
