@@ -157,3 +157,20 @@ def test_call_gives_up_on_a_persistent_503_within_its_bound_and_says_so() -> Non
 def test_call_lets_a_bug_through_unclassified() -> None:
     with pytest.raises(ZeroDivisionError):
         apierrors.call(lambda: 1 / 0, "x")
+
+
+def test_a_step_leaks_no_bare_api_error_only_classified_ones() -> None:
+    from kfp_gpu.steps.entry import _classified
+
+    def throttled() -> Any:
+        raise api_exc(429, "Too Many Requests", headers={"Retry-After": "1"})
+
+    with pytest.raises(RateLimited) as ei:
+        _classified(throttled, "scale-up")
+    assert ei.value.transient and ei.value.to_dict()["transient"] is True and "step scale-up" in str(ei.value)
+
+    def bug() -> Any:
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError):
+        _classified(bug, "scale-up")
