@@ -1,4 +1,5 @@
 # kfp-gpu. Two commands on a fresh machine: `make demo` and `make test`. Everything else is set up by them.
+# `make test-unit` is the unit tier alone: no cluster, no emulator (tests that need one carry the integration mark).
 SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
@@ -8,13 +9,14 @@ export KFP_GPU_CACHE ?= $(HOME)/.cache/kfp-gpu
 export KUBECONFIG := $(KFP_GPU_CACHE)/cluster/kubeconfig
 PYTEST_ARGS ?=
 # Autoscaler profile of the local cluster: none (default) | cluster-autoscaler (the real cluster-autoscaler, kwok
-# provider, GPU node groups, ProvisioningRequests; see docs/local-cluster.md). `make test` uses cluster-autoscaler.
+# provider, GPU node groups, ProvisioningRequests) | karpenter (Karpenter's kwok provider) | both, comma-separated
+# (docs/local-cluster.md). `make test`, `make bench` and `make bench-quick` use cluster-autoscaler,karpenter.
 AUTOSCALER ?= none
 # Kueue profile: KUEUE=1 builds and runs the real Kueue controller (CRDs, webhooks; docs/local-cluster.md).
 # `make test` uses KUEUE=1.
 KUEUE ?=
 # Optional components (kfp_gpu/devcluster/extras.py): TRAINER=1 runs JobSet + Kubeflow Trainer v2, GCS=1 the
-# fake-gcs-server emulator; AUTOSCALER=karpenter (or cluster-autoscaler,karpenter) Karpenter's kwok provider.
+# fake-gcs-server emulator. `make test` uses both.
 TRAINER ?=
 GCS ?=
 comma := ,
@@ -32,7 +34,7 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
 # TORCH_CPU; their other requirements are in the line after (psutil) or in dev (transformers' hub stack)
 FRAMEWORKS := accelerate==1.15.0 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3
 
-.PHONY: sysdeps venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components compile bench bench-quick clean
+.PHONY: sysdeps venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick clean
 
 # System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
 sysdeps:
@@ -52,14 +54,15 @@ lint: venv
 	$(BIN)/ruff check kfp_gpu tests pipelines bench
 	$(BIN)/mypy kfp_gpu
 
-# With AUTOSCALER=cluster-autoscaler also builds cluster-autoscaler (in parallel with the other Go builds).
+# Builds what is missing from ~/.cache/kfp-gpu/bin (Go builds, in parallel): the control plane, KWOK and the
+# Training Operator always; cluster-autoscaler and/or Karpenter as AUTOSCALER names them, Kueue with KUEUE=1,
+# JobSet + Trainer with TRAINER=1, fake-gcs-server with GCS=1.
 cluster-build: venv
 	$(BIN)/python -m kfp_gpu.devcluster build $(BUILD_FLAGS)
 
-# Builds what is missing from ~/.cache/kfp-gpu/bin (first run: Go builds of every component), then boots.
-# `make cluster-up AUTOSCALER=cluster-autoscaler` also runs the real cluster-autoscaler profile (karpenter, or
-# cluster-autoscaler,karpenter, Karpenter's kwok provider), KUEUE=1 Kueue, TRAINER=1 JobSet + Trainer v2, GCS=1
-# fake-gcs-server.
+# Builds what is missing (cluster-build), boots the local cluster (or re-uses a running one) with the profiles and
+# components named by AUTOSCALER, KUEUE, TRAINER and GCS, then starts the GKE and AWS stand-in daemons
+# (kfp_gpu.sim.daemon).
 cluster-up: cluster-build
 	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(EXTRA_FLAGS)
 	$(BIN)/python -m kfp_gpu.sim.daemon start
@@ -81,6 +84,8 @@ test: TRAINER = 1
 test: sysdeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The unit tier: needs no cluster and boots none (it never depends on cluster-up; tests/conftest.py stops the
+# collection when a test that uses the cluster or an emulator lacks the integration mark).
 test-unit: venv
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 

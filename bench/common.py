@@ -17,6 +17,7 @@ import yaml
 from kubernetes import client, watch
 
 from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL
+from kfp_gpu.plan import readiness
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = Path(__file__).with_name("scenarios")
@@ -101,7 +102,8 @@ def sampled_boot_s(node: client.V1Node) -> float | None:
 
 
 def is_ready(node: client.V1Node) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+    """kfp-gpu's one readiness predicate (kfp_gpu.plan.readiness): Ready, and no startup taint left."""
+    return readiness.is_ready(node.to_dict())
 
 
 class ReadyWatch:

@@ -1,8 +1,8 @@
 """The critical path of the decorated example (pipelines/llm_finetune.py), reported as a DAG property only.
 
 No runner here executes a compiled DAG in parallel (kfp.local's SubprocessRunner runs one task at a time, and the
-KFP backend cannot be built locally: DESIGN.md), so no timed ratio against provision-first is claimed. What is
-reported is read from the pipeline compiled by this commit's code: which tasks the training task waits for, and
+KFP backend cannot be built locally: docs/architecture.md, verified facts), so no timed ratio against
+provision-first is claimed. What is reported is read from the pipeline compiled by this commit's code: which tasks the training task waits for, and
 the dependency chains into it. On a parallel executor the decorated layout's path to training is therefore
 max(D, P) + T (D = data prep, P = preflight + warm pool + scale-up, T = train), provision-first's is D + P + T.
 """

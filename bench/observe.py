@@ -18,8 +18,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from bench.common import BOOT_SAMPLE_ANNOTATION, GPU, parse_go_duration
+from bench.common import BOOT_SAMPLE_ANNOTATION, parse_go_duration
 from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION
+from kfp_gpu.plan import readiness
 
 GANG_LABEL = "kfp-gpu.io/bench-gang"
 KARPENTER_POOL_LABEL = "karpenter.sh/nodepool"
@@ -48,13 +49,7 @@ class PodRec:
 
 
 def _node_gpu_ready(obj: dict[str, Any]) -> bool:
-    st = obj.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-    try:
-        gpus = int(str((st.get("allocatable") or {}).get(GPU, "0")))
-    except ValueError:
-        gpus = 0
-    return ready and gpus > 0
+    return readiness.is_ready(obj, gpus=1)  # kfp-gpu's one readiness predicate
 
 
 class _RawWatch:

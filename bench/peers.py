@@ -36,6 +36,7 @@ from kubernetes import client
 from bench.common import GPU, RequestCounter, new_api, pin_to
 from bench.observe import GANG_LABEL
 from bench.world import ACCEL, GPUS, POLL_S, REGION
+from kfp_gpu.plan import readiness
 
 GPU_TOL = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 PROVREQ_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
@@ -102,8 +103,7 @@ class Side:
     def ready_nodes(self) -> list[str]:
         out = []
         for nd in self.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={self.a['cluster']}").items:
-            ok = any(c.type == "Ready" and c.status == "True" for c in nd.status.conditions or [])
-            if ok and int((nd.status.allocatable or {}).get(GPU, "0")) > 0:
+            if readiness.is_ready(nd.to_dict(), gpus=1):  # kfp-gpu's one readiness predicate
                 out.append(nd.metadata.name)
         return sorted(out)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, ROOT
+from kfp_gpu.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
 OURS = ("ours_node_pool", "ours_provisioning_request", "ours_karpenter")
@@ -198,7 +199,7 @@ Sides:
 | naive | one `setSize(N)` on the stand-in (REST, retried on 5xx like a script with a retry loop), then listing Nodes every 10 world seconds until N are Ready with GPUs |
 | sequential | `setSize(i)`, wait for node i, for i = 1..N (the old anecdotal baseline) |
 | cluster_autoscaler | the real cluster-autoscaler (`kfp_gpu.devcluster.autoscaler`, kwok provider), the CA profile's flags minus its ProvisioningRequest ones (`bench/burst.py: BenchCA`), node group `bench-ca` (max 600) whose nodes boot on the bench's seeded sampler; N pending pods |
-| cluster_autoscaler_provreq | PodTemplate + ProvisioningRequest (`best-effort-atomic-scale-up`) served by the dev cluster's CA profile, polled at 10 world seconds, then N consuming pods; its node group `ca-a100-bench` (us-central1-c, max 512, a taint only the bench tolerates) has a fixed 240 s boot |
+| cluster_autoscaler_provreq | PodTemplate + ProvisioningRequest (`best-effort-atomic-scale-up`) served by the dev cluster's CA profile, polled at 10 world seconds, then N consuming pods; its node group `{bench_group}` ({bench_zone}, max {bench_max}, a taint only the bench tolerates) has a fixed 240 s boot |
 | karpenter | the dev cluster's Karpenter kwok provider: a NodePool (p4d.24xlarge spot, us-east-1a, limits N x 8 GPUs, consolidate when empty after 5 s) + N pending pods; fixed 240 s registration delay |
 {ours_rows}
 
@@ -215,8 +216,8 @@ Caveats a reader needs (each is in the side's favour or against it, as stated):
 * The gang is N plain pods (8 GPUs each) pinned to the nodes a side obtained, or scheduled onto them by the
   scheduler for the autoscalers; no PyTorchJob runs in this scenario (the same for every side).
 
-Where a side's world differs: the ProvisioningRequest sides run on the CA profile's node group (fixed boot, 4
-nodes max) and the Karpenter sides on the kwok provider's fixed registration delay, because those controllers
+Where a side's world differs: the ProvisioningRequest sides run on the CA profile's node group `{bench_group}`
+(fixed boot, {bench_max} nodes max) and the Karpenter sides on the kwok provider's fixed registration delay, because those controllers
 are shared by everyone on this cluster and their node templates are not the bench's to change; the overhead
 (total - that side's own limit) is the comparable quantity.
 """
@@ -385,8 +386,10 @@ def render(out: dict[str, Any], src: str = "") -> str:
     if defined:
         run += ["Scenarios (the full set; `make bench` runs every one, `make bench-quick` a small version):", "",
                 *(f"* `{k}`: {v}" for k, v in defined.items()), ""]
+    bench_group = next(g for g in ca_profile.NODE_GROUPS if g.name == ca_profile.BENCH_GROUP)  # the code's, not a copy
     body = [HEAD.format(src=src or "the bench JSON", world=_world(out.get("world", {})),
                        ours_rows=OURS_THROUGH_GANG if out.get("controller") else OURS_IN_PROCESS,
+                       bench_group=bench_group.name, bench_zone=bench_group.zone, bench_max=bench_group.max_size,
                        gang_rule=" (all N pods Running at once: a pod evicted meanwhile does not count)"
                        if out.get("gang_running") == "simultaneous" else ""), *run, *_burst(out),
             *_other(out), *_targets(out)]

@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a Kubernetes API refusal is an environment problem, not a bug
         if type(exc).__name__ != "ApiException":
             raise
-        from kfp_gpu.cluster.kube import api_refusal
+        from kfp_gpu.cluster.apierrors import api_refusal
 
         refusal = api_refusal(exc)
         if refusal is not None:

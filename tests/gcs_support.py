@@ -19,6 +19,7 @@ import pytest
 
 from kfp_gpu.checkpoint.backends import EMULATOR_ENV, gcs_client
 from kfp_gpu.devcluster import gcs_profile
+from tests.tiers import require_integration
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class GcsBucket:
 
 
 @pytest.fixture(scope="session")
-def gcs_emulator() -> str:
+def gcs_emulator(request: pytest.FixtureRequest) -> str:
+    require_integration(request, "the GCS emulator (gcs_emulator)")
     try:
         return gcs_profile.ensure_up()
     except Exception as e:  # noqa: BLE001 - a missing emulator must fail loudly, never skip

@@ -12,6 +12,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.apierrors import Conflict, NotFound, classify
+
 Obj = dict[str, Any]
 
 
@@ -38,9 +40,10 @@ def patch_conditionally(obj: Obj | None, change: Callable[[Obj], Obj | bool], se
             send(body)
             return True
         except ApiException as exc:
-            if exc.status == 404:
+            verdict = classify(exc)
+            if isinstance(verdict, NotFound):
                 return False
-            if exc.status != 409 or (raise_when_exhausted and attempt == attempts - 1):
+            if not isinstance(verdict, Conflict) or (raise_when_exhausted and attempt == attempts - 1):
                 raise
         obj = reread()
     return False

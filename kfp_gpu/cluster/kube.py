@@ -8,7 +8,6 @@ reach another cluster than ``target.cluster``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable
@@ -21,9 +20,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
+from kfp_gpu.cluster.apierrors import Transient, classify
 from kfp_gpu.errors import (
     ClusterUnreachable,
-    KfpGpuError,
     KubeconfigInvalid,
     NoKubeCredentials,
     PermissionDenied,
@@ -162,7 +161,8 @@ def probe(api: client.ApiClient, source: Source) -> None:
                 f"the Kubernetes API server {source.describe()} rejected the credentials (401 Unauthorized)",
                 remediation="refresh the kubeconfig's credentials (gcloud container clusters get-credentials / "
                 "aws eks update-kubeconfig) or the service account token") from None
-        if exc.status == 0 or exc.status >= 500:
+        verdict = classify(exc)
+        if isinstance(verdict, Transient) and verdict.status != 429:  # no answer or 5xx (a throttled one answers)
             raise unreachable(source, exc) from None
     except Exception as exc:  # urllib3 MaxRetryError, SSLError, socket errors: the server does not answer
         raise unreachable(source, exc) from None
@@ -186,35 +186,6 @@ def _reason(exc: BaseException) -> str:
 
 def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
-
-
-def api_refusal(exc: BaseException) -> KfpGpuError | None:
-    """The one conversion of a Kubernetes API refusal into a one-line kfp-gpu error, or None.
-
-    401 -> PermissionDenied (the credentials are not accepted); 403 with the authorizer's "cannot <verb>
-    resource <r>" message -> PermissionDenied naming that permission and pointing at the RBAC that grants it.
-    Anything else (admission webhooks, 404, 409...) is left to the caller.
-    """
-    status = getattr(exc, "status", None)
-    if type(exc).__name__ != "ApiException" or status not in (401, 403):
-        return None
-    message = ""
-    try:
-        message = str(json.loads(getattr(exc, "body", "") or "{}").get("message", ""))
-    except (ValueError, AttributeError):
-        message = ""
-    if status == 401:
-        return PermissionDenied(
-            "the Kubernetes API server did not accept the credentials (401 Unauthorized)",
-            remediation="refresh the kubeconfig's token or the service account token, or point KUBECONFIG at a "
-            "working kubeconfig")
-    if "cannot" not in message:
-        return None
-    return PermissionDenied(
-        f"the Kubernetes API server refused: {message}",
-        remediation="add that verb on that resource to the identity's role and re-apply it: the controller's in "
-        "kfp_gpu/manifests/controller-rbac.yaml (kfp-gpu install), a tenant's steps' in kfp-gpu tenant add, the "
-        "janitor's in deploy/janitor-rbac.yaml (docs/rbac-iam.md)")
 
 
 def ignore_404(fn: Callable[[], Any]) -> bool:

@@ -29,6 +29,8 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.apierrors import Permanent, Transient, classify
+
 log = logging.getLogger(__name__)
 
 SYNC = "SYNC"  # the object as a (re)list returned it
@@ -132,12 +134,15 @@ class Watcher:
                 if exc.status == 410:
                     rv = ""  # expired: list again from the current state
                     continue
-                if exc.status in (401, 403):  # a refusal does not heal by retrying: hand it to the consumer
+                verdict = classify(exc)
+                if isinstance(verdict, Permanent) and verdict.status in (401, 403):
+                    # a refusal does not heal by retrying: hand it to the consumer
                     self._emit(Event(self.source, ERROR, {"error": exc}, time.time()))
                     self.synced.set()
                     return
                 log.warning("watch %s failed (%s); retrying", self.source, exc.status)
-                self._stop.wait(backoff)
+                floor = verdict.retry_after_s if isinstance(verdict, Transient) else None
+                self._stop.wait(max(backoff, floor or 0.0))  # never before the server's Retry-After
                 backoff = min(backoff * 2, 5.0)
             except Exception as exc:  # connection dropped: resume from the last resourceVersion seen
                 if self._stop.is_set():

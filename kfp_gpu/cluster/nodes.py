@@ -29,9 +29,11 @@ from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.cluster.node_labels import pool_of
+from kfp_gpu.plan import readiness
+from kfp_gpu.plan.readiness import gpus_allocatable, is_ready
 from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
-GPU = "nvidia.com/gpu"
+GPU = readiness.GPU
 GKE_POOL_LABEL = node_labels.GKE.pool
 ZONE_LABEL = "topology.kubernetes.io/zone"
 
@@ -61,7 +63,7 @@ class NodeView:
             pool=pool_of(labels),
             zone=labels.get(ZONE_LABEL, ""),
             ready=is_ready(node),
-            gpus=gpu_allocatable(node),
+            gpus=gpus_allocatable(node),
             run_id=labels.get(LABEL_RUN_ID, ""),
             deleting=meta.get("deletionTimestamp") is not None,
             going=is_going(node),
@@ -79,32 +81,6 @@ def is_going(node: Node) -> bool:
                    for c in (node.get("status") or {}).get("conditions") or [])
     return shutting or bool(spec.get("unschedulable")) or any(
         t.get("key") in SHUTDOWN_TAINTS for t in spec.get("taints") or [])
-
-
-# Taints a node is born with and that its controller removes once it may run pods; a Ready node that still carries
-# one is not usable yet. Karpenter launches every node with karpenter.sh/unregistered:NoExecute and removes it when
-# it registers the NodeClaim (sigs.k8s.io/karpenter pkg/apis/v1/taints.go, nodeclaim/lifecycle/registration.go): a
-# pod bound to the node before that, by nodeName, is evicted at once by the taint-eviction controller. The cloud
-# controller manager removes node.cloudprovider.kubernetes.io/uninitialized once it has initialized the node.
-STARTUP_TAINTS: frozenset[str] = frozenset({"karpenter.sh/unregistered", "node.cloudprovider.kubernetes.io/uninitialized"})
-
-
-def is_ready(node: Node) -> bool:
-    """The Ready condition is True and no :data:`STARTUP_TAINTS` taint is left on the node."""
-    if any(t.get("key") in STARTUP_TAINTS for t in _taints(node)):
-        return False
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def gpu_allocatable(node: Node) -> int:
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    try:
-        return int(alloc.get(GPU, "0"))
-    except ValueError:
-        return 0
 
 
 def name_of(node: Node) -> str:

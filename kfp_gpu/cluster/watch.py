@@ -23,6 +23,7 @@ from kfp_gpu.cluster import kueue_workload
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
 from kfp_gpu.plan.admission import Admission, QueueState, WorkloadFact, admission
+from kfp_gpu.plan.readiness import is_ready
 from kfp_gpu.plan.recovery import (
     DISRUPTION_CONDITION,
     NODE_SHUTTING_DOWN,
@@ -92,14 +93,11 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-    )
     shutting_down = any(c.get("type") == "Ready" and c.get("status") != "True"
                         and NODE_SHUTTING_DOWN in str(c.get("message") or "") for c in status.get("conditions") or [])
     return NodeFact(
         name=str(meta.get("name", "")), at=at, exists=not deleted and not meta.get("deletionTimestamp"),
-        ready=ready, unschedulable=bool(spec.get("unschedulable")),
+        ready=is_ready(obj), unschedulable=bool(spec.get("unschedulable")),
         taints=tuple(str(t.get("key", "")) for t in spec.get("taints") or []),
         gpus=quantity((status.get("allocatable") or {}).get(GPU_RESOURCE)),
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
@@ -221,7 +219,7 @@ class GangWatch:
     def apply(self, ev: Event) -> None:
         """Fold one event into the facts. Raises: PermissionDenied when a watch was refused (RBAC)."""
         if ev.type == ERROR:
-            from kfp_gpu.cluster.kube import api_refusal
+            from kfp_gpu.cluster.apierrors import api_refusal
             from kfp_gpu.errors import PermissionDenied
 
             exc = ev.obj["error"]

@@ -22,7 +22,7 @@ Flags beyond the kwok provider basics (``--cloud-provider=kwok --leader-elect=fa
 
 - ``--enable-provisioning-requests``: serve ``autoscaling.x-k8s.io/v1`` ProvisioningRequests (off by default).
 - ``--kube-api-content-type=application/json``: CA's default protobuf cannot encode the ProvisioningRequest
-  (a CRD), so without it CA never writes a request's status (DESIGN.md, verified facts).
+  (a CRD), so without it CA never writes a request's status (docs/architecture.md, verified facts).
 - ``--scan-interval=1s`` (default 10 s): the test world is time-compressed; a request is answered within ~1 s.
 - ``--scale-down-unneeded-time=5s``, ``--scale-down-delay-after-add=5s``, ``--scale-down-delay-after-failure=5s``,
   ``--unremovable-node-recheck-timeout=5s`` (defaults 10 min, 10 min, 3 min, 5 min): nodes left after a test

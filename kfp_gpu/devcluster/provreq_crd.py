@@ -7,7 +7,7 @@ Source: ``config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml`` of ``k8s.i
 at the version the pinned cluster-autoscaler's go.mod requires (upstream builds CA against ``./apis``; the module
 proxy serves only that older version). That version ships the API as ``v1beta1`` only; the CA binary is built with
 the same package renamed to ``v1`` (:func:`kfp_gpu.devcluster.autoscaler._apis_v1_copy`), so the CRD is
-renamed the same way: version ``v1``, the schema unchanged (DESIGN.md, "Verified facts ... ProvisioningRequest").
+renamed the same way: version ``v1``, the schema unchanged (docs/architecture.md, verified facts).
 
 The renamed CRD is generated once (``go list -m`` / ``go mod download``, seconds with a warm module cache) into
 ``<cache>/share/provreq-crd-<ca version>/provisioningrequests-v1.json``; the build does it, so ``up`` needs no

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu.plan.readiness import is_ready
+
 from .client import connect
 from .nodes import POOL_LABEL, make_gpu_node
 
@@ -21,7 +23,7 @@ class ScaleResult:
 
 
 def _is_ready(node: client.V1Node) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+    return is_ready(node.to_dict())  # the one predicate (kfp_gpu.plan.readiness): these keys read the same
 
 
 def create_and_wait(count: int, pool: str = "scale", boot_delay_s: float = 0.0, threads: int = 16,

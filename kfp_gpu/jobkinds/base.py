@@ -20,6 +20,11 @@ Semantics every kind keeps:
   so teardown and the janitor find it without the step. With a queue it carries ``kueue.x-k8s.io/queue-name`` and
   is created suspended.
 - **Resume.** :meth:`JobKind.resume_step` reads back the step an existing job was created to resume from.
+- **Classified API errors.** Every call that reaches the API server goes through
+  :func:`kfp_gpu.cluster.apierrors.call`: a 429, a 5xx or a timeout is retried with bounded back-off (never before
+  the server's Retry-After), and what still fails is raised as a classified :class:`~kfp_gpu.errors.KfpGpuError`
+  (``RateLimited``/``TransientCloudError`` are transient, ``PermissionDenied`` for RBAC, ``CrdMissing`` for a kind
+  that is not served), never as a bare ``ApiException``.
 
 Kinds: :class:`kfp_gpu.jobkinds.pytorchjob.PyTorchJobKind` (Training Operator v1) and
 :class:`kfp_gpu.jobkinds.trainjob.TrainJobKind` (Trainer v2). Pick one with :func:`kfp_gpu.jobkinds.for_template`.
@@ -29,13 +34,13 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from kubernetes import client
 
-from kfp_gpu.cluster import customjob
+from kfp_gpu.cluster import apierrors, customjob
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.cluster.podtemplate import JOB_LABEL
 from kfp_gpu.cluster.watch import GangWatch, JobObserver
@@ -44,6 +49,7 @@ from kfp_gpu.job import JobTemplate
 from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 
 RESUME_STEP_ANNOTATION = "kfp-gpu.io/resume-step"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ class JobKind(JobObserver, ABC):
         """Read what the kind needs from the cluster before the first build (TrainJob: its runtime); returns facts
         for the ledger and the report. Call once per step.
 
-        Raises: InvalidSpec (e.g. a runtime that does not exist), CrdMissing, ApiException.
+        Raises: InvalidSpec (e.g. a runtime that does not exist), CrdMissing, KfpGpuError (classified).
         """
         return {}
 
@@ -103,22 +109,28 @@ class JobKind(JobObserver, ABC):
                       ) -> tuple[dict[str, Any], bool]:
         """Create the job, or return the live one of that name (re-attach). Returns (job, created).
 
-        Raises: CrdMissing (the kind is not served), ApiException (incl. an admission webhook's refusal).
+        Raises: CrdMissing (the kind is not served), KfpGpuError (classified, incl. an admission webhook's refusal).
         """
-        return customjob.create_or_get(api, self.resource, namespace, body, self.crd_missing)
+        name = (body.get("metadata") or {}).get("name", "")
+        return self._call(lambda: customjob.create_or_get(api, self.resource, namespace, body, self.crd_missing),
+                          f"create {self.resource.plural} {namespace}/{name}")
 
     def get(self, api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job or None. Raises: ApiException (non-404)."""
-        return customjob.get(api, self.resource, namespace, name)
+        """The job or None. Raises: KfpGpuError (classified, non-404)."""
+        return self._call(lambda: customjob.get(api, self.resource, namespace, name),
+                          f"read {self.resource.plural} {namespace}/{name}")
 
     def delete(self, api: client.ApiClient, namespace: str, name: str) -> bool:
-        """Foreground delete; False when already gone. Raises: ApiException."""
-        return customjob.delete(api, self.resource, namespace, name)
+        """Foreground delete; False when already gone. Raises: KfpGpuError (classified)."""
+        return self._call(lambda: customjob.delete(api, self.resource, namespace, name),
+                          f"delete {self.resource.plural} {namespace}/{name}")
 
     def wait_gone(self, api: client.ApiClient, namespace: str, name: str, *, timeout_s: float) -> bool:
         """True once the job and its pods are gone (pods stuck on vanished nodes force-deleted) within
-        ``timeout_s``. Raises: ApiException."""
-        return customjob.wait_gone(api, self.resource, namespace, name, timeout_s=timeout_s, clock=time.time)
+        ``timeout_s``. Raises: KfpGpuError (classified)."""
+        return self._call(lambda: customjob.wait_gone(api, self.resource, namespace, name, timeout_s=timeout_s,
+                                                      clock=time.time),
+                          f"wait for {self.resource.plural} {namespace}/{name} to be gone")
 
     def pod_selector(self, name: str) -> str:
         return f"{JOB_LABEL}={name}"
@@ -138,9 +150,9 @@ class JobKind(JobObserver, ABC):
             return 0
 
     def served(self, api: client.ApiClient) -> bool:
-        """Whether the cluster serves the kind (discovery). Raises: ApiException (non-404)."""
+        """Whether the cluster serves the kind (discovery). Raises: KfpGpuError (classified, non-404)."""
         r = self.resource
-        return customjob.served(api, r.group, r.version, r.plural)
+        return self._call(lambda: customjob.served(api, r.group, r.version, r.plural), f"discover {r.group}/{r.version}")
 
     @abstractmethod
     def crd_missing(self) -> CrdMissing:
@@ -148,10 +160,17 @@ class JobKind(JobObserver, ABC):
 
     def delete_for_run(self, api: client.ApiClient, namespace: str, run_id: str) -> list[str]:
         """Foreground-delete every job of this kind labelled with ``run_id``; their names. Nothing when the kind is
-        not served. Raises: ApiException."""
+        not served. Raises: KfpGpuError (classified)."""
         names = []
-        for job in customjob.list_for(api, self.resource, namespace, f"{LABEL_RUN_ID}={label_safe(run_id)}"):
+        selector = f"{LABEL_RUN_ID}={label_safe(run_id)}"
+        for job in self._call(lambda: customjob.list_for(api, self.resource, namespace, selector),
+                              f"list {self.resource.plural} of run {run_id}"):
             name = str(job["metadata"]["name"])
-            customjob.delete(api, self.resource, namespace, name)
+            self.delete(api, namespace, name)
             names.append(name)
         return names
+
+    @staticmethod
+    def _call(fn: Callable[[], T], what: str) -> T:
+        """One API call of the contract: transient errors retried, the rest raised classified."""
+        return apierrors.call(fn, what)

@@ -49,8 +49,9 @@ class TrainJobKind(JobKind):
 
     def prepare(self, api: client.ApiClient, namespace: str) -> dict[str, Any]:
         """Read the runtime. Raises: InvalidSpec (no such runtime, or no trainer ``node`` container), CrdMissing,
-        ApiException."""
-        self.runtime = trainjob.read_runtime(api, namespace, *self.runtime_ref)
+        KfpGpuError (classified)."""
+        self.runtime = self._call(lambda: trainjob.read_runtime(api, namespace, *self.runtime_ref),
+                                  f"read {self.runtime_ref[1]} {self.runtime_ref[0]}")
         return {"runtime": self.runtime.name, "runtime_kind": self.runtime.kind,
                 "replicated_job": self.runtime.replicated_job,
                 "gang_scheduler": self.runtime.gang_scheduler or "none (kfp-gpu's gang pin)"}

@@ -22,6 +22,7 @@ and nodes) and waits until they are gone. The job's pods carry ``karpenter.sh/do
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -30,8 +31,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import accelerators
+from kfp_gpu.cluster import apierrors, ledger
 from kfp_gpu.cluster import karpenter as api_k
-from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim_all, unclaim
@@ -82,26 +83,23 @@ class KarpenterProvisioner(NothingExtra):
         attempt = int(led.get("attempt", 0))
         history: list[dict[str, Any]] = list(led.get("history", []))
         timeline = Timeline.from_json(led["timeline"]) if led.get("timeline") else Timeline(run_id)
-        try:
-            self._ensure_pool(spec, run_id, pool, owner, types, cands[min(attempt, len(cands) - 1)], len(keep) + count)
-        except ApiException as exc:
-            raise _api_error(exc) from None
+        apierrors.call(functools.partial(self._ensure_pool, spec, run_id, pool, owner, types,
+                                         cands[min(attempt, len(cands) - 1)], len(keep) + count),
+                       f"create NodePool {pool}", not_found=_crd_missing)
         if not request.wait:  # the warm pool: placeholders make Karpenter launch; scale-up claims the nodes later
             names = api_k.placeholder_names(pool, request.step, 0, count)
-            try:
-                cand = self._place(spec, pool, types, cands[0], names, count, keep, owner, deadline, retarget=False)
-            except ApiException as exc:
-                raise _api_error(exc) from None
+            cand = apierrors.call(functools.partial(self._place, spec, pool, types, cands[0], names, count, keep, owner,
+                                                    deadline, retarget=False), f"place NodePool {pool}'s placeholders",
+                                  not_found=_crd_missing)
             return self._capacity(spec, run_id, {}, timeline, pool, cand)
         while attempt < len(cands):
             cand = cands[attempt]
             ledger.write(self.api, ns, owner, {"spec": spec.to_json(), "timeline": timeline.to_json(), "started": started,
                                                "attempt": attempt, "history": history, "nodepool": pool})
             names = api_k.placeholder_names(pool, request.step, attempt * 10 + len(cand.avoid), count)
-            try:
-                cand = self._place(spec, pool, types, cand, names, count, keep, owner, deadline, retarget=True)
-            except ApiException as exc:
-                raise _api_error(exc) from None
+            cand = apierrors.call(functools.partial(self._place, spec, pool, types, cand, names, count, keep, owner,
+                                                    deadline, retarget=True), f"place NodePool {pool}'s placeholders",
+                                  not_found=_crd_missing)
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
             api_k.delete_placeholders(self.api, ns, names)
             if verdict.verdict is plan.Verdict.READY:
@@ -209,9 +207,7 @@ class KarpenterProvisioner(NothingExtra):
             while True:
                 claims, views, raw, signals = watch.snapshot()
                 if watch.error is not None:
-                    from kfp_gpu.cluster.kube import api_refusal
-
-                    raise api_refusal(watch.error) or KfpGpuError(f"watch of NodePool {pool}: {watch.error}")
+                    raise apierrors.to_error(watch.error, f"watch of NodePool {pool}", not_found=_crd_missing)
                 by_name = {str(n["metadata"]["name"]): n for n in raw}
                 free = [v for v in views
                         if v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
@@ -313,15 +309,9 @@ def _pod_tolerations(spec: ProvisioningSpec, run_label: str) -> list[dict[str, s
             parse_toleration(plan.pool_toleration(run_label, spec.target.namespace))]
 
 
-def _api_error(exc: ApiException) -> KfpGpuError:
-    from kfp_gpu.cluster.kube import api_refusal
+def _crd_missing() -> KfpGpuError:
     from kfp_gpu.errors import CrdMissing
 
-    refused = api_refusal(exc)
-    if refused is not None:
-        return refused
-    if exc.status == 404:
-        return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
-                          remediation="install Karpenter v1 (its NodePool/NodeClaim CRDs and controller), or use "
-                          "target.provisioner='node-pool'")
-    return KfpGpuError(f"Karpenter API error {exc.status}: {exc.reason}")
+    return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
+                      remediation="install Karpenter v1 (its NodePool/NodeClaim CRDs and controller), or use "
+                      "target.provisioner='node-pool'")

@@ -27,14 +27,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import accelerators
-from kfp_gpu.cluster import ledger, node_labels
+from kfp_gpu.cluster import apierrors, ledger, node_labels
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import (
@@ -106,12 +106,10 @@ class ProvisioningRequestProvisioner:
                                      history=history, request=name, zone=zone, **{"class": klass})
             save()
             made_at = time.time()
-            try:
-                api_req.create(self.api, ns, name, pod_spec=pod_spec(spec, run_id, zone, pools), count=count, klass=klass,
-                               parameters=plan.parameters(klass, max_run_duration_s=spec.max_run_duration_s),
-                               labels=owner.labels())
-            except ApiException as exc:
-                raise _api_error(exc, ns) from None
+            apierrors.call(functools.partial(
+                api_req.create, self.api, ns, name, pod_spec=pod_spec(spec, run_id, zone, pools), count=count,
+                klass=klass, parameters=plan.parameters(klass, max_run_duration_s=spec.max_run_duration_s),
+                labels=owner.labels()), f"create ProvisioningRequest {ns}/{name}", not_found=_crd_missing(ns))
             last = attempt == len(zones) - 1
             obs = self._wait(ns, name, deadline, None if last else NOT_FOUND_GRACE_S)
             if obs.state is plan.ReqState.PROVISIONED:
@@ -167,9 +165,8 @@ class ProvisioningRequestProvisioner:
 
             obj = w.wait(done, deadline)
             if w.error is not None:
-                from kfp_gpu.cluster.kube import api_refusal
-
-                raise api_refusal(w.error) or KfpGpuError(f"watch of ProvisioningRequest {ns}/{name}: {w.error}")
+                raise apierrors.to_error(w.error, f"watch of ProvisioningRequest {ns}/{name}",
+                                         not_found=_crd_missing(ns))
         finally:
             w.stop()
         return plan.read_state((obj or {}).get("status", {}).get("conditions"))
@@ -363,15 +360,9 @@ def _fits_pools(pools: Sequence[str], pool: str) -> bool:
     return not pools or pool in pools
 
 
-def _api_error(exc: ApiException, namespace: str) -> KfpGpuError:
-    from kfp_gpu.cluster.kube import api_refusal
+def _crd_missing(namespace: str) -> Callable[[], KfpGpuError]:
     from kfp_gpu.errors import CrdMissing
 
-    refused = api_refusal(exc)
-    if refused is not None:
-        return refused
-    if exc.status == 404:
-        return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} (namespace {namespace})",
-                          remediation="use target.provisioner='node-pool', or enable ProvisioningRequests "
-                          "(GKE >= 1.28 with autoscaled pools; cluster-autoscaler --enable-provisioning-requests)")
-    return KfpGpuError(f"ProvisioningRequest API error {exc.status}: {exc.reason}")
+    return lambda: CrdMissing(f"the cluster does not serve {plan.CRD_NAME} (namespace {namespace})",
+                              remediation="use target.provisioner='node-pool', or enable ProvisioningRequests "
+                              "(GKE >= 1.28 with autoscaled pools; cluster-autoscaler --enable-provisioning-requests)")

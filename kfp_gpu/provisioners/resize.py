@@ -237,7 +237,7 @@ def _wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline
         with tracker.cond:
             while True:
                 if tracker.watch_error is not None:  # a refused Node watch never heals: fail now, in one line
-                    from kfp_gpu.cluster.kube import api_refusal
+                    from kfp_gpu.cluster.apierrors import api_refusal
 
                     raise api_refusal(tracker.watch_error) or PermissionDenied(
                         f"the Kubernetes API refused the Node watch: {tracker.watch_error}",

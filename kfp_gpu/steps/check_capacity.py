@@ -15,6 +15,7 @@ in :mod:`kfp_gpu.plan.preflight`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -23,11 +24,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster import apierrors
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.nodes import ZONE_LABEL
+from kfp_gpu.errors import KfpGpuError, NotFound
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.preflight import NO_ANSWER, NOT_ASKED, CapacityNow, capacity_answer
 from kfp_gpu.providers.base import CapacityProvider, Owner
+from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.spec import CapacityType, ProvisioningSpec
 
 STEP = "preflight"
@@ -74,16 +78,17 @@ def ask(spec: ProvisioningSpec, api: client.ApiClient, run_id: str = "", *, zone
     name = plan.request_name(run_id, STEP)
     owner = Owner.for_step(run_id, STEP, LEASE_S)
     t0 = time.time()
-    try:
-        api_req.create(api, ns, name, pod_spec=_pod_spec(spec, run_id, zones or []), count=spec.nodes,
-                       klass=plan.CHECK_CAPACITY, parameters=plan.parameters(plan.CHECK_CAPACITY, no_retry=True),
-                       labels=owner.labels())
-    except ApiException as exc:
+    try:  # a 429/5xx/timeout is retried (never before Retry-After) within a short bound: it is a preflight
+        apierrors.call(functools.partial(
+            api_req.create, api, ns, name, pod_spec=_pod_spec(spec, run_id, zones or []), count=spec.nodes,
+            klass=plan.CHECK_CAPACITY, parameters=plan.parameters(plan.CHECK_CAPACITY, no_retry=True),
+            labels=owner.labels()), f"create check-capacity request {ns}/{name}",
+            policy=RetryPolicy(attempts=4, budget_s=min(10.0, wait_s), base_s=0.2, cap_s=2.0))
+    except KfpGpuError as exc:
         _delete(api, ns, name)  # the PodTemplate may have been made before the request was refused
-        if exc.status == 404:
+        if isinstance(exc, NotFound):
             return CapacityNow(NOT_ASKED, f"the cluster does not serve {plan.CRD_NAME} (namespace {ns})")
-        return CapacityNow(NO_ANSWER, f"could not create check-capacity request {ns}/{name}: "
-                           f"{exc.status} {exc.reason}", name)
+        return CapacityNow(NO_ANSWER, f"could not create check-capacity request: {exc.message}", name)
     try:
         obs, elapsed = _wait(api, ns, name, t0, t0 + wait_s)
     except Exception as exc:  # a refused watch, a broken connection: no answer, never ok

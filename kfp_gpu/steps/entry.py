@@ -86,16 +86,18 @@ def _inputs(step: str, spec_json: str, run_id: str, runtime: Mapping[str, Any] |
     return spec
 
 
-def _one_line_refusals(fn: Callable[[], StepResult]) -> StepResult:
+def _classified(fn: Callable[[], StepResult], step: str) -> StepResult:
+    """``fn()``; a Kubernetes API or transport error that reaches here leaves as a classified one-line error
+    (:func:`kfp_gpu.cluster.apierrors.to_error`: an RBAC refusal, transient 429/5xx/timeout, 404...), not a traceback.
+    Anything else (a bug) raises as it is."""
     try:
         return fn()
-    except Exception as exc:  # a Kubernetes RBAC refusal is an environment problem: one line, not a traceback
-        from kfp_gpu.cluster.kube import api_refusal
+    except Exception as exc:
+        from kfp_gpu.cluster import apierrors
 
-        err = api_refusal(exc)
-        if err is None:
+        if isinstance(exc, KfpGpuError) or apierrors.classify(exc) is None:
             raise
-        raise err from None
+        raise apierrors.to_error(exc, f"step {step}") from None
 
 
 def run_step(
@@ -107,7 +109,7 @@ def run_step(
     spec = _inputs(step, spec_json, run_id, runtime, kwargs)
     fn = resolve(step)
     with cancellable(step):
-        return _one_line_refusals(lambda: fn(spec, run_id, upstream_json, **kwargs))
+        return _classified(lambda: fn(spec, run_id, upstream_json, **kwargs), step)
 
 
 def request_step(
@@ -123,7 +125,7 @@ def request_step(
     with cancellable(step):
         api = api_client(spec.target)
         try:
-            return _one_line_refusals(lambda: gang_client.request(step, spec, spec.to_json(), run_id, api, **kwargs))
+            return _classified(lambda: gang_client.request(step, spec, spec.to_json(), run_id, api, **kwargs), step)
         finally:
             api.close()
 

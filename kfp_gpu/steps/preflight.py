@@ -303,6 +303,7 @@ def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
 def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, int]]:
     """(Ready schedulable matching GPU nodes, node count per pool label) from one raw Node list."""
     from kfp_gpu.cluster.nodes import NodeView, labels_of, list_nodes
+    from kfp_gpu.plan.readiness import is_ready
 
     count, per_pool = 0, dict[str, int]()
     for node in list_nodes(api)[0]:
@@ -310,9 +311,7 @@ def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, i
         if view.pool:
             per_pool[view.pool] = per_pool.get(view.pool, 0) + 1
         unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-        if view.ready and not unschedulable and view.gpus >= spec.gpus_per_node and _node_matches(
-            spec, labels_of(node)
-        ):
+        if is_ready(node, gpus=spec.gpus_per_node) and not unschedulable and _node_matches(spec, labels_of(node)):
             count += 1
     return count, per_pool
 

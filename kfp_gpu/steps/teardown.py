@@ -88,8 +88,8 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     for kind in jobkinds.every():  # a kind whose CRD is absent has nothing to delete
         try:
             rep.jobs += kind.delete_for_run(api, ns, run_id)
-        except ApiException as exc:
-            rep.errors.append(f"delete {kind.resource.plural}: {exc.reason}")
+        except KfpGpuError as exc:  # classified by the job-kind contract, transient ones already retried
+            rep.errors.append(f"delete {kind.resource.plural}: {exc.message}")
     rep.balloons = balloons.delete_balloons(api, ns, run_id)
     nodes, _ = list_nodes(api, selector)  # before the release: a backend may delete the run's own nodes
     for backend in provisioners.backends(api, provider):

@@ -60,12 +60,14 @@ from tests.integration.rbac_support import (
     render,
     render_controller,
 )
+from tests.tiers import require_integration
 
 NodeFactory = Callable[..., tuple[str, list[str]]]
 
 
 @pytest.fixture(scope="session")
-def kube() -> Kube:
+def kube(request: pytest.FixtureRequest) -> Kube:
+    require_integration(request, "the dev cluster (kube)")
     try:
         return ensure_up()
     except Exception as e:  # noqa: BLE001 - any boot failure must fail loudly, never skip

@@ -13,10 +13,14 @@ import time
 import uuid
 from functools import partial
 
+import pytest
+
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.fanout import run_all
 from kfp_gpu.sim.kube import KubeBackend
 from kfp_gpu.sim.scenario import PoolSpec
+
+pytestmark = pytest.mark.integration  # the dev cluster's KWOK stages
 
 N = 64
 

@@ -17,6 +17,8 @@ from kfp_gpu.errors import PermissionDenied
 from kfp_gpu.timeline import Timeline
 from tests.waiting import wait_until
 
+pytestmark = pytest.mark.integration
+
 
 def _recorder() -> tuple[list[tuple[str, str, float]], threading.Lock, object]:
     seen: list[tuple[str, str, float]] = []

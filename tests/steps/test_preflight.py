@@ -146,7 +146,7 @@ def node(name: str, gpus: int, ready: bool = True, label: str = "nvidia-a100-80g
 
 
 @pytest.fixture
-def kube() -> Iterator[tuple[Any, KubeState]]:
+def fake_kube() -> Iterator[tuple[Any, KubeState]]:
     from kubernetes import client
 
     state = KubeState()
@@ -180,8 +180,8 @@ def cluster_check(res: PreflightResult, name: str) -> Any:
     return next(c for c in res.cluster_checks if c.name == name)
 
 
-def test_cluster_checks_fit(kube: tuple[Any, KubeState]) -> None:
-    api, _ = kube
+def test_cluster_checks_fit(fake_kube: tuple[Any, KubeState]) -> None:
+    api, _ = fake_kube
     res = run_preflight(spec(), fake(), api)
     assert res.ok
     cap = cluster_check(res, "gpu-capacity")
@@ -189,8 +189,8 @@ def test_cluster_checks_fit(kube: tuple[Any, KubeState]) -> None:
     assert "not installed" in cluster_check(res, "kueue").detail
 
 
-def test_namespace_resource_quota_short(kube: tuple[Any, KubeState]) -> None:
-    api, state = kube
+def test_namespace_resource_quota_short(fake_kube: tuple[Any, KubeState]) -> None:
+    api, state = fake_kube
     state.set("/api/v1/namespaces/team-a/resourcequotas", {"items": [{
         "metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "16"}},
         "status": {"hard": {"requests.nvidia.com/gpu": "16"}, "used": {"requests.nvidia.com/gpu": "8"}}}]})
@@ -201,8 +201,8 @@ def test_namespace_resource_quota_short(kube: tuple[Any, KubeState]) -> None:
         check(res)
 
 
-def test_kueue_cluster_queue(kube: tuple[Any, KubeState]) -> None:
-    api, state = kube
+def test_kueue_cluster_queue(fake_kube: tuple[Any, KubeState]) -> None:
+    api, state = fake_kube
     state.set("/apis/kueue.x-k8s.io/v1beta2/namespaces/team-a/localqueues",
               {"items": [{"metadata": {"name": "lq"}, "spec": {"clusterQueue": "gpu-cq"}}]})
     state.set("/apis/kueue.x-k8s.io/v1beta2/resourceflavors", {"items": [
@@ -222,8 +222,8 @@ def test_kueue_cluster_queue(kube: tuple[Any, KubeState]) -> None:
     assert wrong.verdict is Verdict.SHORT and "no LocalQueue x in namespace team-a; have: lq" in wrong.detail
 
 
-def test_forbidden_cluster_reads_are_unknown(kube: tuple[Any, KubeState]) -> None:
-    api, state = kube
+def test_forbidden_cluster_reads_are_unknown(fake_kube: tuple[Any, KubeState]) -> None:
+    api, state = fake_kube
     state.set("/api/v1/namespaces/team-a/resourcequotas", {"kind": "Status", "code": 403}, status=403)
     res = run_preflight(spec(), fake(), api)
     rq = cluster_check(res, "namespace-quota")

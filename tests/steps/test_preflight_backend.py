@@ -10,11 +10,11 @@ from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.spec import CapacityType
 from kfp_gpu.steps import preflight_step
 from kfp_gpu.steps.preflight import run_preflight
-from tests.steps.test_preflight import KubeState, fake, kube, spec  # noqa: F401  (kube is a fixture)
+from tests.steps.test_preflight import KubeState, fake, fake_kube, spec  # noqa: F401  (fake_kube is a fixture)
 
 
-def test_backend_and_reason_in_every_report(kube: tuple[Any, KubeState]) -> None:  # noqa: F811
-    api, _ = kube
+def test_backend_and_reason_in_every_report(fake_kube: tuple[Any, KubeState]) -> None:  # noqa: F811
+    api, _ = fake_kube
     res = run_preflight(spec(), fake(), api)  # the fake API server serves no ProvisioningRequest CRD
     assert res.provisioner["name"] == "node-pool"
     assert "no ProvisioningRequest API" in res.provisioner["reason"]

@@ -22,7 +22,7 @@ from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.steps import preflight_step
 from kfp_gpu.steps.result import StepResult
 from tests.gcs_support import GcsBucket
-from tests.steps.test_preflight import KubeState, fake, kube, spec  # noqa: F401  (kube is a fixture)
+from tests.steps.test_preflight import KubeState, fake, fake_kube, spec  # noqa: F401  (fake_kube is a fixture)
 
 RUN = "run-probe-1"
 
@@ -38,8 +38,8 @@ def run_step(uri: str, api: Any) -> StepResult:
 
 # ---- gs:// against the emulator ------------------------------------------------------------------------------------
 @pytest.mark.integration  # the GCS emulator
-def test_gs_writable_bucket_is_ok_and_left_clean(gcs: GcsBucket, kube: tuple[Any, KubeState]) -> None:  # noqa: F811
-    out = run_step(gcs.uri("runs/a"), kube[0])
+def test_gs_writable_bucket_is_ok_and_left_clean(gcs: GcsBucket, fake_kube: tuple[Any, KubeState]) -> None:  # noqa: F811
+    out = run_step(gcs.uri("runs/a"), fake_kube[0])
     check = ckpt_check(out)
     assert check["verdict"] == Verdict.FITS.value, check
     assert f"wrote, read back and deleted {gcs.uri('runs/a')}/{probe_key(RUN)}" in check["detail"]
@@ -68,17 +68,17 @@ def test_gs_probe_object_carries_the_run_id(gcs: GcsBucket) -> None:
 
 
 @pytest.mark.integration  # the GCS emulator
-def test_gs_missing_bucket_fails_the_step_naming_it(gcs: GcsBucket, kube: tuple[Any, KubeState]) -> None:  # noqa: F811
+def test_gs_missing_bucket_fails_the_step_naming_it(gcs: GcsBucket, fake_kube: tuple[Any, KubeState]) -> None:  # noqa: F811
     bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     with pytest.raises(QuotaExceeded) as err:
-        run_step(f"gs://{bucket}/ckpt", kube[0])
+        run_step(f"gs://{bucket}/ckpt", fake_kube[0])
     msg = err.value.message
     assert "checkpoint-uri" in msg and f"gs://{bucket}: the bucket does not exist" in msg
     assert f"create the bucket {bucket}" in err.value.remediation
 
 
 @pytest.mark.integration  # the GCS emulator
-def test_gs_unreachable_store_is_unknown_never_ok(gcs: GcsBucket, kube: tuple[Any, KubeState],  # noqa: F811
+def test_gs_unreachable_store_is_unknown_never_ok(gcs: GcsBucket, fake_kube: tuple[Any, KubeState],  # noqa: F811
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
@@ -86,7 +86,7 @@ def test_gs_unreachable_store_is_unknown_never_ok(gcs: GcsBucket, kube: tuple[An
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{dead}")
-    out = run_step(gcs.uri("x"), kube[0])
+    out = run_step(gcs.uri("x"), fake_kube[0])
     check = ckpt_check(out)
     assert check["verdict"] == Verdict.UNKNOWN.value and "could not write the probe object" in check["detail"]
     assert "ConnectionError" in check["detail"] and out.metrics["unknown_checks"] >= 1.0
@@ -135,22 +135,22 @@ def s3_bucket(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
 
 
 def test_s3_writable_bucket_is_ok_and_left_clean(s3_bucket: tuple[Any, str],
-                                                 kube: tuple[Any, KubeState]) -> None:  # noqa: F811
+                                                 fake_kube: tuple[Any, KubeState]) -> None:  # noqa: F811
     client, bucket = s3_bucket
-    check = ckpt_check(run_step(f"s3://{bucket}/runs/a", kube[0]))
+    check = ckpt_check(run_step(f"s3://{bucket}/runs/a", fake_kube[0]))
     assert check["verdict"] == Verdict.FITS.value, check
     assert client.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
 
 
-def test_s3_missing_bucket_fails_the_step(s3_bucket: tuple[Any, str], kube: tuple[Any, KubeState]) -> None:  # noqa: F811
+def test_s3_missing_bucket_fails_the_step(s3_bucket: tuple[Any, str], fake_kube: tuple[Any, KubeState]) -> None:  # noqa: F811
     bucket = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
     with pytest.raises(QuotaExceeded) as err:
-        run_step(f"s3://{bucket}/ckpt", kube[0])
+        run_step(f"s3://{bucket}/ckpt", fake_kube[0])
     assert f"s3://{bucket}: the bucket does not exist" in err.value.message and "NoSuchBucket" in err.value.message
 
 
 def test_s3_denied_names_the_bucket_and_missing_permission(s3_bucket: tuple[Any, str], moto_endpoint: str,
-                                                          kube: tuple[Any, KubeState],  # noqa: F811
+                                                          fake_kube: tuple[Any, KubeState],  # noqa: F811
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     _, bucket = s3_bucket
     iam = boto3.client("iam", endpoint_url=moto_endpoint)
@@ -164,7 +164,7 @@ def test_s3_denied_names_the_bucket_and_missing_permission(s3_bucket: tuple[Any,
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # boto3's default session caches the first credentials
     with enable_iam_authentication(), pytest.raises(QuotaExceeded) as err:
-        run_step(f"s3://{bucket}/ckpt", kube[0])
+        run_step(f"s3://{bucket}/ckpt", fake_kube[0])
     msg = err.value.message
     assert f"s3://{bucket}: write of the probe object denied, missing permission s3:PutObject" in msg, msg
     assert "AccessDenied" in msg and f"arn:aws:s3:::{bucket}" in err.value.remediation

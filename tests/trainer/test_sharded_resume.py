@@ -268,6 +268,7 @@ def test_sigkill_one_rank_mid_save_s3(baseline: _Baseline, tmp_path: Path, s3_en
     _resume_and_check(tmp_path / "run2", uri, s3_env, step, baseline.out())
 
 
+@pytest.mark.integration  # the GCS emulator (fake-gcs-server)
 def test_sigkill_one_rank_mid_save_gs(baseline: _Baseline, tmp_path: Path, gcs: Any,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     uri = gcs.uri(tmp_path.name)
@@ -289,7 +290,7 @@ def test_fsdp_sigkill_one_rank_mid_save_resumes_bitwise(tmp_path: Path, monkeypa
         fsdp_baseline.kill()
 
 
-@pytest.fixture(params=["local", "s3", "gs"])
+@pytest.fixture(params=["local", "s3", pytest.param("gs", marks=pytest.mark.integration)])  # gs: the GCS emulator
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
     """(uri, env for the trainer) on a local path, s3:// (moto) or gs:// (fake-gcs-server)."""
     if request.param == "s3":

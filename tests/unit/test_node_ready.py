@@ -1,4 +1,5 @@
-"""A node counts as Ready for a gang only once its startup taints are gone (kfp_gpu.cluster.nodes.is_ready)."""
+"""A node counts as Ready for a gang only once its startup taints are gone (kfp_gpu.plan.readiness.is_ready, the one
+predicate every reader uses)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from typing import Any
 import pytest
 
 from kfp_gpu.cluster.nodes import NodeView
+from kfp_gpu.cluster.watch import node_fact
+from kfp_gpu.plan.readiness import STARTUP_TAINTS, is_ready
+from kfp_gpu.plan.recovery import gang_ready
 
 
 def _node(ready: str, taints: list[dict[str, str]]) -> dict[str, Any]:
@@ -27,3 +31,29 @@ def test_other_taints_leave_a_ready_node_ready() -> None:
               {"key": "kfp-gpu.io/nodepool", "value": "run", "effect": "NoSchedule"}]
     assert NodeView.of(_node("True", taints)).ready is True
     assert NodeView.of(_node("False", [])).ready is False
+
+
+# The one predicate (kfp_gpu.plan.readiness.is_ready) is what every reader uses: the gang watch's facts too.
+
+@pytest.mark.parametrize("key", sorted(STARTUP_TAINTS))
+def test_the_gang_watch_does_not_count_a_node_with_a_startup_taint_as_ready(key: str) -> None:
+    node = _node("True", [{"key": key, "effect": "NoExecute"}])
+    fact = node_fact(node, at=0.0)
+    assert fact.ready is False
+    assert gang_ready(["n1"], {"n1": fact}, gpus_per_node=8) == ("n1",)  # the gang waits for it
+    cleared = node_fact(_node("True", []), at=1.0)
+    assert cleared.ready is True and gang_ready(["n1"], {"n1": cleared}, gpus_per_node=8) == ()
+
+
+def test_every_reader_agrees_with_the_one_predicate() -> None:
+    cases = [_node("True", []), _node("False", []), _node("True", [{"key": "karpenter.sh/unregistered"}]),
+             {"metadata": {"name": "n1"}, "status": {}}]
+    for node in cases:
+        assert NodeView.of(node).ready is node_fact(node, at=0.0).ready is is_ready(node)
+
+
+def test_gpus_required_means_allocatable_gpus_registered() -> None:
+    node = _node("True", [])
+    assert is_ready(node, gpus=8) and not is_ready(node, gpus=9)
+    node["status"]["allocatable"] = {}  # the device plugin has not registered the GPUs yet
+    assert is_ready(node) and not is_ready(node, gpus=1)

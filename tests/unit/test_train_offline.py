@@ -1,6 +1,6 @@
 """The train step's cluster-free parts: manifest, names, capacity merge, and watch events -> verdicts.
 
-No control plane needed (not marked integration): events are fed to a GangWatch by hand, in virtual time.
+No control plane needed (the unit tier): events are fed to a GangWatch by hand, in virtual time.
 """
 
 from __future__ import annotations
