@@ -251,6 +251,7 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("gang/client.py", "get", "GET"): {(_GG, _GANGS, "get")},
     ("gang/client.py", "ensure", "POST"): {(_GG, _GANGS, "create")},
     ("gang/client.py", "patch", "PATCH"): {(_GG, _GANGS, "patch")},
+    ("gang/client.py", "beat", "PATCH"): {(_GG, _GANGS, "patch")},  # the heartbeat of an unobservable owner
     ("gang/client.py", "delete", "DELETE"): {(_GG, _GANGS, "delete")},
 }
 # Things neither the controller nor the janitor may do (so the access checks can fail).
