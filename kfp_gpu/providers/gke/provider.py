@@ -57,8 +57,8 @@ class GkeProvider:
         endpoint: API base URL override (the kfp_gpu.sim stand-in, e.g. ``http://127.0.0.1:8787``);
             "" talks to the real Google APIs.
         credentials: google.auth credentials. None means Application Default Credentials, except
-            for a plain ``http://`` endpoint (the local stand-in), which gets AnonymousCredentials
-            so real tokens never travel unencrypted.
+            for a plain ``http://`` endpoint (the local stand-in), which gets the stand-in token of
+            ``$KFP_GPU_SIM_GCP_TOKEN`` (anonymous without it) so real tokens never travel unencrypted.
         timeout: per-call timeout, seconds.
         retry: bounds of the retry loop around every call (attempts, total seconds, back-off).
         contact_email: the address Cloud Quotas requires on an increase request (QuotaPreference
@@ -150,7 +150,9 @@ class GkeProvider:
 
         Raises: whatever ``fn`` raises.
         """
-        creds: Any = "anonymous" if self.endpoint.startswith("http://") else id(self.credentials())
+        creds: Any = id(self.credentials())  # the stand-in's: one principal per token, shared across providers
+        if self.endpoint.startswith("http://"):
+            creds = getattr(self.credentials(), "token", None) or "anonymous"
         result: T = flight.shared((self.endpoint, creds, *key), fn)
         return result
 
