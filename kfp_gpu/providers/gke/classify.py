@@ -81,6 +81,8 @@ _METRIC_RE = re.compile(r"Quota '([A-Za-z0-9_.\- ()]+?)' exceeded|resource \"([A
 # "Required 'compute.x.y' permission for '...'" (Compute, GKE), "Permission 'x.y.z' denied on resource" (newer APIs)
 _PERMISSION_RE = re.compile(r"Required ['\"]([a-z]+\.[A-Za-z]+\.[A-Za-z]+)['\"] permission|"
                             r"Permission ['\"]([a-z]+\.[A-Za-z]+\.[A-Za-z]+)['\"] denied")
+_STAND_IN_401 = ("; against the local stand-in ({endpoint}) set {env} to its controller token (docs/sim.md, "
+                 "\"Credentials and IAM\"): it refuses anonymous and unknown tokens (HTTP 401) as Google does")
 _URL_RE = re.compile(r"\b(GET|POST|DELETE|PATCH) (https?://\S+?):? ")
 
 
@@ -190,19 +192,18 @@ def classify_exception(exc: BaseException, *, zone: str = "", region: str = "", 
         return exc
     from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 
-    if isinstance(exc, (DefaultCredentialsError, RefreshError)):
-        return PermissionDenied(
-            f"Google Cloud credentials are missing or expired: {exc}",
-            remediation="run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS",
-        )
+    if isinstance(exc, (DefaultCredentialsError, RefreshError)):  # a 401 makes google-auth refresh: this
+        fix = "run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS"
+        if endpoint.startswith("http://"):
+            fix += _STAND_IN_401.format(endpoint=endpoint, env=iam.SIM_GCP_TOKEN_ENV)
+        return PermissionDenied(f"Google Cloud credentials are missing or expired: {exc}", remediation=fix)
     if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith("requests"):
         return TransientCloudError(f"cannot reach {endpoint or 'the Google APIs'}: {exc}",
                                    remediation="retry; check network/endpoint")
     err = classify_fault(fault_from_exception(exc), zone=zone, region=region)
     if isinstance(err, PermissionDenied) and err.fields.get("status") == 401 and endpoint.startswith("http://"):
-        err = PermissionDenied(err.message, scope=err.scope, **err.fields, remediation=(
-            f"{err.remediation}; against the local stand-in ({endpoint}) set {iam.SIM_GCP_TOKEN_ENV} to its "
-            "controller token (docs/sim.md, \"Credentials and IAM\"): it refuses anonymous calls as Google does"))
+        err = PermissionDenied(err.message, scope=err.scope, **err.fields, remediation=err.remediation +
+                               _STAND_IN_401.format(endpoint=endpoint, env=iam.SIM_GCP_TOKEN_ENV))
     headers = getattr(getattr(exc, "response", None), "headers", None)  # requests.Response of the REST call
     wait = parse_retry_after(headers.get("Retry-After") if headers is not None else None)
     if wait is not None:

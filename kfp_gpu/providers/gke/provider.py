@@ -150,11 +150,15 @@ class GkeProvider:
 
         Raises: whatever ``fn`` raises.
         """
-        creds: Any = id(self.credentials())  # the stand-in's: one principal per token, shared across providers
-        if self.endpoint.startswith("http://"):
-            creds = getattr(self.credentials(), "token", None) or "anonymous"
-        result: T = flight.shared((self.endpoint, creds, *key), fn)
+        result: T = flight.shared((self.endpoint, self.identity(), *key), fn)
         return result
+
+    def identity(self) -> Any:
+        """Who calls, for sharing reads: the credentials object; for the stand-in its token (one principal per token,
+        shared across providers). Raises: PermissionDenied (no credentials)."""
+        if self.endpoint.startswith("http://"):
+            return getattr(self.credentials(), "token", None) or "anonymous"
+        return id(self.credentials())
 
     def parallel(self, fns: Sequence[Callable[[], T]]) -> list[T | KfpGpuError]:
         """Run ``fns`` concurrently; a KfpGpuError is returned in place of its result."""
