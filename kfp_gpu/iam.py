@@ -77,10 +77,12 @@ GCP_CALLS: tuple[Call, ...] = (
          "teardown"),
     Call("GET", _Z + r"/reservations", "compute.reservations.list", ""),
     Call("GET", _C + r"/aggregated/reservations", "compute.reservations.list", "a run's reservations in every zone"),
-    Call("GET", _NP, "container.nodePools.list", "the cluster's GPU pools"),
-    Call("GET", _NP + r"/[^/:]+", "container.nodePools.get", "one pool: machine type, accelerators, zones, max size"),
-    Call("POST", _NP + r"/[^/:]+:setSize", "container.nodePools.update", "set the pool size (scale_up, teardown "
-         "restore)"),
+    # GKE checks node-pool calls against the cluster: there is no container.nodePools.* permission (docs/sim.md)
+    Call("GET", _NP, "container.clusters.get", "the cluster's GPU pools (nodePools.list)"),
+    Call("GET", _NP + r"/[^/:]+", "container.clusters.get", "one pool: machine type, accelerators, zones, max size "
+         "(nodePools.get)"),
+    Call("POST", _NP + r"/[^/:]+:setSize", "container.clusters.update", "set the pool size (nodePools.setSize: "
+         "scale_up, teardown restore)"),
     Call("GET", _G + r"/operations/[^/]+", "container.operations.get", "follow resize operations"),
     Call("GET", _G + r"/services/[^/]+/quotaInfos/[^/]+", "cloudquotas.quotas.get",
          "Cloud Quotas quota info (GPU-family quotas Compute does not list)"),

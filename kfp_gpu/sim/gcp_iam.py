@@ -89,4 +89,6 @@ def denied(path: str, permission: str) -> SimHttpError:
                          metadata={"permission": permission, "resource": full})
         err.body["error"]["details"][0]["domain"] = "iam.googleapis.com"
         return err
+    if "/clusters/" in resource:  # GKE checks node-pool calls on their cluster
+        resource = resource.split("/nodePools", 1)[0]
     return http_error(403, f'Required "{permission}" permission(s) for "{resource}".', reason="forbidden")

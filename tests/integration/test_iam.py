@@ -77,9 +77,8 @@ def _quota_reason(rows: list[Any]) -> str:
 
 # permission -> the provider operation that needs it; returns the refusal (raised, or the reason of a quota row)
 GCP_OPS: dict[str, Callable[[GkeProvider, SimServer], Any]] = {
-    "container.nodePools.list": lambda p, s: p.pools(REGION),
-    "container.nodePools.get": lambda p, s: p.pool(REF),
-    "container.nodePools.update": lambda p, s: p.resize(REF, p.pool(REF).size + 1, OWNER),
+    "container.clusters.get": lambda p, s: p.pools(REGION),  # nodePools.list
+    "container.clusters.update": lambda p, s: p.resize(REF, p.pool(REF).size + 1, OWNER),  # nodePools.setSize
     "container.operations.get": lambda p, s: p.operation(_gke(s).resize(REF, _gke(s).pool(REF).size + 1, OWNER)),
     "compute.instanceGroupManagers.get": lambda p, s: p.pool_activity(REF),
     "compute.instanceGroupManagers.list": lambda p, s: gke_pools.igm_target_sizes(p),

@@ -82,8 +82,11 @@ def test_the_pre_fix_role_lacked_delete_instances_permission() -> None:
            "compute.reservations.delete", "compute.reservations.list", "compute.reservations.get",
            "cloudquotas.quotas.get", "serviceusage.services.use"}
     needed = iam.gcp_permissions(iam.GCP_ROLE)
-    assert needed - old == {"compute.instanceGroupManagers.update"}
-    assert old - needed == {"container.clusters.get", "serviceusage.services.use"}  # granted, never called
+    assert needed - old == {"compute.instanceGroupManagers.update", "container.clusters.update"}
+    # GKE has no container.nodePools.* permissions (nodePools.get/list need container.clusters.get, setSize
+    # container.clusters.update: docs/sim.md); serviceusage.services.use: no call sets a quota project
+    assert old - needed == {"container.nodePools.get", "container.nodePools.list", "container.nodePools.update",
+                            "serviceusage.services.use"}
 
 
 def _route_samples() -> list[tuple[str, str, str]]:
@@ -119,6 +122,8 @@ def test_the_route_names_agree_with_the_table() -> None:
             assert perm in ("compute.zoneOperations.get", "compute.regionOperations.get"), (name, perm)
         elif resource in ("quotaInfos", "quotaPreferences"):
             assert perm.startswith("cloudquotas.quotas."), (name, perm)
+        elif resource == "nodePools":  # checked on the cluster
+            assert perm == ("container.clusters.update" if method == "POST" else "container.clusters.get"), (name, perm)
         else:
             assert perm.startswith(f"{service}.{resource}."), (name, perm)
 
@@ -178,7 +183,7 @@ def test_docs_rbac_iam_cloud_sections_are_generated_from_the_files() -> None:
     (f"{_Z}/instanceGroupManagers/g/deleteInstances",
      "Required 'compute.instanceGroupManagers.update' permission for 'projects/p/zones/z/instanceGroupManagers/g'"),
     (f"{_G}/clusters/c/nodePools/np:setSize",
-     'Required "compute.instanceGroupManagers.update" permission(s) for "projects/p/locations/l/clusters/c/nodePools/np".'),
+     'Required "compute.instanceGroupManagers.update" permission(s) for "projects/p/locations/l/clusters/c".'),
     (f"{_G}/quotaPreferences", "Permission 'compute.instanceGroupManagers.update' denied on resource "
      "'//cloudquotas.googleapis.com/projects/p/locations/l/quotaPreferences' (or it may not exist)."),
 ])
