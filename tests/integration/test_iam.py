@@ -237,7 +237,8 @@ AWS_OPS: dict[str, Callable[..., Any]] = {
 # actions of the policy no operation above drives against the stand-in, and why (each one the code calls:
 # tests/unit/test_iam.py); a new action must land in AWS_OPS or here
 AWS_NOT_DRIVEN = {
-    "servicequotas:GetAWSDefaultServiceQuota": "only after GetServiceQuota answers NoSuchResourceException",
+    "servicequotas:GetAWSDefaultServiceQuota": "only after GetServiceQuota answers NoSuchResourceException, which "
+                                                "the stand-in never does for the P/G vCPU codes",
     "ec2:DescribeInstanceTypes": "only for an instance type outside kfp_gpu.accelerators without CpuOptions",
     "ec2:DescribeLaunchTemplateVersions": "only for a node group with a launch template (the stand-in's have none)",
 }
