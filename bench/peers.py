@@ -36,6 +36,7 @@ from kubernetes import client
 from bench.common import GPU, RequestCounter, new_api, pin_to
 from bench.observe import GANG_LABEL
 from bench.world import ACCEL, GPUS, POLL_S, REGION
+from kfp_gpu import iam
 from kfp_gpu.plan import readiness
 
 GPU_TOL = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
@@ -85,7 +86,8 @@ class Side:
         url = f"{self.a['url']}{path}"
         for _ in range(60):
             req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json",  # the stand-in enforces IAM
+                                                  "Authorization": f"Bearer {iam.SIM_GCP_TOKEN}"})
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
                     return dict(json.loads(r.read() or b"{}"))

@@ -47,6 +47,9 @@ def _spec(acc: str, cluster: str, url: str) -> Any:
 
 
 def run(repeats: int, log: Any = print, sequential: bool = True) -> Result:
+    from google.oauth2.credentials import Credentials
+
+    from kfp_gpu import iam
     from kfp_gpu.providers.gke import GkeProvider
     from kfp_gpu.providers.gke.quota import GLOBAL_TTL_S
     from kfp_gpu.steps.preflight import run_preflight
@@ -58,7 +61,8 @@ def run(repeats: int, log: Any = print, sequential: bool = True) -> Result:
     sim.start()
     try:
         specs = [_spec(a, cluster, sim.url) for a in ACCELS]
-        provs = [GkeProvider.from_target(s.target) for s in specs]
+        token = Credentials(token=iam.SIM_GCP_TOKEN)  # the controller's principal: deploy/gcp-role.yaml
+        provs = [GkeProvider.from_target(s.target, credentials=token) for s in specs]
         for s, p in zip(specs, provs, strict=True):  # warm the clients (not timed): one pools read each
             p.pools(s.target.region)
         for rep in range(repeats):

@@ -57,7 +57,7 @@ from bench.common import (
     uid,
 )
 from bench.world import API_LATENCY_MS
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, iam
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.clock import compress
@@ -121,7 +121,8 @@ def _set_size(sim: SimServer, cluster: str, size: int) -> None:
     url = (f"{sim.url}/v1/projects/{sim.scenario.project}/locations/{ZONE}/clusters/{cluster}"
            f"/nodePools/{POOL}:setSize")
     req = urllib.request.Request(url, data=json.dumps({"nodeCount": size}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",  # the stand-in enforces IAM
+                                          "Authorization": f"Bearer {iam.SIM_GCP_TOKEN}"})
     with urllib.request.urlopen(req, timeout=30) as r:
         r.read()
 

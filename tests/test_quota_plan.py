@@ -176,11 +176,15 @@ def test_plan_serialises(tmp_path: Path) -> None:
 
 
 def test_filed_against_cloud_quotas_one_preference_per_quota_updated_in_place() -> None:
+    from google.oauth2.credentials import Credentials
+
     from kfp_gpu.providers.gke import GkeProvider
+    from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
     from tests.sim._helpers import CLUSTER, PROJECT, running
 
-    with running() as sim:
-        p = GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url, contact_email="ml@example.com")
+    with running() as sim:  # a planner job: the quota requester's role (deploy/gcp-quota-requester-role.yaml)
+        p = GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url, contact_email="ml@example.com",
+                        credentials=Credentials(token=QUOTA_TOKEN))
         first = plan_quota(parse_schedule(_sched(_run("a", "2026-12-20", 256))), p, today=TODAY, file_requests=True)
         names = {r.metric: r.request_id for r in first.raises}
         assert A100 in names and all(n.startswith(f"projects/{PROJECT}/") for n in names.values())

@@ -4,7 +4,8 @@ tenant step identity beside it: what ``kfp-gpu run``, ``make demo`` and the inte
 :func:`prepare` installs the CRDs, the controller's RBAC and the admission policy (``kfp-gpu install
 --no-controller``) and makes ``namespace`` a tenant (``kfp-gpu tenant add``); :func:`sa_kubeconfig` mints a
 TokenRequest token into a kubeconfig; :class:`LocalController` runs ``kfp-gpu controller --standalone`` with the
-controller's token as its only credentials.
+controller's token as its only Kubernetes credentials and the stand-ins' controller credentials
+(:func:`kfp_gpu.iam.sim_controller_env`) as its cloud identity.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from kfp_gpu import iam
 from kfp_gpu.gang import api as gang
 
 
@@ -75,7 +77,9 @@ class LocalController:
 
     def start(self) -> LocalController:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**self.env, "KUBECONFIG": str(self.kubeconfig)}
+        # the stand-ins' controller credentials (deploy/gcp-role.yaml, deploy/aws-policy.json): the controller holds
+        # the cloud identity, the steps none
+        env = {**self.env, **iam.sim_controller_env(), "KUBECONFIG": str(self.kubeconfig)}
         argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", "--standalone",
                 "--metrics-port", str(self.metrics_port),
                 "--log-dir", str(self.log_path.parent / "controller-work")]

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from kfp_gpu.sim.api import ApiGate, backend_error, project_of
 from kfp_gpu.sim.clock import compress
 from kfp_gpu.sim.dws import DwsWorld, Key
 from kfp_gpu.sim.dws_pools import refuse_set_size, render
+from kfp_gpu.sim.gcp_iam import Principals
 from kfp_gpu.sim.scenario import Scenario
 from kfp_gpu.sim.shapes import SimHttpError, http_error
 from kfp_gpu.sim.state import NodeBackend, SimState
@@ -67,6 +69,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(sim.state.scenario.api_latency_ms / 1000.0)
         headers: dict[str, str] = {}
         try:
+            if not path.startswith("/sim/"):  # Google authenticates and authorizes before anything else
+                sim.principals.check(method, path, self.headers.get("Authorization", ""))
             body = json.loads(raw) if raw.strip() else {}
             status, payload = sim.handle(method, path, query, body if isinstance(body, dict) else {})
         except SimHttpError as exc:
@@ -135,6 +139,7 @@ class SimServer:
         self.dws_status: dict[Key, dict[str, Any]] = {}  # last status per request (any backend)
         self.dws = DwsWorld(self.state, self._publish)
         self._dws_controller: Any = None
+        self.principals = Principals()  # bearer token -> role (kfp_gpu.sim.gcp_iam)
 
     @property
     def url(self) -> str:
@@ -174,6 +179,10 @@ class SimServer:
         self.stop()
 
     # ---- Python API ------------------------------------------------------------------------
+    def grant(self, token: str, permissions: Iterable[str]) -> None:
+        """Make ``token`` a principal holding exactly ``permissions`` (a reduced role, in tests)."""
+        self.principals.grant(token, permissions)
+
     def preempt(self, node: str) -> dict[str, Any]:
         """Reclaim ``node`` as GCE would a spot VM. Raises: SimHttpError (404) for an unknown node."""
         return self.state.preempt(node)

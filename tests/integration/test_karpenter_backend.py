@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kfp_gpu import iam
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.balloons import BALLOON_LABEL
@@ -53,8 +54,8 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> str:
     (reservations, node groups) go there instead of to AWS."""
     from kfp_gpu.sim import daemon
 
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        monkeypatch.setenv(k, "testing")
+    for k, v in iam.sim_controller_env().items():  # the controller's principal (deploy/aws-policy.json)
+        monkeypatch.setenv(k, v)
     return daemon.start_aws()
 
 

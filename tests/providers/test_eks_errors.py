@@ -111,7 +111,7 @@ def test_access_denied_names_the_iam_action_to_grant() -> None:
     with pytest.raises(PermissionDenied) as ei:
         p.resize(PoolRef("g", "us-east-1a", "us-east-1"), 2, OWNER)
     assert "eks:UpdateNodegroupConfig" in ei.value.message
-    assert "grant the IAM action eks:UpdateNodegroupConfig" in ei.value.remediation
+    assert "add eks:UpdateNodegroupConfig to the Allow statements of deploy/aws-policy.json" in ei.value.remediation
 
 
 def test_access_denied_prefix_variants() -> None:

@@ -73,10 +73,10 @@ def test_http_status_fallbacks(status: int, cls: type[KfpGpuError], scope: Scope
 
 
 def test_permission_denied_names_the_iam_permission() -> None:
-    err = _resize_error([{"path": SET_SIZE, "status": 403, "message": "Required 'container.nodePools.update'"}])
+    err = _resize_error([{"path": SET_SIZE, "status": 403, "message": 'Required "container.clusters.update" permission(s)'}])
     assert isinstance(err, PermissionDenied)
-    assert err.fields["permission"] == "container.nodePools.update"
-    assert "container.nodePools.update" in err.remediation
+    assert err.fields["permission"] == "container.clusters.update"
+    assert "container.clusters.update" in err.remediation
     assert "gcloud auth" in _resize_error([{"path": SET_SIZE, "status": 401}]).remediation
 
 

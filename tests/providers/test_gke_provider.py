@@ -260,7 +260,12 @@ def test_reserve_over_quota_and_in_stockout() -> None:
 
 
 def test_request_quota_increase(sim: SimServer) -> None:
-    p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, contact_email="ml@example.com")
+    from google.oauth2.credentials import Credentials
+
+    from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
+
+    p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, contact_email="ml@example.com",
+                    credentials=Credentials(token=QUOTA_TOKEN))  # deploy/gcp-quota-requester-role.yaml
     name = p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "burst training for run-42")
     assert name.startswith(f"projects/{PROJECT}/locations/global/quotaPreferences/kfpgpu-")
     assert p.request_quota_increase("NVIDIA_A100_80GB_GPUS", REGION, 256, "again") == name  # idempotent

@@ -14,15 +14,23 @@ from google.api_core import exceptions as gexc
 from google.cloud import cloudquotas_v1
 from google.protobuf import field_mask_pb2
 
+from kfp_gpu import iam
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer
+from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, client_kwargs, running
 
 PARENT = f"projects/{PROJECT}/locations/global"
 EMAIL = "ml-platform@example.com"
 A100 = "NVIDIA-A100-80GB-GPUS-per-project-region"
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _quota_requester(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filing quota requests is the quota requester's (deploy/gcp-quota-requester-role.yaml), not the controller's."""
+    monkeypatch.setenv(iam.SIM_GCP_TOKEN_ENV, QUOTA_TOKEN)
 
 
 @pytest.fixture
@@ -32,7 +40,7 @@ def sim() -> Iterator[SimServer]:
 
 
 def _cq(sim: SimServer) -> cloudquotas_v1.CloudQuotasClient:
-    return cloudquotas_v1.CloudQuotasClient(**client_kwargs(sim.url))
+    return cloudquotas_v1.CloudQuotasClient(**client_kwargs(sim.url, QUOTA_TOKEN))
 
 
 def _pref(value: int, email: str = EMAIL, quota_id: str = A100) -> cloudquotas_v1.QuotaPreference:

@@ -9,8 +9,9 @@ from typing import Any
 
 import yaml
 from google.api_core.client_options import ClientOptions
-from google.auth.credentials import AnonymousCredentials
+from google.oauth2.credentials import Credentials
 
+from kfp_gpu import iam
 from kfp_gpu.sim import SimServer, from_dict
 from kfp_gpu.sim.state import NodeBackend
 
@@ -34,8 +35,9 @@ def scenario(**overrides: Any) -> dict[str, Any]:
     return data
 
 
-def client_kwargs(url: str) -> dict[str, Any]:
-    return {"transport": "rest", "credentials": AnonymousCredentials(),
+def client_kwargs(url: str, token: str = iam.SIM_GCP_TOKEN) -> dict[str, Any]:
+    """Real REST client arguments for the stand-in, as the principal of ``token`` (default: the controller's role)."""
+    return {"transport": "rest", "credentials": Credentials(token=token),
             "client_options": ClientOptions(api_endpoint=url)}
 
 

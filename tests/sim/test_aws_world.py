@@ -12,6 +12,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from kfp_gpu import iam
 from kfp_gpu.sim.aws import AwsSimServer
 from kfp_gpu.sim.aws.nodes import MemoryNodes
 from kfp_gpu.sim.aws.scenario import from_dict
@@ -46,7 +47,7 @@ def _sim(raw: dict[str, Any]) -> Iterator[tuple[AwsSimServer, dict[str, Any], Ti
     tl = Timeline(virtual=True)
     sim = AwsSimServer(from_dict(raw), timeline=tl)
     url = sim.start()
-    kw = dict(region_name="us-east-1", endpoint_url=url, aws_access_key_id="k", aws_secret_access_key="s",
+    kw = dict(region_name="us-east-1", endpoint_url=url, aws_access_key_id=iam.SIM_AWS_KEY_ID, aws_secret_access_key="s",
               config=Config(retries={"total_max_attempts": 1}))
     clients = {s: boto3.client(s, **kw) for s in ("eks", "autoscaling", "ec2", "service-quotas")}  # type: ignore[call-overload]
     try:

@@ -10,6 +10,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kfp_gpu import iam
+
 
 def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     url_file = tmp_path / "url"
@@ -21,7 +23,9 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.1)
         url = url_file.read_text().strip()
-        with urllib.request.urlopen(f"{url}/compute/v1/projects/local-project/regions/europe-west4") as r:
+        req = urllib.request.Request(f"{url}/compute/v1/projects/local-project/regions/europe-west4",
+                                     headers={"Authorization": f"Bearer {iam.SIM_GCP_TOKEN}"})
+        with urllib.request.urlopen(req) as r:
             body = json.loads(r.read())
         assert body["name"] == "europe-west4" and body["kind"] == "compute#region"
     finally:

@@ -12,7 +12,9 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import cloudquotas_v1, compute_v1, container_v1
 
+from kfp_gpu import iam
 from kfp_gpu.sim import SimServer
+from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
 from kfp_gpu.sim.state import MemoryBackend
 from tests.sim._helpers import CLUSTER, PARENT, PROJECT, REGION, client_kwargs, running, scenario
 
@@ -25,14 +27,17 @@ def sim() -> Iterator[SimServer]:
         yield s
 
 
+_AUTH = {"Authorization": f"Bearer {iam.SIM_GCP_TOKEN}"}  # the controller principal (deploy/gcp-role.yaml)
+
+
 def _post(url: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **_AUTH})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.loads(resp.read())
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=_AUTH), timeout=10) as resp:
         return json.loads(resp.read())
 
 
@@ -166,7 +171,7 @@ def test_reservations_and_zone_operations(sim: SimServer) -> None:
 
 
 def test_cloud_quotas_infos_and_preferences(sim: SimServer) -> None:
-    cq = cloudquotas_v1.CloudQuotasClient(**client_kwargs(sim.url))
+    cq = cloudquotas_v1.CloudQuotasClient(**client_kwargs(sim.url, QUOTA_TOKEN))  # the quota requester's role
     parent = f"projects/{PROJECT}/locations/global/services/compute.googleapis.com"
     infos = list(cq.list_quota_infos(parent=parent))
     assert [i.quota_id for i in infos] == ["GPUS-PER-GPU-FAMILY-per-project-region"]

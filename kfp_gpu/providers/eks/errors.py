@@ -10,8 +10,10 @@ botocore is imported lazily (only to recognise its non-HTTP exceptions by class 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
+from kfp_gpu import iam
 from kfp_gpu.errors import (
     CapacityUnavailable,
     CloudError,
@@ -100,6 +102,9 @@ def lookup(code: str, status: int | None = None) -> tuple[type[KfpGpuError], Sco
     return None
 
 
+_ACTION_RE = re.compile(r"not authorized to perform: ([a-z0-9-]+:[A-Za-z0-9]+)")
+
+
 def iam_action(exc: BaseException, service_prefix: str = "") -> str:
     """``eks:UpdateNodegroupConfig`` style IAM action for a failed botocore call, when known."""
     op = str(getattr(exc, "operation_name", "") or "")
@@ -138,10 +143,11 @@ def classify(
             scope=Scope.ZONE if zone else Scope.REGION, code=code, http_status=status, **ctx,
         )
     cls, scope, remediation = row
-    if cls is PermissionDenied and action and not remediation:
-        remediation = f"grant the IAM action {action} to the caller's role/user"
-    elif cls is PermissionDenied and not remediation:
-        remediation = "grant the missing IAM permission named in the message"
+    if cls is PermissionDenied and not remediation:
+        named = _ACTION_RE.search(message)  # AWS names the refused action (an implied one, say ec2:CreateTags)
+        action = named.group(1) if named else action
+        ctx["action"] = action
+        remediation = iam.aws_fix(action) if action else "grant the missing IAM permission named in the message"
     if cls is NotFound and scope is Scope.ZONE and not zone:
         scope = Scope.REGION
     suffix = f" (needs IAM action {action})" if cls is PermissionDenied and action else ""

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kfp_gpu import accelerators, fanout
+from kfp_gpu import accelerators, fanout, iam
 from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
 from kfp_gpu.providers.base import (
     Operation,
@@ -51,7 +51,7 @@ FAIL_FAST: dict[str, Any] = {
 }
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> botocore client
 
-_IAM_PREFIX = {"ec2": "ec2", "eks": "eks", "service-quotas": "servicequotas", "autoscaling": "autoscaling"}
+_IAM_PREFIX = iam.AWS_PREFIX  # botocore client name -> IAM action prefix
 _P_CODES = {accelerators.AWS_QUOTA_P_ON_DEMAND, accelerators.AWS_QUOTA_P_SPOT}
 _SPOT_CODES = {accelerators.AWS_QUOTA_P_SPOT, accelerators.AWS_QUOTA_G_SPOT}
 _INSTANCES: dict[str, accelerators.MachineShape] = {}
@@ -120,10 +120,9 @@ class EksProvider(ReservationsMixin):
         import boto3
         from botocore.config import Config
 
+        # the standard credential chain, also for the local stand-in (kfp_gpu.sim.aws), which maps the access key
+        # id to a principal and its policy (the rehearsal gives the controller AWS_ACCESS_KEY_ID; docs/sim.md)
         session = boto3.session.Session(profile_name=self.profile or None)
-        if self.endpoint_url.startswith("http://") and session.get_credentials() is None:
-            # the local stand-in (kfp_gpu.sim.aws) checks no signature: placeholder keys, as GKE's anonymous creds
-            session = boto3.session.Session(aws_access_key_id="kfp-gpu-sim", aws_secret_access_key="kfp-gpu-sim")
         return session.client(
             service, region_name=region, config=Config(**FAIL_FAST), endpoint_url=self.endpoint_url or None,
         )

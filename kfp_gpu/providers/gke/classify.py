@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, iam
 from kfp_gpu.errors import (
     CapacityUnavailable,
     CloudError,
@@ -77,27 +77,12 @@ MESSAGE_SCOPES: tuple[tuple[re.Pattern[str], type[KfpGpuError], Scope], ...] = (
     (re.compile(r"insufficient (regional )?quota|quota '[A-Z0-9_]+' exceeded", re.I), QuotaExceeded, Scope.REGION),
 )
 
-# REST path pattern -> the IAM permission that call needs (for PermissionDenied remediation).
-IAM_PERMISSIONS: tuple[tuple[str, str, str], ...] = (
-    ("POST", r"/nodePools/[^/:?]+:setSize", "container.nodePools.update"),
-    ("GET", r"/nodePools", "container.nodePools.list"),
-    ("GET", r"/v1/projects/[^/]+/locations/[^/]+/operations/", "container.operations.get"),
-    ("POST", r"/reservations", "compute.reservations.create"),
-    ("DELETE", r"/reservations/", "compute.reservations.delete"),
-    ("GET", r"/reservations", "compute.reservations.list"),
-    ("POST", r"/instanceGroupManagers/[^/]+/deleteInstances", "compute.instanceGroupManagers.update"),
-    ("GET", r"/instanceGroupManagers/", "compute.instanceGroupManagers.get"),
-    ("GET", r"/aggregated/instanceGroupManagers", "compute.instanceGroupManagers.list"),
-    ("GET", r"/zones/[^/]+/operations/", "compute.zoneOperations.get"),
-    ("GET", r"/regions/[^/]+$|/regions/[^/?]+\?", "compute.regions.get"),
-    ("GET", r"/compute/v1/projects/[^/?]+($|\?)", "compute.projects.get"),
-    ("POST", r"/quotaPreferences", "cloudquotas.quotas.update"),
-    ("PATCH", r"/quotaPreferences/", "cloudquotas.quotas.update"),
-    ("GET", r"/quotaPreferences", "cloudquotas.quotas.get"),
-    ("GET", r"/quotaInfos", "cloudquotas.quotas.get"),
-)
-
 _METRIC_RE = re.compile(r"Quota '([A-Za-z0-9_.\- ()]+?)' exceeded|resource \"([A-Z0-9_]+)\"")
+# "Required 'compute.x.y' permission for '...'" (Compute, GKE), "Permission 'x.y.z' denied on resource" (newer APIs)
+_PERMISSION_RE = re.compile(r"Required ['\"]([a-z]+\.[A-Za-z]+\.[A-Za-z]+)['\"] permission|"
+                            r"Permission ['\"]([a-z]+\.[A-Za-z]+\.[A-Za-z]+)['\"] denied")
+_STAND_IN_401 = ("; against the local stand-in ({endpoint}) set {env} to its controller token (docs/sim.md, "
+                 "\"Credentials and IAM\"): it refuses anonymous and unknown tokens (HTTP 401) as Google does")
 _URL_RE = re.compile(r"\b(GET|POST|DELETE|PATCH) (https?://\S+?):? ")
 
 
@@ -207,15 +192,18 @@ def classify_exception(exc: BaseException, *, zone: str = "", region: str = "", 
         return exc
     from google.auth.exceptions import DefaultCredentialsError, RefreshError, TransportError
 
-    if isinstance(exc, (DefaultCredentialsError, RefreshError)):
-        return PermissionDenied(
-            f"Google Cloud credentials are missing or expired: {exc}",
-            remediation="run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS",
-        )
+    if isinstance(exc, (DefaultCredentialsError, RefreshError)):  # a 401 makes google-auth refresh: this
+        fix = "run `gcloud auth application-default login` or fix GOOGLE_APPLICATION_CREDENTIALS"
+        if endpoint.startswith("http://"):
+            fix += _STAND_IN_401.format(endpoint=endpoint, env=iam.SIM_GCP_TOKEN_ENV)
+        return PermissionDenied(f"Google Cloud credentials are missing or expired: {exc}", remediation=fix)
     if isinstance(exc, (TransportError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith("requests"):
         return TransientCloudError(f"cannot reach {endpoint or 'the Google APIs'}: {exc}",
                                    remediation="retry; check network/endpoint")
     err = classify_fault(fault_from_exception(exc), zone=zone, region=region)
+    if isinstance(err, PermissionDenied) and err.fields.get("status") == 401 and endpoint.startswith("http://"):
+        err = PermissionDenied(err.message, scope=err.scope, **err.fields, remediation=err.remediation +
+                               _STAND_IN_401.format(endpoint=endpoint, env=iam.SIM_GCP_TOKEN_ENV))
     headers = getattr(getattr(exc, "response", None), "headers", None)  # requests.Response of the REST call
     wait = parse_retry_after(headers.get("Retry-After") if headers is not None else None)
     if wait is not None:
@@ -223,11 +211,12 @@ def classify_exception(exc: BaseException, *, zone: str = "", region: str = "", 
     return err
 
 
-def permission_for(method: str, url: str) -> str:
-    for m, rx, perm in IAM_PERMISSIONS:
-        if m == method and re.search(rx, url):
-            return perm
-    return ""
+def permission_for(method: str, url: str, message: str = "") -> str:
+    """The IAM permission a refused call needed: named by Google's message, else :data:`kfp_gpu.iam.GCP_CALLS`."""
+    m = _PERMISSION_RE.search(message)
+    if m:
+        return m.group(1) or m.group(2)
+    return iam.gcp_permission(method, url) if method and url else ""
 
 
 def _build(
@@ -249,13 +238,16 @@ def _build(
             zone=where["zone"], region=where["region"],
         )
     if cls is PermissionDenied:
-        perm = permission or permission_for(f.method, f.url)
+        perm = permission or permission_for(f.method, f.url, f.message)
+        text = " ".join(f.message.split())  # one line
         if f.status == 401:
-            fix = "refresh credentials: gcloud auth application-default login (or set GOOGLE_APPLICATION_CREDENTIALS)"
-        else:
-            fix = (f"grant the caller the IAM permission {perm}" if perm else "grant the caller the missing IAM role") + \
-                  " (e.g. roles/container.admin, roles/compute.admin, roles/cloudquotas.admin)"
-        return PermissionDenied(f"GCP denied the call (HTTP {f.status}): {f.message}", scope=scope,
+            return PermissionDenied(f"GCP refused the credentials (HTTP 401): {text}", scope=scope, status=f.status,
+                                    remediation="refresh credentials: gcloud auth application-default login (or "
+                                    "set GOOGLE_APPLICATION_CREDENTIALS)", permission=perm)
+        fix = iam.gcp_fix(perm) if perm else \
+            "grant the caller the missing IAM permission named in the message (docs/rbac-iam.md)"
+        what = f"missing IAM permission {perm}" if perm else "permission denied"
+        return PermissionDenied(f"GCP denied the call, {what} (HTTP {f.status}): {text}", scope=scope,
                                 remediation=fix, permission=perm, status=f.status)
     if cls is NotFound:
         return NotFound(f"not found: {f.message}", scope=scope, status=f.status,

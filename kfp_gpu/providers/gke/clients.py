@@ -1,14 +1,18 @@
 """The google-cloud REST clients GkeProvider talks through, and the credentials they use.
 
-google.cloud / google.auth are imported here, lazily, so ``import kfp_gpu`` never needs them. A loopback
-``http://`` endpoint (the local stand-in, :mod:`kfp_gpu.sim`) gets anonymous credentials; anything else
-resolves Application Default Credentials.
+google.cloud / google.auth are imported here, lazily, so ``import kfp_gpu`` never needs them. A plain
+``http://`` endpoint (the local stand-in, :mod:`kfp_gpu.sim`) gets the stand-in's OAuth access token from
+``$KFP_GPU_SIM_GCP_TOKEN`` (:data:`kfp_gpu.iam.SIM_GCP_TOKEN_ENV`; the rehearsal sets it for the controller process
+only), or anonymous credentials without it, which the stand-in refuses (401) as Google does; anything else
+resolves Application Default Credentials. Real credentials never travel over plain http.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from kfp_gpu import iam
 from kfp_gpu.errors import PermissionDenied
 
 KINDS = ("regions", "projects", "reservations", "zone_ops", "igm", "container", "quotas")
@@ -21,6 +25,11 @@ def credentials_for(endpoint: str) -> Any:
         PermissionDenied: no credentials could be found, with the command that fixes it.
     """
     if endpoint.startswith("http://"):
+        token = os.environ.get(iam.SIM_GCP_TOKEN_ENV, "").strip()
+        if token:
+            from google.oauth2.credentials import Credentials
+
+            return Credentials(token=token)  # type: ignore[no-untyped-call,unused-ignore]
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials()  # type: ignore[no-untyped-call,unused-ignore]

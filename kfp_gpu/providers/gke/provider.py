@@ -57,8 +57,8 @@ class GkeProvider:
         endpoint: API base URL override (the kfp_gpu.sim stand-in, e.g. ``http://127.0.0.1:8787``);
             "" talks to the real Google APIs.
         credentials: google.auth credentials. None means Application Default Credentials, except
-            for a plain ``http://`` endpoint (the local stand-in), which gets AnonymousCredentials
-            so real tokens never travel unencrypted.
+            for a plain ``http://`` endpoint (the local stand-in), which gets the stand-in token of
+            ``$KFP_GPU_SIM_GCP_TOKEN`` (anonymous without it) so real tokens never travel unencrypted.
         timeout: per-call timeout, seconds.
         retry: bounds of the retry loop around every call (attempts, total seconds, back-off).
         contact_email: the address Cloud Quotas requires on an increase request (QuotaPreference
@@ -150,9 +150,15 @@ class GkeProvider:
 
         Raises: whatever ``fn`` raises.
         """
-        creds: Any = "anonymous" if self.endpoint.startswith("http://") else id(self.credentials())
-        result: T = flight.shared((self.endpoint, creds, *key), fn)
+        result: T = flight.shared((self.endpoint, self.identity(), *key), fn)
         return result
+
+    def identity(self) -> Any:
+        """Who calls, for sharing reads: the credentials object; for the stand-in its token (one principal per token,
+        shared across providers). Raises: PermissionDenied (no credentials)."""
+        if self.endpoint.startswith("http://"):
+            return getattr(self.credentials(), "token", None) or "anonymous"
+        return id(self.credentials())
 
     def parallel(self, fns: Sequence[Callable[[], T]]) -> list[T | KfpGpuError]:
         """Run ``fns`` concurrently; a KfpGpuError is returned in place of its result."""

@@ -91,13 +91,13 @@ def _regional(p: GkeProvider, acc: Accelerator, region: str, metrics: list[str],
 
 GLOBAL_TTL_S = 2.0
 _global_lock = threading.Lock()
-_global_memo: dict[tuple[str, str], tuple[float, Future[Any]]] = {}  # (endpoint, project) -> in flight
+_global_memo: dict[tuple[str, Any, str], tuple[float, Future[Any]]] = {}  # (endpoint, caller, project) -> in flight
 
 
 def _global(p: GkeProvider) -> list[QuotaAmount]:
     """GPUS_ALL_REGIONS. A preflight asks once per candidate region at the same moment; those concurrent
     asks share one projects.get (single flight, reused for ``GLOBAL_TTL_S``)."""
-    key = (p.endpoint, p.project)  # the same project's global quota, whichever provider object asks
+    key = (p.endpoint, p.identity(), p.project)  # the same project's global quota, whichever provider object asks
     with _global_lock:
         hit = _global_memo.get(key)
         mine = hit is None or time.monotonic() - hit[0] > GLOBAL_TTL_S

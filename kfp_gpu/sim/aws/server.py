@@ -11,13 +11,14 @@ import collections
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kfp_gpu.sim.aws import api, wire
+from kfp_gpu.sim.aws.iam import Principals, Refusal
 from kfp_gpu.sim.aws.scenario import AwsScenario, load
 from kfp_gpu.sim.aws.world import AwsError, AwsWorld, EksNodeBackend
 from kfp_gpu.sim.clock import Timeline
@@ -60,6 +61,13 @@ class Buckets:
             return True
 
 
+def _unsigned_service(body: bytes, target: str) -> str:
+    if target:
+        return "servicequotas"
+    version = wire.form(body).get("Version", "") if body else ""
+    return {"2016-11-15": "ec2", "2011-01-01": "autoscaling"}.get(version, "eks")
+
+
 def _eks_action(method: str, path: str) -> str:
     if path.endswith("/update-config"):
         return "UpdateNodegroupConfig"
@@ -93,6 +101,11 @@ class AwsSimServer:
         self.host, self.port = host, port
         self._httpd: ThreadingHTTPServer | None = None
         self.url = ""
+        self.principals = Principals()  # access key id -> allowed actions (kfp_gpu.sim.aws.iam)
+
+    def grant(self, key_id: str, actions: Iterable[str]) -> None:
+        """Make access key ``key_id`` a principal allowed exactly ``actions`` (a reduced policy, in tests)."""
+        self.principals.grant(key_id, actions)
 
     def start(self) -> str:
         server = self
@@ -154,9 +167,17 @@ class AwsSimServer:
         self.requests[f"{service}:{action}"] += 1
         if self.scenario.api_latency_ms:
             time.sleep(self.scenario.api_latency_ms / 1000)
-        if service not in THROTTLE:
+        auth = headers.get("Authorization", "") or ""
+        if not auth:  # AWS refuses an unsigned call in the service's own shape
+            service = _unsigned_service(body, target)
+        elif service not in THROTTLE:
             return wire.json11_error("UnrecognizedClientException", "The request is not signed for a service the "
                                      "stand-in serves (eks, autoscaling, ec2, servicequotas).", 400)
+        try:  # authentication and authorization come before throttling
+            self.principals.check(service, action, auth, region=_region or self.scenario.region,
+                                  tagged=any(k.startswith("TagSpecification") for k in q))
+        except Refusal as exc:
+            return wire.error(service, exc.code, exc.message, exc.status)
         if not self.buckets.take(service, action):
             return wire.error(service, *THROTTLE[service])
         try:
