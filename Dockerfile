@@ -12,7 +12,10 @@
 # Smoke test:
 #   docker run --rm ghcr.io/kfp-gpu/kfp-gpu:$VERSION python -c "import kfp_gpu, kfp, kfp.kubernetes"
 
-FROM python:3.11-slim
+# The base: the public python:3.11-slim by default. `make images` builds on a local Debian 12 base instead
+# (--build-arg BASE=localhost/kfp-gpu-base:bookworm-py311, made by mmdebstrap: no registry image is pulled there).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ARG KFP_GPU_VERSION=0.1.0
 LABEL org.opencontainers.image.title="kfp-gpu" \
@@ -27,11 +30,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/kfp-gpu
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY kfp_gpu ./kfp_gpu
 
-# kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False).
-RUN pip install "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks,controller]" \
+# kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False);
+# everything else within the versions checked to co-install (constraints.txt).
+RUN pip install -c constraints.txt "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks,controller]" \
  && python -c "import kfp_gpu.image as i, sys; sys.exit(i.VERSION != '${KFP_GPU_VERSION}')" \
  && useradd --uid 10001 --create-home kfpgpu
 
