@@ -152,7 +152,7 @@ def prepare(cache: Path | None = None) -> Config:
     from kfp_gpu.devcluster import images
     from kfp_gpu.errors import InvalidSpec
 
-    cache = cache or Path(os.environ.get("KFP_GPU_CACHE", Path.home() / ".cache" / "kfp-gpu"))
+    cache = cache or images.cache_dir()
     if missing := images.missing_tools():
         raise InvalidSpec("--containers", ", ".join(missing), "not installed", remediation="run `make images`")
     env = images.podman_env(cache)

@@ -151,6 +151,10 @@ def missing_tools() -> list[str]:
     return [t for t in ("podman", "runc", "buildah", "mmdebstrap") if shutil.which(t) is None]
 
 
+def cache_dir() -> Path:
+    return Path(os.environ.get("KFP_GPU_CACHE", Path.home() / ".cache" / "kfp-gpu"))
+
+
 def _timings(cache: Path) -> dict[str, float]:
     path = cache / "images" / "timings.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
@@ -163,7 +167,7 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
 
     Raises: KfpGpuError naming the missing tool or the failed image and its log (with the fix).
     """
-    cache = cache or Path(os.environ.get("KFP_GPU_CACHE", Path.home() / ".cache" / "kfp-gpu"))
+    cache = cache or cache_dir()
     show = say
     if missing := missing_tools():
         raise KfpGpuError(f"cannot build the images: {', '.join(missing)} not installed "
