@@ -91,7 +91,7 @@ test: AUTOSCALER = cluster-autoscaler,karpenter
 test: KUEUE = 1
 test: GCS = 1
 test: TRAINER = 1
-test: sysdeps venv lint cluster-up
+test: sysdeps imagedeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-unit: venv

@@ -1,7 +1,8 @@
 """`make images`: build the component and trainer images here, with podman + runc and no registry.
 
-Three images, each built at most once per content hash (recorded as the image label ``io.kfp-gpu.content-hash``;
-a warm run inspects three labels and returns):
+Three images, each built at most once per content hash (``<cache>/images/built.json`` records tag -> content hash
+and the image id it produced; a warm run inspects three image ids and returns). The hash is not an image label:
+``podman build --label`` changes every layer's cache key, so a code change would re-install torch.
 
 * ``localhost/kfp-gpu-base:bookworm-py311``: Debian 12 from Debian's packages (mmdebstrap, minbase), python3.11 in a
   venv at /opt/python first on PATH (the layout of ``python:3.11-slim``: ``python``, ``python3``, ``pip``), imported
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.image import VERSION
@@ -36,7 +38,6 @@ REPO = Path(__file__).resolve().parents[2]
 BASE = "localhost/kfp-gpu-base:bookworm-py311"
 COMPONENT = f"localhost/kfp-gpu:{VERSION}"
 TRAINER = f"localhost/kfp-gpu-trainer:{VERSION}"
-HASH_LABEL = "io.kfp-gpu.content-hash"
 ULIMITS = ("nofile=20000:20000", "nproc=4096:4096")
 CONTAINERS_CONF = f"""# written by kfp_gpu.devcluster.images: podman on this kernel (hybrid cgroup v1) needs runc + cgroupfs
 [containers]
@@ -71,13 +72,13 @@ def component_inputs(repo: Path = REPO) -> tuple[str, ...]:
     """The repository files the component image's ``COPY`` lines take, relative to ``repo``."""
     code = sorted(str(p.relative_to(repo)) for p in (repo / "kfp_gpu").rglob("*")
                   if p.is_file() and "__pycache__" not in p.parts)
-    return ("Dockerfile", "pyproject.toml", "README.md", "constraints.txt", *code)
+    return ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "constraints.txt", *code)
 
 
 def trainer_inputs(repo: Path = REPO) -> tuple[str, ...]:
     """The repository files the trainer image's ``COPY`` lines take."""
     ckpt = sorted(str(p.relative_to(repo)) for p in (repo / "kfp_gpu" / "checkpoint").rglob("*.py"))
-    return ("pipelines/trainer/Dockerfile", "kfp_gpu/__init__.py", "kfp_gpu/errors.py", "kfp_gpu/py.typed", *ckpt,
+    return ("pipelines/trainer/Dockerfile", ".dockerignore", "kfp_gpu/__init__.py", "kfp_gpu/errors.py", "kfp_gpu/py.typed", *ckpt,
             "pipelines/__init__.py", "pipelines/trainer/__init__.py", "pipelines/trainer/train_lm.py")
 
 
@@ -108,33 +109,39 @@ def podman_env(cache: Path) -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(conf)}
 
 
-def build_argv(image: Image, digest: str, host_trust: Iterable[str] = HOST_TRUST) -> list[str]:
+def build_argv(image: Image, host_trust: Iterable[str] = HOST_TRUST) -> list[str]:
     """``podman build`` for a Dockerfile image (host network, the local base, host pip trust mounted read-only).
     Pure."""
     assert image.dockerfile is not None
     argv = ["podman", "build", "--network", "host", *(f"--ulimit={u}" for u in ULIMITS),
             "--build-arg", f"BASE={BASE}", "--build-arg", f"KFP_GPU_VERSION={VERSION}",
-            "--label", f"{HASH_LABEL}={digest}", "-t", image.tag, "-f", image.dockerfile]
+            "-t", image.tag, "-f", image.dockerfile]
     for path in host_trust:
         argv += ["--volume", f"{path}:{path}:ro"]
     return [*argv, "."]
 
 
-def base_script(digest: str, tar: Path) -> str:
+def base_script(tar: Path) -> str:
     """The shell pipeline that makes the base: mmdebstrap to a tarball, then ``podman import``. Pure."""
     include = ",".join(BASE_PACKAGES)
     hooks = " ".join(f"--customize-hook='{h}'" for h in BASE_HOOKS)
     sources = " ".join(f'"{s}"' for s in DEBIAN)
-    changes = " ".join(f"--change '{c}'" for c in (*BASE_CHANGES, f"LABEL {HASH_LABEL}={digest}"))
+    changes = " ".join(f"--change '{c}'" for c in BASE_CHANGES)
     return (f"mmdebstrap --variant=minbase --include={include} {hooks} bookworm {tar} {sources} && "
             f"podman import {changes} {tar} {BASE} && rm -f {tar}")
 
 
-def label(tag: str, env: Mapping[str, str]) -> str:
-    """The content-hash label of local image ``tag``, "" when the image is absent."""
-    out = subprocess.run(["podman", "image", "inspect", "--format", f'{{{{index .Labels "{HASH_LABEL}"}}}}', tag],
-                         env=env, capture_output=True, text=True, check=False)
+def image_id(tag: str, env: Mapping[str, str]) -> str:
+    """The id of local image ``tag``, "" when it is absent."""
+    out = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", tag], env=env, capture_output=True,
+                         text=True, check=False)
     return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def built_hash(record: Mapping[str, Mapping[str, str]], tag: str, current_id: str) -> str:
+    """The content hash ``tag`` was built from, if the image is still the one that build produced; else "". Pure."""
+    entry = record.get(tag) or {}
+    return str(entry.get("hash", "")) if current_id and entry.get("id") == current_id else ""
 
 
 def exists(tag: str, env: Mapping[str, str]) -> bool:
@@ -155,8 +162,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KFP_GPU_CACHE", Path.home() / ".cache" / "kfp-gpu"))
 
 
-def _timings(cache: Path) -> dict[str, float]:
-    path = cache / "images" / "timings.json"
+def _load(path: Path) -> dict[str, Any]:
     return dict(json.loads(path.read_text())) if path.exists() else {}
 
 
@@ -175,7 +181,8 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
     env = podman_env(cache)
     logs = cache / "images"
     logs.mkdir(parents=True, exist_ok=True)
-    timings = _timings(cache)
+    timings: dict[str, float] = _load(logs / "timings.json")
+    record: dict[str, dict[str, str]] = _load(logs / "built.json")
     base, *rest = images(repo)
     result: dict[str, dict[str, object]] = {}
     base_hash = content_hash(base, "", repo)
@@ -197,21 +204,23 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
                 raise KfpGpuError(f"building {image.tag} failed (exit {code}; log {logs / _slug(image.tag)}.log) "
                                   "(fix: read the log's last lines; rerun `make images`)")
             timings[image.tag] = round(took, 1)
+            record[image.tag] = {"hash": digest, "id": image_id(image.tag, env)}
+            (logs / "built.json").write_text(json.dumps(record, indent=1))
             result[image.tag] = {"built": True, "seconds": round(took, 1), "hash": digest}
             show(f"images: built {image.tag} in {took:.1f} s")
         jobs.clear()
 
-    if label(BASE, env) != base_hash:
-        start(base, base_hash, [base_script(base_hash, logs / "base.tar")], shell=True)
+    if built_hash(record, BASE, image_id(BASE, env)) != base_hash:
+        start(base, base_hash, [base_script(logs / "base.tar")], shell=True)
         finish()
     else:
         result[BASE] = {"built": False, "seconds": 0.0, "hash": base_hash}
     for image in rest:
         digest = content_hash(image, base_hash, repo)
-        if label(image.tag, env) == digest:
+        if built_hash(record, image.tag, image_id(image.tag, env)) == digest:
             result[image.tag] = {"built": False, "seconds": 0.0, "hash": digest}
         else:
-            start(image, digest, build_argv(image, digest, [p for p in HOST_TRUST if Path(p).exists()]))
+            start(image, digest, build_argv(image, [p for p in HOST_TRUST if Path(p).exists()]))
     finish()
     (logs / "timings.json").write_text(json.dumps(timings, indent=1))
     for tag, info in result.items():
