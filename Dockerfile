@@ -30,12 +30,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/kfp-gpu
+# The dependencies first (their own layer: a code change rebuilds only the layers below), read from pyproject.toml:
+# kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False), the
+# gke/eks/controller extras, everything within the versions checked to co-install (constraints.txt).
 COPY pyproject.toml README.md constraints.txt ./
-COPY kfp_gpu ./kfp_gpu
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [d for x in ('gke', 'eks', 'controller') for d in p['optional-dependencies'][x]]))" \
+      > /tmp/requirements.txt \
+ && pip install -c constraints.txt "kfp==2.17.3" "kfp-kubernetes==2.17.3" -r /tmp/requirements.txt \
+ && rm /tmp/requirements.txt
 
-# kfp and kfp-kubernetes pinned to the SDK the components were compiled with (install_kfp_package=False);
-# everything else within the versions checked to co-install (constraints.txt).
-RUN pip install -c constraints.txt "kfp==2.17.3" "kfp-kubernetes==2.17.3" ".[gke,eks,controller]" \
+COPY kfp_gpu ./kfp_gpu
+RUN pip install --no-deps . \
+ && pip check \
  && python -c "import kfp_gpu.image as i, sys; sys.exit(i.VERSION != '${KFP_GPU_VERSION}')" \
  && useradd --uid 10001 --create-home kfpgpu
 
