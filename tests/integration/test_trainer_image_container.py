@@ -40,9 +40,10 @@ def _free_port() -> int:
 
 
 class ContainerJob:
-    """Two containers of the trainer image, rank 0 and rank 1, with the checkpoint and outputs under ``root``."""
+    """Two containers of the trainer image, rank 0 and rank 1, with outputs under ``root``; ``shared`` (the
+    checkpoint's directory too) is mounted read-write at the same path."""
 
-    def __init__(self, env: Mapping[str, str], root: Path, uri: str, step_sleep: float = 0.0) -> None:
+    def __init__(self, env: Mapping[str, str], shared: Path, root: Path, uri: str, step_sleep: float = 0.0) -> None:
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o777)  # the image's user (uid 10001) writes here
         self.root, self.out, self.env = root, root / "out", env
@@ -51,7 +52,7 @@ class ContainerJob:
         self.procs: list[subprocess.Popen[bytes]] = []
         for rank, name in enumerate(self.names):
             argv = ["podman", "run", "--rm", "--name", name, "--network", "host",
-                    "--volume", f"{root}:{root}:rw", "--env", f"RANK={rank}", "--env", "WORLD_SIZE=2",
+                    "--volume", f"{shared}:{shared}:rw", "--env", f"RANK={rank}", "--env", "WORLD_SIZE=2",
                     "--env", "MASTER_ADDR=127.0.0.1", "--env", f"MASTER_PORT={port}", "--env", "LOGLEVEL=INFO",
                     images.TRAINER, "python", "-m", "pipelines.trainer.train_lm", "--sharded", "--steps", str(STEPS),
                     "--checkpoint-every", str(EVERY), "--checkpoint-uri", uri, "--out", str(self.out),
@@ -109,9 +110,9 @@ def _weights(out: Path) -> dict[str, Any]:
 def test_trainer_image_resumes_a_2_rank_job_after_a_sigkill_to_the_same_weights(
         built_images: dict[str, str], root: Path) -> None:
     env = built_images
-    baseline = ContainerJob(env, root / "baseline", str(root / "baseline" / "ckpt"))
+    baseline = ContainerJob(env, root, root / "baseline", str(root / "baseline" / "ckpt"))
     uri = str(root / "ckpt")
-    killed = ContainerJob(env, root / "run1", uri, step_sleep=0.05)
+    killed = ContainerJob(env, root, root / "run1", uri, step_sleep=0.05)
     try:
         killed.wait_for(1, lambda e: e["event"] == "step" and e["step"] >= 12)
         kill = subprocess.run(["podman", "kill", "--signal", "KILL", killed.names[1]], env=env,  # noqa: S603
@@ -123,7 +124,7 @@ def test_trainer_image_resumes_a_2_rank_job_after_a_sigkill_to_the_same_weights(
         assert EVERY * 2 <= last < STEPS
         assert not (killed.out / "model.pt").exists()
 
-        resumed = ContainerJob(env, root / "run2", uri)
+        resumed = ContainerJob(env, root, root / "run2", uri)
         assert resumed.finish() == [0, 0], resumed.logs()
         resume_steps = {rank: [e["step"] for e in resumed.events(rank) if e["event"] == "resume"] for rank in (0, 1)}
         (step,) = resume_steps[0]
