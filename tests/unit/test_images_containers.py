@@ -176,3 +176,23 @@ def test_kfp_gpu_tasks_go_to_podman_with_the_compiled_argv_and_user_tasks_stay_o
     assert after[:n] == ex["container"]["command"]  # exactly the compiled command: python3 is not swapped
     assert after[n] == "--executor_input" and json.loads(after[n + 1])["inputs"]["parameterValues"] == {"x": 3}
     assert after[n + 2:] == ex["container"]["args"][2:] == ["--function_to_execute", "kfp_gpu_like"]
+
+
+def test_cli_version_is_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from kfp_gpu.cli import main
+    from kfp_gpu.image import VERSION
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"kfp-gpu {VERSION}"
+
+
+def test_containers_without_the_image_fail_in_one_line_naming_make_images(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kfp_gpu.errors import InvalidSpec
+
+    monkeypatch.setattr(images, "missing_tools", lambda: [])
+    monkeypatch.setattr(images, "exists", lambda tag, env: False)
+    with pytest.raises(InvalidSpec) as err:
+        containers.prepare(tmp_path)
+    assert images.COMPONENT in str(err.value) and "make images" in str(err.value) and "\n" not in str(err.value)
