@@ -2,7 +2,8 @@
 # (kfp_gpu.image.image_for_version()), so the tag below MUST equal [project].version in pyproject.toml;
 # tests/test_image_version.py checks it.
 #
-# Build and push (from the repository root; needs Docker/BuildKit, not available in the dev sandbox):
+# Build and push (from the repository root; Docker/BuildKit or podman; `make images` builds it locally on a Debian
+# base with podman, docs/images.md):
 #   VERSION=$(python -c "import kfp_gpu.image as i; print(i.VERSION)")
 #   docker build --build-arg KFP_GPU_VERSION=$VERSION -t ghcr.io/kfp-gpu/kfp-gpu:$VERSION .
 #   docker push ghcr.io/kfp-gpu/kfp-gpu:$VERSION
