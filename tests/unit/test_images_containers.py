@@ -196,3 +196,17 @@ def test_containers_without_the_image_fail_in_one_line_naming_make_images(tmp_pa
     with pytest.raises(InvalidSpec) as err:
         containers.prepare(tmp_path)
     assert images.COMPONENT in str(err.value) and "make images" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_progress_names_the_image_each_task_ran_in() -> None:
+    import io
+
+    from kfp_gpu.demo import Progress
+
+    log, terminal = io.StringIO(), io.StringIO()
+    p = Progress(log, terminal, clock=lambda: 0.0)
+    p.write(f"INFO - Executing task 'teardown'\n    {containers.MARK} localhost/kfp-gpu:1 (podman)\n")
+    p.write(f"INFO - Executing task 'evaluate'\n    {containers.MARK} host subprocess (python:3.11-slim is not built here)\n")
+    assert terminal.getvalue().splitlines() == [
+        "  > teardown started", "    teardown runs in localhost/kfp-gpu:1 (podman)",
+        "  > evaluate started", "    evaluate runs in host subprocess (python:3.11-slim is not built here)"]
