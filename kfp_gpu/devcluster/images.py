@@ -186,7 +186,7 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
     base, *rest = images(repo)
     result: dict[str, dict[str, object]] = {}
     base_hash = content_hash(base, "", repo)
-    jobs: list[tuple[Image, str, subprocess.Popen[bytes], float]] = []
+    jobs: list[tuple[Image, str, subprocess.Popen[bytes], float, str]] = []
 
     def start(image: Image, digest: str, argv: list[str], shell: bool = False) -> None:
         est = timings.get(image.tag, DEFAULT_ESTIMATE_S[image.tag])
@@ -194,10 +194,10 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
         with open(logs / f"{_slug(image.tag)}.log", "wb") as f:
             proc = subprocess.Popen(argv if not shell else ["bash", "-o", "pipefail", "-c", argv[0]],  # noqa: S603
                                     cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT)
-        jobs.append((image, digest, proc, time.monotonic()))
+        jobs.append((image, digest, proc, time.monotonic(), image_id(image.tag, env)))
 
     def finish() -> None:
-        for image, digest, proc, t0 in jobs:
+        for image, digest, proc, t0, old in jobs:
             code = proc.wait()
             took = time.monotonic() - t0
             if code != 0:
@@ -205,6 +205,8 @@ def ensure(repo: Path = REPO, cache: Path | None = None,
                                   "(fix: read the log's last lines; rerun `make images`)")
             timings[image.tag] = round(took, 1)
             record[image.tag] = {"hash": digest, "id": image_id(image.tag, env)}
+            if old and old != record[image.tag]["id"]:  # the image the tag left: its layers podman still uses stay
+                subprocess.run(["podman", "rmi", old], env=env, capture_output=True, check=False)
             (logs / "built.json").write_text(json.dumps(record, indent=1))
             result[image.tag] = {"built": True, "seconds": round(took, 1), "hash": digest}
             show(f"images: built {image.tag} in {took:.1f} s")
