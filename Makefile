@@ -34,12 +34,25 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
 # TORCH_CPU; their other requirements are in the line after (psutil) or in dev (transformers' hub stack)
 FRAMEWORKS := accelerate==1.15.0 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3
 
-.PHONY: sysdeps venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick clean
+.PHONY: sysdeps imagedeps images venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick clean
 
 # System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
 sysdeps:
 	@command -v chromium >/dev/null || { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@command -v chromium >/dev/null || { echo "chromium missing and could not be installed" >&2; exit 1; }
+
+# Container tools from Debian (docs/images.md): podman + runc (crun refuses this kernel's hybrid cgroup v1 layout),
+# buildah, and mmdebstrap for the local base image (no registry image can be pulled here).
+imagedeps:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || \
+	  { (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc buildah mmdebstrap >/dev/null; }
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { echo "podman/mmdebstrap missing and could not be installed" >&2; exit 1; }
+
+# localhost/kfp-gpu:<version> (components, CLI, controller) and localhost/kfp-gpu-trainer:<version> on a local
+# Debian 12 base; built once per content hash (Dockerfile, constraints, the sources that go in): a warm run takes
+# seconds. `kfp-gpu run --containers PIPELINE.py` runs the kfp-gpu steps in the first.
+images: imagedeps venv
+	$(BIN)/python -m kfp_gpu.devcluster.images
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
@@ -81,7 +94,7 @@ test: AUTOSCALER = cluster-autoscaler,karpenter
 test: KUEUE = 1
 test: GCS = 1
 test: TRAINER = 1
-test: sysdeps venv lint cluster-up
+test: sysdeps imagedeps venv lint cluster-up
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The unit tier: needs no cluster and boots none (it never depends on cluster-up; tests/conftest.py stops the

@@ -92,7 +92,8 @@ def cmd_gc(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from kfp_gpu.demo import run
 
-    return run(a.pipeline_file, a.arg, pipeline=a.pipeline, scenario=a.scenario or None, keep=a.keep)
+    return run(a.pipeline_file, a.arg, pipeline=a.pipeline, scenario=a.scenario or None, keep=a.keep,
+               containers=a.containers)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
@@ -224,7 +225,10 @@ def cmd_tenant(a: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from kfp_gpu.image import VERSION
+
     p = argparse.ArgumentParser(prog="kfp-gpu", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kfp-gpu {VERSION}")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compile", help="compile a provisioned pipeline to YAML")
     c.add_argument("pipeline_file")
@@ -260,6 +264,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--pipeline", default=None, help="pipeline name when the file defines several")
     c.add_argument("--scenario", default="", help="stand-in scenario YAML (default: the bundled one)")
     c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")
+    c.add_argument("--containers", action="store_true",
+                   help="run every kfp-gpu step in the component image localhost/kfp-gpu:VERSION (podman, runc; "
+                        "build it with `make images`), with the compiled YAML's command and arguments")
     c.set_defaults(fn=cmd_run)
     c = sub.add_parser("demo", help="kfp-gpu run on the example pipeline (pipelines/llm_finetune.py)")
     c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")

@@ -122,6 +122,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 _RUN_ID = re.compile(r'"run_id":\s*"([^"]+)"')
+_IMAGE = re.compile(r"kfp-gpu-image: (.+)$")  # kfp_gpu.devcluster.containers.MARK
 
 
 class Progress(io.TextIOBase):
@@ -161,6 +162,8 @@ class Progress(io.TextIOBase):
             self.finished[task] = status
             verb = "finished" if status == "SUCCESS" else f"failed ({status})"
             self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {took:.1f}s")
+        elif self.started and (m := _IMAGE.search(line)):
+            self._say(f"    {list(self.started)[-1]} runs in {m.group(1)}")
         elif not self.run_id and (m := _RUN_ID.search(line)):
             self.run_id = m.group(1)
 
@@ -274,9 +277,10 @@ def aws_standin_port(spec: ProvisioningSpec) -> int | None:
 
 
 def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | None = None,
-        scenario: str | None = None, keep: bool = True, terminal: TextIO | None = None) -> int:
+        scenario: str | None = None, keep: bool = True, terminal: TextIO | None = None, containers: bool = False) -> int:
     """Rehearse the provisioned pipeline of ``pipeline_file`` locally; returns the process exit code
     (0: succeeded, timeline recorded, nothing left behind). The local cluster stays up unless ``keep=False``.
+    ``containers``: the kfp-gpu steps run in the locally built component image (:mod:`kfp_gpu.devcluster.containers`).
 
     Raises:
         InvalidSpec: see :func:`load` and :func:`typed_args` (checked before anything boots).
@@ -294,9 +298,16 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
 
     out_ = terminal or sys.stdout
     say: Callable[[str], None] = lambda text: print(text, file=out_, flush=True)  # noqa: E731
+    ctr = None
+    if containers:  # before load(): the kfp-gpu components must compile with the local image
+        from kfp_gpu.devcluster import containers as ctr_mod
+
+        ctr = ctr_mod.prepare()
     graph = load(pipeline_file, pipeline)
     spec: ProvisioningSpec | None = spec_of(graph)
     assert spec is not None  # load() returns provisioned pipelines only
+    if ctr is not None:
+        ctr.mount_checkpoint(spec.checkpoint_uri)
     arguments = typed_args(args, dict(graph.component_spec.inputs or {}), graph.name)
     with contextlib.suppress(InvalidSpec):  # a bad run-time value: preflight fails the run with this message
         spec = resolved_spec(graph, arguments) or spec  # the runtime= fields given as --arg, for the cost table
@@ -341,7 +352,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         try:
             with contextlib.redirect_stdout(progress), warnings.catch_warnings():
                 warnings.showwarning = _to(log)  # kfp.local's runner warnings: the log, not the terminal
-                graph(**arguments)
+                with ctr_mod.step_runner(ctr) if ctr is not None else contextlib.nullcontext():
+                    graph(**arguments)
         except Exception as exc:  # noqa: BLE001 - kfp.local raises after the exit handler (teardown) ran
             failure = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         finally:
@@ -363,7 +375,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                 sim.stop()
     took = time.time() - t0
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
-    say(f"\n=== pipeline {graph.name} {status} in {took:.1f}s (kfp.local, SubprocessRunner) ===")
+    say(f"\n=== pipeline {graph.name} {status} in {took:.1f}s (kfp.local, SubprocessRunner"
+        f"{'; kfp-gpu steps in ' + ctr.expected_image + ', podman' if ctr else ''}) ===")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
     if tl.nodes:
         say("\nProvisioning timeline (requested -> registered -> Ready -> released):")

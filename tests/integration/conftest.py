@@ -32,6 +32,9 @@
                leaves the cluster-autoscaler profile as it is): Karpenter's kwok provider with AWS GPU instance types
                and no NodePool; a :class:`kfp_gpu.devcluster.karpenter_profile.Profile` (kubeconfig, log, pid,
                node_class). FAILS (never skips) when the binary is missing or Karpenter cannot run.
+``built_images`` session fixture: ``make images`` (kfp_gpu.devcluster.images.ensure: builds what is missing or
+               stale by content hash, seconds when warm); returns podman's environment. FAILS (never skips) when
+               podman is missing or a build fails.
 """
 
 from __future__ import annotations
@@ -106,6 +109,14 @@ def karpenter(kube: Kube) -> karpenter_profile.Profile:
         return karpenter_profile.ensure_up()
     except Exception as e:  # noqa: BLE001 - a Karpenter that cannot run must fail loudly, never skip
         pytest.fail(f"Karpenter profile failed (make cluster-up AUTOSCALER=karpenter): {e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def built_images() -> dict[str, str]:
+    from kfp_gpu.devcluster import images
+
+    images.ensure()
+    return images.podman_env(images.cache_dir())
 
 
 def _slug(nodeid: str, n: int = 30) -> str:
