@@ -38,6 +38,24 @@ def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, di
     return th, box
 
 
+def _train_then_preempt(t: Any, spec: Any, run: str, ckpt: Any, *, seconds: float
+                        ) -> tuple[threading.Thread, dict[str, Any], str]:
+    """Start the train step (a 2-pod job for ``seconds``), wait for its pods, save a checkpoint at step 10, then
+    preempt one of the gang's nodes; (the train thread, its result box, the preempted node)."""
+    from kfp_gpu.checkpoint.store import CheckpointStore
+    from kfp_gpu.cluster import pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(seconds), dataset_uri="", queue_timeout_s=60.0)
+    job = pytorchjob.job_name(run, "train")
+    core = client.CoreV1Api(t.kube.api)
+    wait_until("2 pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
+    CheckpointStore(str(ckpt)).save(10, {"model.pt": b"w10"}, meta={"loss": 2.5})
+    victim = sorted(t.claimed(run))[0]
+    t.sim.preempt(victim)
+    return th, box, victim
+
+
 def _pools_total(t: Any) -> int:
     return sum(int(p.target) for p in t.sim.state.pools.values())
 
@@ -155,22 +173,14 @@ def test_controller_killed_during_provisioning_converges_without_a_second_resize
 def test_controller_killed_during_recovery_converges_with_one_job_copy(tenant, tmp_path):
     """A spot node of the running gang is reclaimed; while the train unit recovers, the controller is killed. The
     restarted controller re-attaches (the train ledger): one job copy, the preemption counted once, nothing left."""
-    from kfp_gpu.checkpoint.store import CheckpointStore
-    from kfp_gpu.cluster import ledger, pytorchjob
-    from tests.integration.test_train_support import job_json, running_pods
+    from kfp_gpu.cluster import ledger
 
     t = tenant()
     ckpt = tmp_path / "ckpt"
     spec, run = t.spec(2, zones=("us-central1-a",), checkpoint_uri=str(ckpt)), new_run()
     for s in ("preflight", "warm_pool", "scale_up"):
         t.step(s, spec, run)
-    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(8.0), dataset_uri="", queue_timeout_s=60.0)
-    job = pytorchjob.job_name(run, "train")
-    core = client.CoreV1Api(t.kube.api)
-    wait_until("2 pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
-    CheckpointStore(str(ckpt)).save(10, {"model.pt": b"w10"}, meta={"loss": 2.5})
-    victim = sorted(t.claimed(run))[0]
-    t.sim.preempt(victim)
+    th, box, _ = _train_then_preempt(t, spec, run, ckpt, seconds=8.0)
     wait_until("recovery under way", lambda: (ledger.read(t.kube.api, t.ns, run, "train").get("budget") or {})
                .get("preemptions") == 1, timeout=60, every=0.05)
     t.controllers[-1].kill()
@@ -197,9 +207,6 @@ def test_a_preempted_gang_is_degraded_while_recovering_then_whole_again(tenant, 
     """A spot node of the running gang is reclaimed: the gang's Degraded condition turns True (phase Recovering, a
     Warning Event naming the node) while the train unit replaces it, then False (Recovered) once the job runs again
     on a whole gang."""
-    from kfp_gpu.checkpoint.store import CheckpointStore
-    from kfp_gpu.cluster import pytorchjob
-    from tests.integration.test_train_support import job_json, running_pods
 
     t = tenant()
     ckpt = tmp_path / "ckpt"
@@ -207,13 +214,7 @@ def test_a_preempted_gang_is_degraded_while_recovering_then_whole_again(tenant, 
     for s in ("preflight", "warm_pool", "scale_up"):
         t.step(s, spec, run)
     assert _condition(t.gang(run), gang.DEGRADED) == {}  # nothing lost yet: no such condition
-    th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(6.0), dataset_uri="", queue_timeout_s=60.0)
-    job = pytorchjob.job_name(run, "train")
-    core = client.CoreV1Api(t.kube.api)
-    wait_until("2 pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
-    CheckpointStore(str(ckpt)).save(10, {"model.pt": b"w10"}, meta={"loss": 2.5})
-    victim = sorted(t.claimed(run))[0]
-    t.sim.preempt(victim)
+    th, box, victim = _train_then_preempt(t, spec, run, ckpt, seconds=6.0)
     seen: list[tuple[str, str]] = []
 
     def phases() -> bool:
