@@ -90,6 +90,9 @@ class GangClient:
         try:
             owned.request(self.api, "PATCH", self.path, body={"metadata": {"annotations": {
                 gang.HEARTBEAT_ANNOTATION: str(int(time.time()))}}}, content_type=owned.MERGE_PATCH)
+        except ApiException as exc:
+            if exc.status != 404:  # 404: the gang is gone (released and deleted): nothing left to keep alive
+                log.warning("GpuGang %s/%s: heartbeat not written: %s", self.namespace, self.name, exc)
         except Exception as exc:  # noqa: BLE001 - advisory: the lease_ttl_s margin covers a few lost beats
             log.warning("GpuGang %s/%s: heartbeat not written: %s", self.namespace, self.name, exc)
 
