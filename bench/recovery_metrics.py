@@ -33,8 +33,9 @@ def trains(r: Rank, now: float, t0: float | None = None, lost_nodes: frozenset[s
     """Does rank ``r`` make progress at ``now``? ``t0`` None: before any loss."""
     if not r.running:
         return False
-    if r.stalled_at is not None and (r.resumes_at is None or now < r.resumes_at):
-        return False  # hung in the collective, or inside the re-rendezvous
+    if r.stalled_at is not None and (r.resumes_at is None or r.resumes_at < r.stalled_at or now < r.resumes_at):
+        return False  # hung in the collective (a resume time older than the stall is an earlier rendezvous's), or
+        # inside the re-rendezvous
     if t0 is None or r.seen > t0:
         return True
     if r.node in lost_nodes:

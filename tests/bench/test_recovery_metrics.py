@@ -10,8 +10,8 @@ from bench.recovery_metrics import (
     idle_gpu_s,
     lowest_without_overlap,
     steps_lost,
-    trains,
     training_ranks,
+    trains,
 )
 
 T0 = 100.0
@@ -49,6 +49,12 @@ def test_a_rendezvous_from_an_earlier_loss_does_not_count_for_this_one() -> None
     r = Rank("r2", "n2", 10.0, running=True, stalled_at=T0 - 50.0, resumes_at=T0 - 40.0)
     assert trains(r, now=T0 - 1.0)  # it trained after the earlier loss
     assert not trains(r, now=T0 + 1.0, t0=T0, lost_nodes=LOST)
+
+
+def test_a_survivor_that_hangs_after_an_earlier_rendezvous_does_not_train() -> None:
+    # 2 of 4 ranks lost 0.1 s apart, elastic min 3: the first loss re-rendezvoused it, the second hangs it
+    r = Rank("r2", "n2", 10.0, running=True, stalled_at=T0 + 0.225, resumes_at=T0 + 0.2)
+    assert not trains(r, now=T0 + 3.0, t0=T0, lost_nodes=LOST)
 
 
 def test_the_lost_nodes_old_pod_never_trains_and_a_new_pod_on_the_recreated_node_does() -> None:
