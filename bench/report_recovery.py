@@ -29,8 +29,9 @@ def three_sided(data: dict[str, Any]) -> bool:
     return "best_realistic_baseline" in ((data.get("recovery") or {}).get("recovery") or {})
 
 
-def source(out: dict[str, Any], path: Path = RECOVERY_JSON) -> tuple[dict[str, Any], str]:
+def source(out: dict[str, Any], path: Path | None = None) -> tuple[dict[str, Any], str]:
     """The data the recovery section is rendered from, and its path relative to the repo ("" = the main JSON)."""
+    path = RECOVERY_JSON if path is None else path
     if path.exists():
         data = json.loads(path.read_text())
         if data.get("schema") == 2 and three_sided(data):
