@@ -36,46 +36,41 @@ replacement node from its Ready to all ranks training), in world minutes.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import threading
 import time
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from bench.common import (
-    ReadyWatch,
-    Result,
-    delete_nodes,
-    kubeconfig,
-    new_api,
-    ratio,
-    sampled_boot_s,
-    scenario_dict,
-    uid,
-)
+from bench.common import ReadyWatch, Result, delete_nodes, new_api, ratio, uid
 from bench.recovery_metrics import best_baseline, idle_gpu_s, lowest_without_overlap, steps_lost
 from bench.recovery_watch import POLL_S, JobPods, Trainer
-from bench.world import API_LATENCY_MS
+from bench.recovery_world import (
+    ACCEL,
+    BOOT_REAL_S,
+    BOOT_S,
+    GPUS,
+    OVERLAP_S,
+    POOL,
+    ZONE,
+    N,
+    boot_of,
+    pool_watch,
+    preempt,
+    set_size,
+    start_sim,
+    victims_of,
+)
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.clock import TIME_SCALE, compress, expand
 from kfp_gpu.sim.ranks import DEFAULT_PG_TIMEOUT_S, DEFAULT_RENDEZVOUS_S, PG_TIMEOUT_ANNOTATION
-from kfp_gpu.sim.server import SimServer
 
-POOL = "bench-a100-spot-a"
-ZONE = "us-central1-a"
-ACCEL = "a100-80gb"
-GPUS = 8
-N = 4
-BOOT_REAL_S = 210.0  # the bench world's median A100 boot (real-world s), fixed for every node
-BOOT_S = round(compress(BOOT_REAL_S), 4)  # 1.75 s here
 K = 10  # checkpoint interval (steps) = JobTemplate.checkpoint_every
 PG_TIMEOUT_S = DEFAULT_PG_TIMEOUT_S  # every side's process-group timeout: torch's NCCL default, 600 world s
 RESUMED_STEPS = 5  # steps past the resume that show progress resuming
@@ -113,64 +108,6 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# ---- shared pieces -------------------------------------------------------------------------------
-
-def _start_sim() -> tuple[SimServer, str]:
-    cluster = uid("brec")
-    data = scenario_dict("burst", cluster=cluster)
-    data["regions"]["us-central1"]["quotas"]["PREEMPTIBLE_NVIDIA_A100_80GB_GPUS"] = {"limit": 4096, "usage": 0}
-    data["api_latency_ms"] = API_LATENCY_MS  # the bench world's (bench/world.py)
-    data["pools"] = [{"name": POOL, "zone": ZONE, "accelerator": ACCEL, "gpus_per_node": GPUS, "spot": True,
-                      "max_nodes": 16, "initial_size": 0,
-                      "boot": {"dist": "fixed", "median_s": BOOT_REAL_S, "sigma": 0.0, "seed": 0}}]
-    sim = SimServer(scenario_mod.from_dict(data), kubeconfig())
-    sim.start()
-    return sim, cluster
-
-
-def _set_size(sim: SimServer, cluster: str, size: int) -> None:
-    url = (f"{sim.url}/v1/projects/{sim.scenario.project}/locations/{ZONE}/clusters/{cluster}"
-           f"/nodePools/{POOL}:setSize")
-    req = urllib.request.Request(url, data=json.dumps({"nodeCount": size}).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        r.read()
-
-
-OVERLAP_S = 0.1  # between two preemptions: inside the first one's 30 s (0.25 s here) notice, so they overlap
-
-
-def _victims(pods: JobPods, k: int) -> list[str]:
-    """Nodes of worker-1 .. worker-k."""
-    out = []
-    for i in range(1, k + 1):
-        nodes = [str(r["node"]) for r in pods.live_running() if r["name"].endswith(f"worker-{i}")]
-        if not nodes:
-            raise RuntimeError(f"no running worker-{i} pod")
-        out.append(nodes[0])
-    return out
-
-
-def _preempt(sim: SimServer, victims: list[str]) -> None:
-    for i, v in enumerate(victims):
-        if i:
-            time.sleep(OVERLAP_S)
-        sim.preempt(v)
-
-
-def _boot_of(api: client.ApiClient, node: str) -> float:
-    b = sampled_boot_s(client.CoreV1Api(api).read_node(node))
-    if b is None:
-        raise RuntimeError(f"replacement node {node} has no readable boot latency")
-    return b
-
-
-def _pool_watch(api: client.ApiClient, cluster: str) -> ReadyWatch:
-    from kfp_gpu.devcluster.nodes import POOL_LABEL
-
-    return ReadyWatch(api, f"{POOL_LABEL}={POOL},kfp-gpu.io/sim-cluster={cluster}")
-
-
 def _measure(api: client.ApiClient, pods: JobPods, trainer: Trainer, rw: ReadyWatch, t0: float, progress: int,
              victims: list[str], p: Params) -> Sample:
     """The same measurement for every side, once the trainer made progress again with all ranks."""
@@ -183,7 +120,7 @@ def _measure(api: client.ApiClient, pods: JobPods, trainer: Trainer, rw: ReadyWa
                       t_full=trainer.t_full, replacement_ready=list(repl.values()))
     return Sample(detect_s=pods.reaction_at - t0, train_s=trainer.t_train - t0, full_s=trainer.t_full - t0,
                   progress=progress, resume_step=trainer.resume_step, idle_gpu_s=idle,
-                  boot_s=max((_boot_of(api, n) for n in repl), default=0.0),
+                  boot_s=max((boot_of(api, n) for n in repl), default=0.0),
                   extra={"reaction": pods.reaction,
                          "rank_killed_s": None if pods.killed_at is None else round(pods.killed_at - t0, 4),
                          "replacement_ready_s": {n: round(t - t0, 4) for n, t in sorted(repl.items())}})
@@ -196,7 +133,7 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1, step_kubeconfig
     from kfp_gpu.job import JobTemplate
     from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target, TargetKind
 
-    sim, cluster = _start_sim()
+    sim, cluster = start_sim()
     api = new_api()  # admin: the bench's watches and reads
     steps = ours.step_api(step_kubeconfig)  # the tenant step identity: what the pipeline's steps have
     sel = f"kfp-gpu.io/sim-cluster={cluster}"
@@ -212,7 +149,7 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1, step_kubeconfig
                                         PG_TIMEOUT_ANNOTATION: f"{PG_TIMEOUT_S:g}"})
     job = pytorchjob.job_name(run_id, template.name)
     pods = JobPods(api, namespace, job, N).start()
-    rw = _pool_watch(api, cluster).start()
+    rw = pool_watch(api, cluster).start()
     trainer: Trainer | None = None
     result: dict[str, Any] = {}
 
@@ -231,11 +168,11 @@ def run_ours(repeat: int, namespace: str, p: Params, k: int = 1, step_kubeconfig
         th.start()
         trainer = Trainer(pods, spec.checkpoint_uri, p.rate, K, need=N).start()
         progress = trainer.run_to(2 * K + offset_for(repeat), p.timeout_s)
-        victims = _victims(pods, k)
+        victims = victims_of(pods, k)
         t0 = time.time()
         pods.arm(t0, victims)
         trainer.lost(t0)
-        _preempt(sim, victims)
+        preempt(sim, victims)
         s = _measure(api, pods, trainer, rw, t0, progress, victims, p)
         th.join(p.timeout_s)
         if th.is_alive():
@@ -320,18 +257,18 @@ def baseline_manifest(name: str, nodes: list[str], p: Params, namespace: str, el
 
 
 def run_baseline(repeat: int, namespace: str, p: Params, k: int = 1, elastic: bool = False) -> Sample:
-    sim, cluster = _start_sim()
+    sim, cluster = start_sim()
     api = new_api()
     custom = client.CustomObjectsApi(api)
     sel = f"kfp-gpu.io/sim-cluster={cluster}"
     tmp = tempfile.TemporaryDirectory(prefix="bench-rec-op-")
     name = uid("brec-el-" if elastic else "brec-op-")
     pods = JobPods(api, namespace, name, N).start()
-    rw = _pool_watch(api, cluster)
+    rw = pool_watch(api, cluster)
     trainer: Trainer | None = None
     try:
         rw.start()
-        _set_size(sim, cluster, N)  # the gang's nodes (setup, before t0)
+        set_size(sim, cluster, N)  # the gang's nodes (setup, before t0)
         if not rw.wait_ready(N, p.timeout_s):
             raise RuntimeError("baseline gang not Ready")
         with rw.cond:
@@ -341,11 +278,11 @@ def run_baseline(repeat: int, namespace: str, p: Params, k: int = 1, elastic: bo
         need = int(ELASTIC_POLICY["minReplicas"]) if elastic else N  # type: ignore[call-overload]
         trainer = Trainer(pods, str(Path(tmp.name) / "ckpt"), p.rate, K, need=need).start()
         progress = trainer.run_to(2 * K + offset_for(repeat), p.timeout_s)
-        victims = _victims(pods, k)
+        victims = victims_of(pods, k)
         t0 = time.time()
         pods.arm(t0, victims)
         trainer.lost(t0)
-        _preempt(sim, victims)
+        preempt(sim, victims)
         return _measure(api, pods, trainer, rw, t0, progress, victims, p)
     finally:
         if trainer is not None:
@@ -385,8 +322,9 @@ def run(repeats: int, namespace: str, step_kubeconfig: str | Path, log: Any = pr
                   baselines=base)
     results = (res, det, full, lost, idle)
     failed: set[str] = set()
-    runners = {"ours": lambda rep, ns, p, k: run_ours(rep, ns, p, k, step_kubeconfig=step_kubeconfig),
-               BASELINE: run_baseline, ELASTIC: lambda rep, ns, p, k: run_baseline(rep, ns, p, k, elastic=True)}
+    runners: dict[str, Callable[[int, str, Params, int], Sample]] = {
+        "ours": lambda rep, ns, p, k: run_ours(rep, ns, p, k, step_kubeconfig=step_kubeconfig),
+        BASELINE: run_baseline, ELASTIC: lambda rep, ns, p, k: run_baseline(rep, ns, p, k, elastic=True)}
     for rep in range(repeats):  # interleaved: ours r0, operator r0, elastic r0, ours r1, ...
         for side in SIDES:
             if side in failed:

@@ -84,6 +84,7 @@ def lines(data: dict[str, Any], src: str) -> list[str]:
            f"{' (dirty)' if g.get('dirty') else ''}, started {data.get('started')}. A 4 x 8-GPU spot gang "
            "(`bench/recovery.py`), one node preempted mid-run; three sides in one world, repeats interleaved, every "
            "number from the same pod watch and harness clock. Median (min-max) over the repeats.", ""]
+    notes: list[str] = []
     for key, suffix, what in KINDS:
         sec = data.get(key) or {}
         head = sec.get(f"recovery{suffix}")
@@ -109,5 +110,6 @@ def lines(data: dict[str, Any], src: str) -> list[str]:
                 f"{'`' + low + '`' if low else 'no side (ranges overlap)'}."]
         for side, e in (head.get("errors") or {}).items():
             out.append(f"\nFAILED {side}: {e[:300]}")
-        out += ["", *(f"* {n}" for n in head.get("notes", [])[:1]), ""]
-    return out
+        out.append("")
+        notes = notes or head.get("notes", [])[:1]
+    return out + [*(f"* {n}" for n in notes), ""]
