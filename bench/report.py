@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import report_recovery
 from bench.common import RESULTS, ROOT
 from kfp_gpu.devcluster import ca_profile
 
@@ -139,17 +140,7 @@ def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
     rows.append(_t("preflight_round_trips", "preflight <= 1.5 round trips (6 regions x 3 accelerators, 100 ms)",
                    "not run" if rt is None else f"{rt:.2f} round trips", None if rt is None else rt <= 1.5,
                    "" if rt is None or rt <= 1.5 else f"cloud requests per run: {pf.get('ours_cloud_requests')}"))
-    for key, name, what in (("recovery", "recovery", "one preemption"),
-                            ("recovery_overlap", "recovery_2x", "two overlapping preemptions")):
-        rec = (out.get(key) or {}).get(name) or {}
-        r = rec.get("ratio_vs_training_operator")
-        why = (out.get(key) or {}).get("not_run") or "; ".join((rec.get("errors") or {}).values()) or "not run"
-        rows.append(_t(f"{name}_vs_best_peer", f"recovery from {what} (-> gang running again, excl. boot) <= 1.2 x "
-                       "best peer", why[:200] if r is None else f"{r:.2f} x Training Operator restart",
-                       None if r is None else r <= 1.2,
-                       "" if r is None or r <= 1.2 else f"ours' phases after the preemption (median, s): "
-                       f"{rec.get('phases_ours_median_from_t0_s')}; ours recreates the whole gang from its checkpoint, "
-                       "the operator only the killed pod (its peers hang until the process-group timeout)"))
+    rows += report_recovery.targets(out, _t)
     return rows
 
 
@@ -326,27 +317,7 @@ def _other(out: dict[str, Any]) -> list[str]:
                   f"{_cell(pf['stats'], 'sequential')} |"]
     else:
         lines.append(str(pf.get("error", "not run")))
-    lines += ["", "## Recovery from preemptions", "",
-              "A 4 x 8-GPU spot gang (`bench/recovery.py`: fixed 210 s real-world boot, 1.75 s here; 100 ms API "
-              "latency); ours' train step vs a plain Training Operator restart with an instantly reacting autoscaler "
-              "(both favour the operator: see the notes in the JSON). Repeats interleaved.", ""]
-    for key, name, what in (("recovery", "recovery", "One preemption"),
-                            ("recovery_overlap", "recovery_2x", "Two overlapping preemptions (0.1 s apart)")):
-        rec = out.get(key) or {}
-        lines.append(f"{what}: ")
-        if name in rec:
-            r, d = rec[name], rec.get(name.replace("recovery", "recovery_detect"), {})
-            op = "training_operator"
-            lines += ["", "| metric | ours | Training Operator restart |", "|---|---|---|",
-                      f"| detection (s) | {_cell(d.get('stats'), 'ours')} | {_cell(d.get('stats'), op)} |",
-                      f"| preemption -> gang Running again, excl. boot (s) | {_cell(r.get('stats'), 'ours')} | "
-                      f"{_cell(r.get('stats'), op)} |"]
-            for side, e in (r.get("errors") or {}).items():
-                lines.append(f"\nFAILED {side}: {e[:300]}")
-            lines.append("")
-        else:
-            lines[-1] += str(rec.get("not_run") or rec.get("error") or "not run")
-            lines.append("")
+    lines += report_recovery.lines(*report_recovery.source(out))
     c = out.get("critical_path") or {}
     lines += ["", "## Critical path of the decorated example", ""]
     if "chains_into_train" in c:
@@ -362,6 +333,9 @@ def _other(out: dict[str, Any]) -> list[str]:
 
 def _targets(out: dict[str, Any]) -> list[str]:
     rows = out.get("targets") or []
+    rec, rec_src = report_recovery.source(out)
+    if rec_src:  # the recovery rows from bench/results/recovery.json, the rest from the main JSON
+        rows = [r for r in rows if not r["name"].startswith("recovery")] + report_recovery.targets(rec, _t)
     lines = ["", "## Targets (issue 18)", "", "| target | value | met |", "|---|---|---|"]
     for t in rows:
         met = "not measured" if t["met"] is None else ("yes" if t["met"] else "**target missed**")

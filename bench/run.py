@@ -53,7 +53,7 @@ def _modes() -> dict[str, Mode]:
 
     return {
         "quick": Mode("quick", (4,), 1, SIDES, 2.0, (64,), 1, 0, 4),
-        "full": Mode("full", (4, 16, 64, 128, 512), 2, SIDES, 40.0, (512, 4096), 3, 3, 16),
+        "full": Mode("full", (4, 16, 64, 128, 512), 2, SIDES, 40.0, (512, 4096), 3, 5, 16),
     }
 
 
@@ -61,7 +61,8 @@ SCENARIOS = {  # the full set, with what --full runs (docs/benchmarks.md lists t
     "burst": "N = 4, 16, 64, 128, 512 nodes x 8 GPUs, every side, repeats interleaved",
     "control_plane": "ours' steps at zero boot: 512 and 4,096 GPUs (64 and 512 nodes), 100 ms API latency",
     "preflight": "6 regions x 3 accelerators at 100 ms API latency",
-    "recovery": "one preemption, and two overlapping ones: ours vs a plain Training Operator restart",
+    "recovery": "one preemption, and two overlapping ones: ours vs the Training Operator alone and with an "
+                "elastic torchrun restart, 5 interleaved repeats",
     "stockout": "two of three zones dry: ours' failover vs the physical limit",
     "critical_path": "the decorated example's compiled DAG: a DAG property, no timed ratio",
 }

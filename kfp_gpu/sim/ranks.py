@@ -144,11 +144,12 @@ class RankWorld:
             used = int(_seconds(notes.get(RESTARTS_ANNOTATION), 0.0))
             fate = peer_fate(JobShape(shape.replicas, shape.pg_timeout_s, shape.elastic_min, shape.max_restarts,
                                       used, shape.rendezvous_s), lost=len(dead), lost_at=0.0)
-            patch: dict[str, str] = {STALLED_ANNOTATION: rfc3339(now)}
+            patch: dict[str, str | None] = {STALLED_ANNOTATION: rfc3339(now)}
             if fate.kind == "rendezvous":
                 patch[RESUMES_ANNOTATION] = rfc3339(now + compress(fate.until))
                 patch[RESTARTS_ANNOTATION] = str(used + 1)
             else:  # KWOK's kfp-gpu-pod-fail stage fails it at that absolute time
+                patch[RESUMES_ANNOTATION] = None  # an earlier loss's rendezvous no longer resumes it
                 patch["kfp-gpu.io/sim-exit-code"] = str(fate.exit_code)
                 patch["kfp-gpu.io/sim-duration"] = rfc3339(now + compress(fate.until))
             try:

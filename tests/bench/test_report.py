@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -96,7 +97,11 @@ def test_critical_path_is_read_from_the_dag() -> None:
     assert analyse(ir)["data_prep_parallel_to_provisioning"] is False
 
 
-def test_recovery_targets_cover_one_and_two_overlapping_preemptions() -> None:
+def test_recovery_targets_cover_one_and_two_overlapping_preemptions(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    from bench import report_recovery
+
+    monkeypatch.setattr(report_recovery, "RECOVERY_JSON", tmp_path / "none.json")  # render this JSON's recovery
     out = _out([_row("naive", 0.3)])
     out["recovery"] = {"recovery": {"ratio_vs_training_operator": 1.1, "stats": {}}}
     out["recovery_overlap"] = {"recovery_2x": {"ratio_vs_training_operator": 1.79, "stats": {},

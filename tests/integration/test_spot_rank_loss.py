@@ -388,3 +388,44 @@ def parse_time(text: str) -> float:
     from datetime import datetime
 
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+
+def test_rank_loss_elastic_job_below_its_minimum_after_a_second_loss_hangs(
+    kube: Kube, namespace: str, gke: Any,
+) -> None:
+    """Two ranks of a 4-rank elastic job (minReplicas 3) lost 0.1 s apart: the first loss re-rendezvouses the
+    other three; the second leaves two, below the minimum, so they hang: the first rendezvous's resumes-at is
+    gone and they are set to exit 1 at the process-group timeout (bench/recovery.py counted them as training)."""
+    sim, _, nodes = gke(4)
+    name = f"elastic2-{uuid.uuid4().hex[:5]}"
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    body = pytorchjob.manifest(name, capacity=cap, template=_template(120.0), labels={}, nodes=4, checkpoint_uri="",
+                               run_id=name, gang_nodes=nodes)
+    body["spec"]["elasticPolicy"] = {"minReplicas": 3, "maxReplicas": 4, "maxRestarts": 3, "rdzvBackend": "c10d"}
+    body["spec"]["runPolicy"]["backoffLimit"] = 10
+    for r in body["spec"]["pytorchReplicaSpecs"].values():
+        r["restartPolicy"] = "OnFailure"
+    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
+                                                body)
+    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
+        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    by_name = {p.metadata.name: n for n, p in placed.items()}
+    first = next(n for nm, n in by_name.items() if nm.endswith("worker-0"))
+    second = next(n for nm, n in by_name.items() if nm.endswith("worker-1"))
+    survivors = [nm for nm, n in by_name.items() if n not in (first, second)]
+    sim.preempt(first)
+    time.sleep(0.1)
+    sim.preempt(second)
+
+    def hung() -> list[Any]:
+        ps = [kube.core.read_namespaced_pod(n, namespace) for n in survivors]
+        ok = all((p.metadata.annotations or {}).get("kfp-gpu.io/sim-exit-code") == "1" for p in ps)
+        return ps if ok else []
+
+    for p in wait_until("the two survivors hang", hung, timeout=10):
+        notes = p.metadata.annotations
+        assert RESUMES_ANNOTATION not in notes and notes.get(RESTARTS_ANNOTATION) == "1", notes
+        assert p.status.phase == "Running"
+    print(f"\nrank loss, elastic job, 2 of 4 lost 0.1 s apart (minReplicas 3): {len(survivors)} survivors "
+          "re-rendezvoused once, then hang until the process-group timeout")
