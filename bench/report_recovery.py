@@ -67,12 +67,13 @@ def targets(out: dict[str, Any], t: Any) -> list[dict[str, Any]]:
                           f"{rec.get('phases_ours_median_from_t0_s')}; ours recreates the whole gang on a replacement "
                           "node, the elastic job trains on at N-1 ranks after a re-rendezvous"))
             continue
-        r = rec.get("ratio_vs_training_operator")  # a run from before the three sides
-        rows.append(t(name, f"recovery from {what.lower()} (-> gang running again, excl. boot) <= 1.2 x best peer",
+        r = rec.get("ratio_vs_training_operator")  # a run from before the three sides, described as it was run
+        old_what = what.split(" (")[0].lower()
+        rows.append(t(name, f"recovery from {old_what} (-> gang running again, excl. boot) <= 1.2 x best peer",
                       why[:200] if r is None else f"{r:.2f} x Training Operator restart", None if r is None else r <= 1.2,
                       "" if r is None or r <= 1.2 else f"ours' phases after the preemption (median, s): "
                       f"{rec.get('phases_ours_median_from_t0_s')}; ours recreates the whole gang from its checkpoint, "
-                      "the operator only the killed pod (its peers hang until the process-group timeout)"))
+                      "the operator only the evicted pods (KWOK survivors keep Running)"))
     return rows
 
 
