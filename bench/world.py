@@ -7,9 +7,11 @@ stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw t
 
 * Boot: lognormal, median 210 s, sigma 0.45, floor 60 s (the stand-in's A100 default, docs/sim.md rule 1),
   counted from the create request to the Node registering, then :data:`DEVICE_PLUGIN_S` (90 s, the stand-in's
-  documented default, docs/sim.md rule 2) until ``nvidia.com/gpu`` is allocatable. The bench CA's boot injector
-  adds the same 90 s to its nodes' ready-at, so "the largest sampled boot + 90 s" is the physical limit on every
-  side. The zero-boot world (control-plane overhead) keeps both at 0.
+  documented default, docs/sim.md rule 2) until ``nvidia.com/gpu`` is allocatable. Every side's nodes draw from
+  the same seeded sampler: the stand-in's pools (its nodes' ``kfp-gpu.io/boot-sample``), and :class:`Injector`
+  for the nodes the cluster-autoscalers and Karpenter create (:class:`BootDraws`: PENDING + the draw, then the
+  same 90 s), so "the largest drawn boot + 90 s", read per node, is the physical limit on every side. The
+  zero-boot world (control-plane overhead) keeps both at 0.
 * Asynchronous resize operations (PENDING 3 s, VM creations spread over 20 s), a seeded 1 % of 5xx answers
   (half of them after a mutation took effect), Compute's 1,500 requests/minute budget (docs/sim.md, API layer).
 * The stand-in runs as its own process (``python -m kfp_gpu.sim``), as a cloud does, one per side-run.
@@ -19,18 +21,24 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, BOOT_INJECTION_LABEL, READY_AT_ANNOTATION
 from kfp_gpu.sim.clock import TIME_SCALE, compress
+from kfp_gpu.sim.kube import BOOT_SAMPLE_ANNOTATION
 from kfp_gpu.sim.worldspec import BootLatency
 
 ACCEL = "a100-80gb"
@@ -53,6 +61,63 @@ def boot_model(seed: int, *, zero: bool = False) -> BootLatency:
     if zero:
         return BootLatency(dist="fixed", median_s=0.0, seed=seed)
     return BootLatency(dist="lognormal", median_s=BOOT_MEDIAN_S, sigma=BOOT_SIGMA, seed=seed, min_s=BOOT_MIN_S)
+
+
+class BootDraws:
+    """The world's boot draws for nodes no stand-in creates, in creation order: the stand-in pool's own sampler
+    (:func:`boot_model` ``(seed).sampler()``, as kfp_gpu/sim/state.py seeds each pool), so the k-th node of any
+    side draws the k-th sample of the same sequence."""
+
+    def __init__(self, seed: int) -> None:
+        self.model = boot_model(seed)
+        self.rng: random.Random = self.model.sampler()
+
+    def next(self) -> tuple[float, float]:
+        """(boot sample, ready in), wall seconds: the request -> the node registering (the stand-in's operation
+        PENDING + the draw; its ``kfp-gpu.io/boot-sample``), and -> GPUs usable (+ the device-plugin delay)."""
+        sample = compress(PENDING_S + self.model.sample(self.rng))
+        return sample, sample + compress(DEVICE_PLUGIN_S)
+
+
+class Injector:
+    """Boots the nodes labelled ``kfp-gpu.io/boot-injection=pending`` (the bench cluster-autoscaler's node group, the
+    CA profile's bench group, the bench's Karpenter NodePools): KWOK holds such a node NotReady until this sets its
+    ``kfp-gpu.io/ready-at`` = the moment the watch saw the node (the side's create request, as far as the watch can
+    tell; the patch's own latency is not charged to the side) + the next draw of :class:`BootDraws`, with the
+    draw in ``kfp-gpu.io/boot-sample``. :meth:`seed` before each side-run: every side of (N, repeat) draws the
+    same sequence. ``patch(name, body)`` writes the node (in a thread of its own: the watch is not held up)."""
+
+    def __init__(self, patch: Callable[[str, dict[str, Any]], None]) -> None:
+        self.patch = patch
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+        self.seed(0)
+
+    def seed(self, seed: int) -> None:
+        with self.lock:
+            self.draws = BootDraws(seed)
+
+    def body(self, seen: float) -> dict[str, Any]:
+        """The next node's patch, for a node seen at ``seen`` (epoch seconds)."""
+        with self.lock:
+            sample, ready_in = self.draws.next()
+        at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=ready_in)
+        return {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                                             BOOT_DELAY_ANNOTATION: f"{ready_in:.6f}s",
+                                             BOOT_SAMPLE_ANNOTATION: f"{sample:.6f}"}}}
+
+    def on_node(self, obj: dict[str, Any], seen: float) -> None:
+        md = obj.get("metadata") or {}
+        if (md.get("labels") or {}).get(BOOT_INJECTION_LABEL) != "pending" or \
+                BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
+            return
+        threading.Thread(target=self._patch, args=(md["name"], self.body(seen)), daemon=True).start()
+
+    def _patch(self, name: str, body: dict[str, Any]) -> None:
+        try:
+            self.patch(name, body)
+        except Exception as exc:  # noqa: BLE001 - reported in the result
+            self.errors.append(f"{name}: {exc}")
 
 
 def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tuple[str, ...] = (),
@@ -83,6 +148,9 @@ def description() -> dict[str, Any]:
                                                "median_wall_s": round(compress(BOOT_MEDIAN_S), 4)},
             "api_latency_ms": API_LATENCY_MS, "api_error_rate": ERROR_RATE, "operation_pending_real_s": PENDING_S,
             "device_plugin_real_s": DEVICE_PLUGIN_S,
+            "boot_draws": "one seeded sampler for every side's nodes (the stand-in's pools, the bench injector for "
+                          "the autoscalers' and Karpenter's nodes); limit read per node",
+            "image_pull": "not modelled (no side pays it)",
             "poll_interval_real_s": 10.0, "poll_interval_wall_s": round(POLL_S, 4), "accelerator": ACCEL,
             "gpus_per_node": GPUS}
 
