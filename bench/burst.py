@@ -87,7 +87,6 @@ class SideRun:
             to_min = TIME_SCALE / 60.0  # wall GPU-seconds -> world GPU-minutes
             out.update({"total_s": round(self.m.total_s, 4), "limit_s": round(self.m.limit_s, 4),
                         "overhead_s": round(self.m.overhead_s, 4), "nodes_ready_s": round(self.m.nodes_ready_s, 4),
-                        "ready_lag_s": round(self.m.nodes_ready_s - self.m.limit_s, 4),
                         "nodes": self.m.nodes,
                         "idle_before_gpu_min": round(self.m.idle_before_gpu_s * to_min, 3),
                         "idle_after_gpu_min": round(self.m.idle_after_gpu_s * to_min, 3),
@@ -279,7 +278,8 @@ class Harness:
         self.core = client.CoreV1Api(self.api)
         self.obs = Observer(new_api()).start()
         injector_core = client.CoreV1Api(new_api())
-        self.injector = Injector(lambda name, body: injector_core.patch_node(name, body))
+        self.injector = Injector(lambda name, body: injector_core.patch_node(name, body),
+                                 lambda name, body: injector_core.patch_node_status(name, body))
         self.obs.node_hooks.append(self.injector.on_node)
         self.ca: BenchCA | None = None
         self.ca_error = ""
@@ -460,6 +460,10 @@ class Harness:
             r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, compress(DEVICE_PLUGIN_S))
             if len(nodes) < n:
                 r.error = r.error or f"only {len(nodes)} nodes attributed to the side"
+            early = self.pods_before_ready(tag)
+            if early:
+                r.error = r.error or (f"{early} gang pods Running before their node was Ready with GPUs (external "
+                                      "watch): the side's nodes did not boot on the world")
             if r.m.detail["undrawn_nodes"]:
                 r.error = r.error or (f"{r.m.detail['undrawn_nodes']} of the side's nodes carry no boot drawn from "
                                       "the world's sampler (kfp-gpu.io/boot-sample): its limit is not the world's")
@@ -476,6 +480,14 @@ class Harness:
             r.extra["injector_errors"] = self.injector.errors[:3]
             self.injector.errors.clear()
         return r
+
+    def pods_before_ready(self, tag: str, slack_s: float = 0.05) -> int:
+        """How many of the gang's pods the watch saw Running before their node Ready with GPUs (``slack_s``: two
+        watch streams' event order)."""
+        with self.obs.cond:
+            nodes = dict(self.obs.nodes)
+            return sum(1 for p in self.obs.gang(tag) if p.running is not None and p.node in nodes and
+                       (nodes[p.node].ready is None or p.running < nodes[p.node].ready - slack_s))
 
     def _release_ours(self, args: dict[str, Any], run_id: str) -> str:
         """ours' teardown step for ``run_id`` in a fresh process (the side's own was killed mid-step)."""

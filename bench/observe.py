@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from bench.common import BOOT_SAMPLE_ANNOTATION, GPU
+from kfp_gpu.devcluster.nodes import READY_AT_ANNOTATION
 
 GANG_LABEL = "kfp-gpu.io/bench-gang"
 
@@ -238,6 +240,21 @@ class Measured:
         return self.total_s - self.limit_s
 
 
+def expected_ready(rec: NodeRec, plugin_s: float) -> float | None:
+    """When the world says the node is Ready with GPUs (epoch seconds): the injector's ``kfp-gpu.io/ready-at`` (its
+    request, as the watch saw it, + the draw + the device plugin), else, for the stand-in's nodes (created when
+    the VM registers), the registration the watch saw + the device-plugin delay. None: no draw on the node."""
+    if BOOT_SAMPLE_ANNOTATION not in rec.annotations:
+        return None
+    at = rec.annotations.get(READY_AT_ANNOTATION)
+    if at:
+        try:
+            return datetime.strptime(at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            return None
+    return rec.added + plugin_s
+
+
 def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: float, gpus: int,
             plugin_s: float) -> Measured:
     """One side-run's quantities from the external watch's record of its nodes. ``detail["undrawn_nodes"]``
@@ -245,6 +262,7 @@ def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: 
     the world's)."""
     ready = sorted(r.ready for r in nodes if r.ready is not None)
     drawn = [d for d in (drawn_boot(r, plugin_s) for r in nodes) if d is not None]
+    lags = [r.ready - e for r in nodes if r.ready is not None and (e := expected_ready(r, plugin_s)) is not None]
     before = sum(max(0.0, t_job - r.ready) for r in nodes if r.ready is not None) * gpus
     capped = any(r.gone is None or r.gone > t_cap for r in nodes)
     after = sum(max(0.0, min(r.gone if r.gone is not None else t_cap, t_cap) - t_end)
@@ -255,4 +273,6 @@ def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: 
                     detail={"first_node_added_s": round(min((r.added for r in nodes), default=t0) - t0, 4),
                             "last_node_added_s": round(max((r.added for r in nodes), default=t0) - t0, 4),
                             "drawn_boot_min_s": round(min(drawn, default=0.0), 4),
-                            "undrawn_nodes": len(nodes) - len(drawn)})
+                            "undrawn_nodes": len(nodes) - len(drawn),
+                            # how late this machine made a node Ready after the world's ready time, worst node
+                            "machine_lag_s": round(max(lags, default=0.0), 4)})

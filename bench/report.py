@@ -296,9 +296,10 @@ def _burst(out: dict[str, Any]) -> list[str]:
     reps = out.get("burst_repeats") or {}
     lines = ["## Burst scale-up", "", "Cells: median (min-max) over the repeats, seconds unless stated; idle in "
              "world GPU-minutes. *world: last node Ready* = t0 -> the side's last node Ready with GPUs (external "
-             "watch); *machine lag* = that - limit: how late this machine (the apiserver, KWOK, the scheduler on "
-             "2 cores) made the last node Ready after its drawn boot. Where the lag is most of the overhead, the "
-             "machine, not the side's code, sets the number.", ""]
+             "watch); *machine lag* = the worst node's Ready (external watch) - the time the world made it Ready "
+             "(its request + drawn boot + device plugin: the injector's ready-at; the stand-in's registration + "
+             "device plugin): how late this machine (apiserver, KWOK, scheduler on 2 cores) was. Where the lag is "
+             "most of the overhead, the machine, not the side's code, sets the number.", ""]
     if reps:
         lines += [f"Repeats per N (interleaved): {', '.join(f'N={k}: {v}' for k, v in reps.items())}.", ""]
     burst = out.get("burst") or {}
@@ -319,7 +320,7 @@ def _burst(out: dict[str, Any]) -> list[str]:
             fails = f" ({len(s['failed'])} failed)" if s.get("failed") else ""
             cap = " (capped)" if s.get("idle_after_capped") else ""
             lines.append(f"| {side} | {s['runs']}{fails} | {_cell(s, 'total_s')} | {_cell(s, 'nodes_ready_s')} | "
-                         f"{_cell(s, 'limit_s')} | **{_cell(s, 'overhead_s')}** | {_cell(s, 'ready_lag_s')} | "
+                         f"{_cell(s, 'limit_s')} | **{_cell(s, 'overhead_s')}** | {_cell(s, 'machine_lag_s')} | "
                          f"{_cell(s, 'idle_before_gpu_min', 1)} | {_cell(s, 'idle_after_gpu_min', 1)}{cap} | "
                          f"{_cell(s, 'api_requests_per_node', 1)} | {_cell(s, 'peak_rss_mib', 0)} |")
         fails = [(side, e) for side, s in summ.items() for e in s.get("failed", [])]

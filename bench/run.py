@@ -79,7 +79,7 @@ SCENARIOS = {  # the full set, with what --full runs (docs/benchmarks.md lists t
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("total_s", "limit_s", "overhead_s", "nodes_ready_s", "ready_lag_s", "idle_before_gpu_min", "idle_after_gpu_min",
+    keys = ("total_s", "limit_s", "overhead_s", "nodes_ready_s", "machine_lag_s", "idle_before_gpu_min", "idle_after_gpu_min",
             "api_requests_per_node", "peak_rss_mib")
     out: dict[str, Any] = {}
     for r in rows:
@@ -87,7 +87,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if "total_s" in r and not r.get("error"):
             s["runs"] += 1
             for k in keys:
-                if k in r:  # ready_lag_s: recorded since issue 28
+                if k in r:  # machine_lag_s: recorded since issue 28
                     s.setdefault("_" + k, []).append(float(r[k]))
             if r.get("idle_after_capped"):
                 s["idle_after_capped"] = True

@@ -79,16 +79,26 @@ class BootDraws:
         return sample, sample + compress(DEVICE_PLUGIN_S)
 
 
+NOT_READY_STATUS: dict[str, Any] = {"status": {"conditions": [{
+    "type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "simulated boot (bench injector)"}]}}
+
+
 class Injector:
     """Boots the nodes labelled ``kfp-gpu.io/boot-injection=pending`` (the bench cluster-autoscaler's node group, the
     CA profile's bench group, the bench's Karpenter NodePools): KWOK holds such a node NotReady until this sets its
     ``kfp-gpu.io/ready-at`` = the moment the watch saw the node (the side's create request, as far as the watch can
     tell; the patch's own latency is not charged to the side) + the next draw of :class:`BootDraws`, with the
     draw in ``kfp-gpu.io/boot-sample``. :meth:`seed` before each side-run: every side of (N, repeat) draws the
-    same sequence. ``patch(name, body)`` writes the node (in a thread of its own: the watch is not held up)."""
+    same sequence. ``patch(name, body)`` writes the node (in a thread of its own: the watch is not held up).
 
-    def __init__(self, patch: Callable[[str, dict[str, Any]], None]) -> None:
-        self.patch = patch
+    A node created without a Ready condition (Karpenter's kwok provider's) first gets ``Ready=False``
+    (``patch_status``), as a kubelet registers: kube-controller-manager removes the ``node.kubernetes.io/not-ready``
+    taint from a node that has no Ready condition at all, and the scheduler would then bind pods to a node that
+    has not booted."""
+
+    def __init__(self, patch: Callable[[str, dict[str, Any]], None],
+                 patch_status: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.patch, self.patch_status = patch, patch_status
         self.lock = threading.Lock()
         self.errors: list[str] = []
         self.seed(0)
@@ -111,10 +121,14 @@ class Injector:
         if (md.get("labels") or {}).get(BOOT_INJECTION_LABEL) != "pending" or \
                 BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
             return
-        threading.Thread(target=self._patch, args=(md["name"], self.body(seen)), daemon=True).start()
+        conds = (obj.get("status") or {}).get("conditions") or []
+        not_ready = None if any(c.get("type") == "Ready" for c in conds) else NOT_READY_STATUS
+        threading.Thread(target=self._patch, args=(md["name"], self.body(seen), not_ready), daemon=True).start()
 
-    def _patch(self, name: str, body: dict[str, Any]) -> None:
+    def _patch(self, name: str, body: dict[str, Any], status: dict[str, Any] | None = None) -> None:
         try:
+            if status is not None and self.patch_status is not None:
+                self.patch_status(name, status)
             self.patch(name, body)
         except Exception as exc:  # noqa: BLE001 - reported in the result
             self.errors.append(f"{name}: {exc}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timezone
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_lowest_is_claimed_only_where_ranges_do_not_overlap(ours: list[float], n
 def test_the_burst_table_shows_the_worlds_last_node_ready_beside_the_total() -> None:
     rows = _runs("naive", [0.3, 0.4]) + _runs("ours_node_pool", [0.2, 0.25])
     for r, ready in zip(rows, (2.9, 3.1, 2.6, 2.7), strict=True):
-        r.update(nodes_ready_s=ready, ready_lag_s=ready - r["limit_s"])
+        r.update(nodes_ready_s=ready, machine_lag_s=ready - r["limit_s"])
     out = _out(rows)
     out["burst_repeats"] = {"4": 2}
     doc = report.render(out)
@@ -118,6 +119,11 @@ def test_measure_reads_the_limit_per_node_from_the_worlds_draws() -> None:
     # the limit: b's draw (request -> registration) + the world's device-plugin delay, not a configured constant
     assert m.total_s == 3.0 and m.limit_s == 2.5 and m.overhead_s == 0.5 and m.nodes_ready_s == 2.5
     assert m.detail["undrawn_nodes"] == 0 and m.detail["drawn_boot_min_s"] == 2.0
+    # stand-in nodes (no ready-at): the world made them Ready at registration + device plugin; b was 1.15 s late
+    assert m.detail["machine_lag_s"] == pytest.approx(1.15)
+    at = datetime.fromtimestamp(12.4, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    inj = NodeRec("i", added=10.2, annotations={"kfp-gpu.io/boot-sample": "1.2", "kfp-gpu.io/ready-at": at}, ready=12.6)
+    assert measure([inj], 10.0, 13.0, 18.0, 21.0, 8, plugin_s=0.75).detail["machine_lag_s"] == pytest.approx(0.2)
     assert m.idle_before_gpu_s == pytest.approx((1.0 + 0.5 + 0.9) * 8)
     assert m.idle_after_gpu_s == pytest.approx((2.0 + 3.0 + 1.0) * 8) and m.after_capped  # b never went: counted to the cap
     fixed = NodeRec("f", added=10.6, annotations={"kfp-gpu.io/boot-delay": "9s"}, ready=12.5)  # not the world's

@@ -35,13 +35,14 @@ def pytest_approx(x: float) -> Any:
 
 def test_the_injector_annotates_only_pending_nodes_with_the_next_draw() -> None:
     got: list[tuple[str, dict[str, Any]]] = []
+    statuses: list[tuple[str, dict[str, Any]]] = []
     done = threading.Event()
 
     def patch(name: str, body: dict[str, Any]) -> None:
         got.append((name, body))
         done.set()
 
-    inj = Injector(patch)
+    inj = Injector(patch, lambda name, body: statuses.append((name, body)))
     inj.seed(4000)
     seen = 1_800_000_000.0
     inj.on_node({"metadata": {"name": "other", "labels": {}}}, seen)  # not the bench's: untouched
@@ -55,6 +56,13 @@ def test_the_injector_annotates_only_pending_nodes_with_the_next_draw() -> None:
     assert name == "n1" and float(notes["kfp-gpu.io/boot-sample"]) == round(sample, 6)
     at = datetime.strptime(notes["kfp-gpu.io/ready-at"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
     assert abs(at.timestamp() - (seen + ready_in)) < 1e-5  # absolute: counted from when the watch saw the node
+    # n1 had no Ready condition (as Karpenter's kwok nodes): NotReady first, so its not-ready taint stays
+    assert [(n, b["status"]["conditions"][0]["status"]) for n, b in statuses] == [("n1", "False")]
+    done.clear()
+    inj.on_node({"metadata": {"name": "n2", "labels": {"kfp-gpu.io/boot-injection": "pending"}},
+                 "status": {"conditions": [{"type": "Ready", "status": "False"}]}}, seen)  # a CA template's copy
+    assert done.wait(10.0)
+    assert [n for n, _ in got] == ["n1", "n2"] and len(statuses) == 1
 
 
 def test_the_full_mode_runs_5_repeats_up_to_64_and_3_at_128_and_512() -> None:
