@@ -229,6 +229,14 @@ Sides:
 | karpenter | the dev cluster's Karpenter kwok provider: a NodePool (p4d.24xlarge spot, us-east-1a, limits N x 8 GPUs, consolidate when empty after 5 s; the bench's KWOKNodeClass `kfp-gpu-bench`, registration at launch) + N pending pods; each node boots on the bench's seeded sampler (NotReady, with the `node.kubernetes.io/not-ready` startup taint, until its drawn ready-at) |
 {ours_rows}
 
+Wall time of `make bench` (estimated, not run: the full run is for a quiet machine): about 117 min with 5
+repeats at N <= 64 and 3 at N = 128 and 512, the sequential loop at N = 4 only (about 120 min with it at N = 16
+too, so it is the one cut; no repeat is cut). How: each side-run's wall modelled as its total + quiesce + the 0.5 s
+job + its after-job watch (up to 40 s), per N from the last full run (bench/results/latest.json, commit 9e6e7fc,
+2 repeats, 87 min), plus each side's fixed per-run cost (process start, release, cleanup: 1.5-7.3 s) measured by
+`python -m bench.run --full --only burst --n 16 --repeats 1` on commit bfbab3c (314 s, load average about 5: a
+recovery bench ran alongside); the other scenarios as the last full run took them (22 min).
+
 Caveats a reader needs (each is in the side's favour or against it, as stated):
 
 * cluster-autoscaler holds unschedulable pods that request GPUs for a hard-coded 30 s

@@ -68,4 +68,4 @@ def test_the_injector_annotates_only_pending_nodes_with_the_next_draw() -> None:
 def test_the_full_mode_runs_5_repeats_up_to_64_and_3_at_128_and_512() -> None:
     full, quick = _modes()["full"], _modes()["quick"]
     assert {n: full.burst_repeats(n) for n in full.burst_ns} == {4: 5, 16: 5, 64: 5, 128: 3, 512: 3}
-    assert quick.burst_repeats(4) == 1 and full.sequential_max == 16
+    assert quick.burst_repeats(4) == 1 and full.sequential_max == 4  # the one cut that keeps make bench < 120 min
