@@ -401,17 +401,19 @@ class Harness:
             selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
             args.update(url=sim.url, cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
                         pools=[pool_name(z) for z in zones])
-        else:  # nodes of the autoscalers and Karpenter boot on the Injector: the same draws as the stand-in's
-            self.injector.seed(seed)
+        owns: Callable[[dict[str, str]], bool] | None = None  # the side's nodes, by labels, as the Injector sees them
         if side == "cluster_autoscaler":
             args["pool"] = CA_POOL
             selector = lambda rec: rec.labels.get(POOL_LABEL) == CA_POOL  # noqa: E731
+            owns = lambda labels: labels.get(POOL_LABEL) == CA_POOL  # noqa: E731
         elif side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
             args["pool"] = PROFILE_POOL
+            owns = lambda labels: labels.get(POOL_LABEL) == PROFILE_POOL  # noqa: E731
         elif side == "karpenter":
             self.ensure_node_class()
             args["node_class"] = KARPENTER_NODE_CLASS
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
+            owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
         child = _Child(args)
         t0 = t_job = time.time()
         limit = gang_timeout(n)
@@ -420,6 +422,8 @@ class Harness:
             if line != "READY":
                 raise RuntimeError(f"side did not start: {line} {child.stderr_tail()}")
             base_req = sim.requests() if sim else 0
+            if owns is not None:  # from go on, the side's own nodes draw the world's sequence, in creation order
+                self.injector.seed(seed, owns)
             t0 = time.time()
             child.say("go")
             ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None or not child.lines.empty(),
@@ -476,6 +480,8 @@ class Harness:
         finally:
             child.close()
             self._cleanup(side, tag, sim, selector, t0)
+        if owns is not None:
+            r.extra["injector_draws"] = len(self.injector.drawn)  # == nodes: no other node took the side's draws
         if self.injector.errors:
             r.extra["injector_errors"] = self.injector.errors[:3]
             self.injector.errors.clear()

@@ -103,14 +103,22 @@ class Injector:
         self.errors: list[str] = []
         self.seed(0)
 
-    def seed(self, seed: int) -> None:
+    def seed(self, seed: int, owns: Callable[[dict[str, str]], bool] | None = None) -> None:
+        """The side-run's sequence, for the nodes ``owns`` (by labels; None: every pending node). Any other
+        pending node (another controller's scale-up on the shared cluster) boots on a separate stream, so it
+        never takes one of the side's draws."""
         with self.lock:
-            self.draws = BootDraws(seed)
+            self.draws, self.owns = BootDraws(seed), owns
+            self.stray = BootDraws(seed + 7_919_000)
+            self.drawn: list[str] = []  # the nodes that took the side's draws, in order (the row records them)
 
-    def body(self, seen: float) -> dict[str, Any]:
-        """The next node's patch, for a node seen at ``seen`` (epoch seconds)."""
+    def body(self, seen: float, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """The next node's patch, for a node seen at ``seen`` (epoch seconds) with ``labels``."""
         with self.lock:
-            sample, ready_in = self.draws.next()
+            mine = self.owns is None or self.owns(labels or {})
+            sample, ready_in = (self.draws if mine else self.stray).next()
+            if mine:
+                self.drawn.append(str((labels or {}).get("kubernetes.io/hostname", "?")))
         at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=ready_in)
         return {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                                              BOOT_DELAY_ANNOTATION: f"{ready_in:.6f}s",
@@ -123,7 +131,8 @@ class Injector:
             return
         conds = (obj.get("status") or {}).get("conditions") or []
         not_ready = None if any(c.get("type") == "Ready" for c in conds) else NOT_READY_STATUS
-        threading.Thread(target=self._patch, args=(md["name"], self.body(seen), not_ready), daemon=True).start()
+        body = self.body(seen, dict(md.get("labels") or {}))
+        threading.Thread(target=self._patch, args=(md["name"], body, not_ready), daemon=True).start()
 
     def _patch(self, name: str, body: dict[str, Any], status: dict[str, Any] | None = None) -> None:
         try:

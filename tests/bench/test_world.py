@@ -69,3 +69,16 @@ def test_the_full_mode_runs_5_repeats_up_to_64_and_3_at_128_and_512() -> None:
     full, quick = _modes()["full"], _modes()["quick"]
     assert {n: full.burst_repeats(n) for n in full.burst_ns} == {4: 5, 16: 5, 64: 5, 128: 3, 512: 3}
     assert quick.burst_repeats(4) == 1 and full.sequential_max == 4  # the one cut that keeps make bench < 120 min
+
+
+def test_a_node_the_side_does_not_own_never_takes_one_of_its_draws() -> None:
+    inj = Injector(lambda name, body: None)
+    inj.seed(4000, lambda labels: labels.get("pool") == "mine")
+    stray = inj.body(1.0, {"pool": "someone-elses"})  # another controller's scale-up, between the side's nodes
+    mine = [inj.body(1.0, {"pool": "mine"}) for _ in range(3)]
+    expected = BootDraws(4000)
+    assert [float(b["metadata"]["annotations"]["kfp-gpu.io/boot-sample"]) for b in mine] == \
+        [round(expected.next()[0], 6) for _ in range(3)]
+    assert stray["metadata"]["annotations"]["kfp-gpu.io/boot-sample"] != mine[0]["metadata"]["annotations"][
+        "kfp-gpu.io/boot-sample"]
+
