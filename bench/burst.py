@@ -40,7 +40,7 @@ from kubernetes import client
 
 from bench.common import ROOT, new_api, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure
-from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, scenario
+from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, profile_boot_drawn, scenario
 from kfp_gpu.devcluster.nodes import (
     BOOT_DELAY_ANNOTATION,
     BOOT_INJECTION_LABEL,
@@ -123,25 +123,6 @@ class BenchCA:
 
     def stop(self) -> None:
         self.proc.stop(timeout_s=30.0)
-
-
-def profile_boot_drawn(core: client.CoreV1Api) -> str:
-    """'' when the running CA profile's bench node group boots on the Injector (its template in the provider's
-    ConfigMap carries ``kfp-gpu.io/boot-injection=pending``), else why the ProvisioningRequest sides are not run
-    (CA reads the templates once, at its start)."""
-    from kfp_gpu.devcluster import ca_profile
-
-    try:
-        cm = core.read_namespaced_config_map(ca_profile.TEMPLATES_CM, ca_profile.NAMESPACE)
-        items = json.loads((cm.data or {}).get("templates", "{}")).get("items") or []
-    except (client.ApiException, ValueError) as exc:
-        return f"the CA profile's node templates ({ca_profile.NAMESPACE}/{ca_profile.TEMPLATES_CM}) unreadable: {exc}"
-    tmpl = next((t for t in items if (t.get("metadata") or {}).get("labels", {}).get(POOL_LABEL) == PROFILE_POOL), None)
-    if tmpl is None or tmpl["metadata"]["labels"].get(BOOT_INJECTION_LABEL) != "pending":
-        return (f"the running CA profile's node group {PROFILE_POOL} boots on a fixed delay, not on the world's "
-                "sampler (it predates this bench): `make cluster-up AUTOSCALER=cluster-autoscaler,karpenter` restarts "
-                "it with the current templates")
-    return ""
 
 
 def _kubeconfig() -> str:
@@ -364,7 +345,7 @@ class Harness:
 
             if provreq.autoscaler_node_groups(self.api) is None:
                 return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
-            why = profile_boot_drawn(self.core)
+            why = profile_boot_drawn(self.core, PROFILE_POOL)
             if why:
                 return why
         if side == "ours_karpenter" and self.step_kubeconfig:

@@ -229,13 +229,14 @@ Sides:
 | karpenter | the dev cluster's Karpenter kwok provider: a NodePool (p4d.24xlarge spot, us-east-1a, limits N x 8 GPUs, consolidate when empty after 5 s; the bench's KWOKNodeClass `kfp-gpu-bench`, registration at launch) + N pending pods; each node boots on the bench's seeded sampler: registered NotReady (as a kubelet registers; kube-controller-manager's taint-by-condition removes `node.kubernetes.io/not-ready` from a node with no Ready condition, https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/#taint-nodes-by-condition), with that taint as a NodePool startup taint (https://karpenter.sh/docs/concepts/nodepools/), until its drawn ready-at |
 {ours_rows}
 
-Wall time of `make bench` (estimated, not run: the full run is for a quiet machine): about 117 min with 5
-repeats at N <= 64 and 3 at N = 128 and 512, the sequential loop at N = 4 only (about 120 min with it at N = 16
+Wall time of `make bench` (estimated, not run: the full run is for a quiet machine): about 116-117 min with 5
+repeats at N <= 64 and 3 at N = 128 and 512, the sequential loop at N = 4 only (119-120 min with it at N = 16
 too, so it is the one cut; no repeat is cut). How: each side-run's wall modelled as its total + quiesce + the 0.5 s
 job + its after-job watch (up to 40 s), per N from the last full run (bench/results/latest.json, commit 9e6e7fc,
-2 repeats, 87 min), plus each side's fixed per-run cost (process start, release, cleanup: 1.5-7.3 s) measured by
-`python -m bench.run --full --only burst --n 16 --repeats 1` on commit bfbab3c (314 s, load average about 5: a
-recovery bench ran alongside); the other scenarios as the last full run took them (22 min).
+2 repeats, 87 min), plus each side's fixed per-run cost (process start, release, cleanup) measured by
+`python -m bench.run --full --only burst --n 16 --repeats 1`, twice: on bfbab3c (314 s, load average about 5, a
+recovery bench alongside; 1.5-7.3 s per side-run, 117 min) and on 6117929 (163 s without the sequential side,
+load 0.5; 0.9-7.1 s, 116 min); the other scenarios as the last full run took them (about 23 min).
 
 Caveats a reader needs (each is in the side's favour or against it, as stated):
 

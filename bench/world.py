@@ -36,7 +36,12 @@ from typing import Any
 
 import yaml
 
-from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, BOOT_INJECTION_LABEL, READY_AT_ANNOTATION
+from kfp_gpu.devcluster.nodes import (
+    BOOT_DELAY_ANNOTATION,
+    BOOT_INJECTION_LABEL,
+    POOL_LABEL,
+    READY_AT_ANNOTATION,
+)
 from kfp_gpu.sim.clock import TIME_SCALE, compress
 from kfp_gpu.sim.kube import BOOT_SAMPLE_ANNOTATION
 from kfp_gpu.sim.worldspec import BootLatency
@@ -141,6 +146,27 @@ class Injector:
             self.patch(name, body)
         except Exception as exc:  # noqa: BLE001 - reported in the result
             self.errors.append(f"{name}: {exc}")
+
+
+def profile_boot_drawn(core: Any, pool: str) -> str:
+    """'' when the running CA profile's bench node group ``pool`` boots on the Injector (its template in the provider's
+    ConfigMap carries ``kfp-gpu.io/boot-injection=pending``), else why the ProvisioningRequest sides are not run
+    (CA reads the templates once, at its start)."""
+    from kubernetes import client
+
+    from kfp_gpu.devcluster import ca_profile
+
+    try:
+        cm = core.read_namespaced_config_map(ca_profile.TEMPLATES_CM, ca_profile.NAMESPACE)
+        items = json.loads((cm.data or {}).get("templates", "{}")).get("items") or []
+    except (client.ApiException, ValueError) as exc:
+        return f"the CA profile's node templates ({ca_profile.NAMESPACE}/{ca_profile.TEMPLATES_CM}) unreadable: {exc}"
+    tmpl = next((t for t in items if (t.get("metadata") or {}).get("labels", {}).get(POOL_LABEL) == pool), None)
+    if tmpl is None or tmpl["metadata"]["labels"].get(BOOT_INJECTION_LABEL) != "pending":
+        return (f"the running CA profile's node group {pool} boots on a fixed delay, not on the world's "
+                "sampler (it predates this bench): `make cluster-up AUTOSCALER=cluster-autoscaler,karpenter` restarts "
+                "it with the current templates")
+    return ""
 
 
 def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tuple[str, ...] = (),
