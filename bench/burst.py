@@ -39,7 +39,7 @@ from typing import Any
 from kubernetes import client
 
 from bench.common import ROOT, new_api, pin_to, uid
-from bench.observe import Measured, NodeRec, Observer, measure
+from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
 from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, profile_boot_drawn, scenario
 from kfp_gpu.devcluster.nodes import (
     BOOT_DELAY_ANNOTATION,
@@ -468,13 +468,9 @@ class Harness:
             self.injector.errors.clear()
         return r
 
-    def pods_before_ready(self, tag: str, slack_s: float = 0.05) -> int:
-        """How many of the gang's pods the watch saw Running before their node Ready with GPUs (``slack_s``: two
-        watch streams' event order)."""
+    def pods_before_ready(self, tag: str) -> int:
         with self.obs.cond:
-            nodes = dict(self.obs.nodes)
-            return sum(1 for p in self.obs.gang(tag) if p.running is not None and p.node in nodes and
-                       (nodes[p.node].ready is None or p.running < nodes[p.node].ready - slack_s))
+            return pods_before_ready(self.obs.gang(tag), dict(self.obs.nodes))
 
     def _release_ours(self, args: dict[str, Any], run_id: str) -> str:
         """ours' teardown step for ``run_id`` in a fresh process (the side's own was killed mid-step)."""

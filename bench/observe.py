@@ -209,6 +209,13 @@ class Observer:
             return [r for r in [*self.old_nodes, *self.nodes.values()] if r.added >= since - 1.0 and pred(r)]
 
 
+def pods_before_ready(pods: list[PodRec], nodes: dict[str, NodeRec], slack_s: float = 0.05) -> int:
+    """How many gang pods the watch saw Running before their node was Ready with GPUs (a world whose nodes let pods
+    run before they booted; ``slack_s``: the order of events across the two watch streams)."""
+    return sum(1 for p in pods if p.running is not None and p.node in nodes and
+               (nodes[p.node].ready is None or p.running < nodes[p.node].ready - slack_s))
+
+
 def drawn_boot(rec: NodeRec, plugin_s: float) -> float | None:
     """The boot the world drew for this node, from its side's request to GPUs usable, read from the node object:
     ``kfp-gpu.io/boot-sample`` (the stand-in's: its resize request -> the Node registering; the bench injector's:

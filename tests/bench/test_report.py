@@ -11,7 +11,7 @@ import pytest
 from bench import report
 from bench.common import ROOT
 from bench.critical_path import analyse
-from bench.observe import NodeRec, measure
+from bench.observe import NodeRec, PodRec, measure, pods_before_ready
 from bench.run import summarize
 
 
@@ -129,6 +129,15 @@ def test_measure_reads_the_limit_per_node_from_the_worlds_draws() -> None:
     fixed = NodeRec("f", added=10.6, annotations={"kfp-gpu.io/boot-delay": "9s"}, ready=12.5)  # not the world's
     m2 = measure([a, fixed], t0=10.0, t_job=13.0, t_end=18.0, t_cap=21.0, gpus=8, plugin_s=0.75)
     assert m2.limit_s == 2.25 and m2.detail["undrawn_nodes"] == 1  # the harness fails such a run
+
+
+def test_a_pod_running_before_its_node_booted_is_counted() -> None:
+    nodes = {"a": NodeRec("a", added=1.0, ready=5.0), "b": NodeRec("b", added=1.0, ready=None)}
+    pods = [PodRec("1", "w0", "ns", "t", 2.0, node="a", running=5.02),  # within the watch streams' slack
+            PodRec("2", "w1", "ns", "t", 2.0, node="a", running=3.76),  # Karpenter's first run: before Ready
+            PodRec("3", "w2", "ns", "t", 2.0, node="b", running=4.0),  # the node was never Ready
+            PodRec("4", "w3", "ns", "t", 2.0, node="a", running=None)]
+    assert pods_before_ready(pods, nodes) == 2
 
 
 def test_critical_path_is_read_from_the_dag() -> None:
