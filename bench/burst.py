@@ -10,13 +10,16 @@ Where a side's nodes come from:
   so the same boot samples, in creation order).
 * ``cluster_autoscaler``: the bench's own cluster-autoscaler process (same binary and flags as the dev cluster's
   CA profile, kfp_gpu/devcluster/ca_profile.py FLAGS, minus the ProvisioningRequest ones: two CAs serving the same
-  requests would fight over their status), node group ``bench-ca`` (max 600). Its nodes wait for the bench's
-  boot injector, which draws from the same seeded lognormal as the stand-in (:class:`Injector`).
+  requests would fight over their status), node group ``bench-ca`` (max 600).
 * ``cluster_autoscaler_provreq``, ``ours_provisioning_request``: the dev cluster's CA profile (the only CA allowed
-  to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-bench`` (us-central1-c, max 512 nodes, a taint
-  only the bench tolerates; fixed 240 s boot from its template).
-* ``karpenter``, ``ours_karpenter``: the dev cluster's Karpenter kwok provider (KWOKNodeClass ``kfp-gpu``: fixed
-  240 s registration delay).
+  to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-bench`` (us-central1-c, max 512
+  nodes, a taint only the bench tolerates).
+* ``karpenter``: the dev cluster's Karpenter kwok provider, with the bench's KWOKNodeClass
+  :data:`KARPENTER_NODE_CLASS` (the Node at launch) and the boot-injection label on its NodePool's nodes.
+
+Every node that is not the stand-in's waits (KWOK) for the bench's boot injector (bench/world.py
+:class:`~bench.world.Injector`), re-seeded with the side-run's seed: the same draws, in creation order, as the
+stand-in's pools. The limit is read per node from those draws (bench/observe.py :func:`~bench.observe.measure`).
 """
 
 from __future__ import annotations
@@ -24,23 +27,26 @@ from __future__ import annotations
 import collections
 import json
 import queue
-import random
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from bench.common import BOOT_SAMPLE_ANNOTATION, ROOT, new_api, parse_go_duration, pin_to, uid
-from bench.observe import Measured, NodeRec, Observer, measure
-from bench.world import DEVICE_PLUGIN_S, GPUS, PENDING_S, StandIn, boot_model, pool_name, scenario
-from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL, READY_AT_ANNOTATION
+from bench.common import ROOT, new_api, pin_to, uid
+from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
+from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, profile_boot_drawn, scenario
+from kfp_gpu.devcluster.nodes import (
+    BOOT_DELAY_ANNOTATION,
+    BOOT_INJECTION_LABEL,
+    POOL_LABEL,
+    READY_AT_ANNOTATION,
+)
 from kfp_gpu.sim.clock import TIME_SCALE, compress
 
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
@@ -49,7 +55,7 @@ STANDIN_SIDES = ("naive", "sequential", "ours_node_pool")
 CA_POOL = "bench-ca"
 PROFILE_POOL = "ca-a100-bench"  # kfp_gpu.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
 PROFILE_MAX = 512
-INJECT_LABEL = "kfp-gpu.io/boot-injection"
+KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0  # plus GANG_TIMEOUT_PER_NODE_S per node: 406 s at N=512 (a 2-core control plane)
 GANG_TIMEOUT_PER_NODE_S = 0.5
@@ -91,41 +97,6 @@ class SideRun:
         return out
 
 
-class Injector:
-    """Boot latency for the bench CA's nodes (label ``kfp-gpu.io/boot-injection=pending``): the next sample of the
-    run's seeded lognormal (the stand-in's sampler), plus the stand-in's operation PENDING time and its device-plugin
-    delay (the stand-in's GPUs become allocatable that long after the Node registers), as an absolute
-    ready-at from the moment the watch saw the node (so the patch's own latency is not charged to CA)."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(api)
-        self.lock = threading.Lock()
-        self.errors: list[str] = []
-        self.seed(0)
-
-    def seed(self, seed: int) -> None:
-        with self.lock:
-            self.model = boot_model(seed)
-            self.rng: random.Random = self.model.sampler()
-
-    def on_node(self, obj: dict[str, Any], seen: float) -> None:
-        md = obj.get("metadata") or {}
-        if (md.get("labels") or {}).get(INJECT_LABEL) != "pending" or BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
-            return
-        with self.lock:
-            s = compress(PENDING_S + self.model.sample(self.rng) + DEVICE_PLUGIN_S)  # GPUs usable, as the stand-in's
-        at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=s)
-        body = {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                                             BOOT_DELAY_ANNOTATION: f"{s:.6f}s", BOOT_SAMPLE_ANNOTATION: f"{s:.6f}"}}}
-        threading.Thread(target=self._patch, args=(md["name"], body), daemon=True).start()
-
-    def _patch(self, name: str, body: dict[str, Any]) -> None:
-        try:
-            self.core.patch_node(name, body)
-        except Exception as exc:  # noqa: BLE001 - reported in the result
-            self.errors.append(f"{name}: {exc}")
-
-
 class BenchCA:
     """The bench's own cluster-autoscaler (profile flags minus ProvisioningRequests), node group ``bench-ca``."""
 
@@ -136,7 +107,7 @@ class BenchCA:
 
         acc = accelerators.get("a100-80gb")
         node = make_gpu_node("template", CA_POOL, acc.gke_label, "us-central1-a", GPUS, False, 1.0,
-                             {INJECT_LABEL: "pending", "kfp-gpu.io/bench": "ca"})
+                             {BOOT_INJECTION_LABEL: "pending", "kfp-gpu.io/bench": "ca"})
         node["metadata"]["annotations"].pop(BOOT_DELAY_ANNOTATION, None)
         node["metadata"]["annotations"].pop(READY_AT_ANNOTATION, None)
         node["metadata"]["labels"].pop("kubernetes.io/hostname", None)
@@ -287,13 +258,13 @@ class Harness:
         self.api = new_api()
         self.core = client.CoreV1Api(self.api)
         self.obs = Observer(new_api()).start()
-        self.injector = Injector(new_api())
+        injector_core = client.CoreV1Api(new_api())
+        self.injector = Injector(lambda name, body: injector_core.patch_node(name, body),
+                                 lambda name, body: injector_core.patch_node_status(name, body))
         self.obs.node_hooks.append(self.injector.on_node)
         self.ca: BenchCA | None = None
         self.ca_error = ""
-        from kfp_gpu.devcluster import karpenter_profile
-
-        self.karpenter_delay_s = parse_go_duration(karpenter_profile.REGISTRATION_DELAY)
+        self.node_class = False  # the bench's KWOKNodeClass was created (deleted in close)
         self.started = time.time()
         self.canary = Canary(self.api, namespace)
 
@@ -333,13 +304,37 @@ class Harness:
             self.ca.stop()
             self.log(f"  cleanup: the bench's cluster-autoscaler stopped in {time.time() - t:.1f}s")
         self.canary.close()
+        if self.node_class:
+            try:
+                client.CustomObjectsApi(self.api).delete_cluster_custom_object(
+                    "karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", KARPENTER_NODE_CLASS)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    self.log(f"  cleanup: KWOKNodeClass {KARPENTER_NODE_CLASS}: {exc.status} {exc.reason}")
         self.obs.close()
 
-    def availability(self, side: str, n: int) -> str:
+    def ensure_node_class(self) -> None:
+        """The bench's KWOKNodeClass: Karpenter's kwok provider creates the Node at launch (registration delay
+        0 s) and the Injector boots it from the world's sampler, as every other side's nodes. Raises:
+        ApiException."""
+        if self.node_class:
+            return
+        body = {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+                "metadata": {"name": KARPENTER_NODE_CLASS, "labels": {"kfp-gpu.io/bench": "true"}},
+                "spec": {"nodeRegistrationDelay": "0s"}}
+        try:
+            client.CustomObjectsApi(self.api).create_cluster_custom_object("karpenter.kwok.sh", "v1alpha1",
+                                                                           "kwoknodeclasses", body)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.node_class = True
+
+    def availability(self, side: str, n: int, sequential_max: int = SEQUENTIAL_MAX) -> str:
         """'' when the side can run at this N, else the reason it is not run."""
-        if side == "sequential" and n > SEQUENTIAL_MAX:
-            return (f"the one-at-a-time loop is the anecdotal baseline, run up to N={SEQUENTIAL_MAX}: it takes about "
-                    f"N x the median boot ({n} x 1.75 s) per repeat")
+        if side == "sequential" and n > sequential_max:
+            return (f"the one-at-a-time loop is the anecdotal baseline, run up to N={sequential_max}: it takes about "
+                    f"N x the median boot ({n} x 1.75 s) per repeat, and cannot be the lowest at large N")
         if side == "cluster_autoscaler" and self.ca is None:
             return self.ca_error or "not started"
         if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
@@ -350,6 +345,9 @@ class Harness:
 
             if provreq.autoscaler_node_groups(self.api) is None:
                 return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
+            why = profile_boot_drawn(self.core, PROFILE_POOL)
+            if why:
+                return why
         if side == "ours_karpenter" and self.step_kubeconfig:
             return OURS_KARPENTER_NOT_RUN
         if side in ("karpenter", "ours_karpenter"):
@@ -384,14 +382,19 @@ class Harness:
             selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
             args.update(url=sim.url, cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
                         pools=[pool_name(z) for z in zones])
-        elif side == "cluster_autoscaler":
-            self.injector.seed(seed)
+        owns: Callable[[dict[str, str]], bool] | None = None  # the side's nodes, by labels, as the Injector sees them
+        if side == "cluster_autoscaler":
             args["pool"] = CA_POOL
             selector = lambda rec: rec.labels.get(POOL_LABEL) == CA_POOL  # noqa: E731
+            owns = lambda labels: labels.get(POOL_LABEL) == CA_POOL  # noqa: E731
         elif side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
             args["pool"] = PROFILE_POOL
+            owns = lambda labels: labels.get(POOL_LABEL) == PROFILE_POOL  # noqa: E731
         elif side == "karpenter":
+            self.ensure_node_class()
+            args["node_class"] = KARPENTER_NODE_CLASS
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
+            owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
         child = _Child(args)
         t0 = t_job = time.time()
         limit = gang_timeout(n)
@@ -400,6 +403,8 @@ class Harness:
             if line != "READY":
                 raise RuntimeError(f"side did not start: {line} {child.stderr_tail()}")
             base_req = sim.requests() if sim else 0
+            if owns is not None:  # from go on, the side's own nodes draw the world's sequence, in creation order
+                self.injector.seed(seed, owns)
             t0 = time.time()
             child.say("go")
             ok = self.obs.wait(lambda: self.obs.gang_running_at(tag, n) is not None or not child.lines.empty(),
@@ -437,9 +442,16 @@ class Harness:
             nodes = self.obs.matching(mine, t0)
             self.obs.wait(lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), self.after_cap_s)
             t_cap = time.time()
-            r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, self.karpenter_delay_s)
+            r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, compress(DEVICE_PLUGIN_S))
             if len(nodes) < n:
                 r.error = r.error or f"only {len(nodes)} nodes attributed to the side"
+            early = self.pods_before_ready(tag)
+            if early:
+                r.error = r.error or (f"{early} gang pods Running before their node was Ready with GPUs (external "
+                                      "watch): the side's nodes did not boot on the world")
+            if r.m.detail["undrawn_nodes"]:
+                r.error = r.error or (f"{r.m.detail['undrawn_nodes']} of the side's nodes carry no boot drawn from "
+                                      "the world's sampler (kfp-gpu.io/boot-sample): its limit is not the world's")
         except Exception as exc:  # noqa: BLE001 - a failed side-run is reported, never dropped
             r.error = f"{type(exc).__name__}: {exc}"[:800]
             child.say("release")
@@ -449,10 +461,16 @@ class Harness:
         finally:
             child.close()
             self._cleanup(side, tag, sim, selector, t0)
+        if owns is not None:
+            r.extra["injector_draws"] = len(self.injector.drawn)  # == nodes: no other node took the side's draws
         if self.injector.errors:
             r.extra["injector_errors"] = self.injector.errors[:3]
             self.injector.errors.clear()
         return r
+
+    def pods_before_ready(self, tag: str) -> int:
+        with self.obs.cond:
+            return pods_before_ready(self.obs.gang(tag), dict(self.obs.nodes))
 
     def _release_ours(self, args: dict[str, Any], run_id: str) -> str:
         """ours' teardown step for ``run_id`` in a fresh process (the side's own was killed mid-step)."""

@@ -13,17 +13,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from bench.common import BOOT_SAMPLE_ANNOTATION, parse_go_duration
-from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION
+from bench.common import BOOT_SAMPLE_ANNOTATION
+from kfp_gpu.devcluster.nodes import READY_AT_ANNOTATION
 from kfp_gpu.plan import readiness
 
 GANG_LABEL = "kfp-gpu.io/bench-gang"
-KARPENTER_POOL_LABEL = "karpenter.sh/nodepool"
 
 
 @dataclass
@@ -204,27 +204,33 @@ class Observer:
             return [r for r in [*self.old_nodes, *self.nodes.values()] if r.added >= since - 1.0 and pred(r)]
 
 
-def sampled_boot(rec: NodeRec, karpenter_delay_s: float) -> float:
-    """The boot latency sampled for a node: the stand-in's / injector's ``kfp-gpu.io/boot-sample``; a CA-profile
-    node's fixed ``kfp-gpu.io/boot-delay``; a Karpenter kwok node's KWOKNodeClass registration delay."""
-    ann = rec.annotations
-    if BOOT_SAMPLE_ANNOTATION in ann:
-        return float(ann[BOOT_SAMPLE_ANNOTATION])
-    if BOOT_DELAY_ANNOTATION in ann:
-        try:
-            return parse_go_duration(ann[BOOT_DELAY_ANNOTATION])
-        except ValueError:
-            return 0.0
-    if KARPENTER_POOL_LABEL in rec.labels:
-        return karpenter_delay_s
-    return 0.0
+def pods_before_ready(pods: list[PodRec], nodes: dict[str, NodeRec], slack_s: float = 0.05) -> int:
+    """How many gang pods the watch saw Running before their node was Ready with GPUs (a world whose nodes let pods
+    run before they booted; ``slack_s``: the order of events across the two watch streams)."""
+    return sum(1 for p in pods if p.running is not None and p.node in nodes and
+               (nodes[p.node].ready is None or p.running < nodes[p.node].ready - slack_s))
+
+
+def drawn_boot(rec: NodeRec, plugin_s: float) -> float | None:
+    """The boot the world drew for this node, from its side's request to GPUs usable, read from the node object:
+    ``kfp-gpu.io/boot-sample`` (the stand-in's: its resize request -> the Node registering; the bench injector's:
+    the same quantity from the same seeded sampler, for cluster-autoscaler and Karpenter nodes) plus the world's
+    device-plugin delay ``plugin_s`` (the same for every side). None: the node carries no draw (a fixed-delay
+    node, not of this world)."""
+    raw = rec.annotations.get(BOOT_SAMPLE_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return float(raw) + plugin_s
+    except ValueError:
+        return None
 
 
 @dataclass
 class Measured:
     total_s: float  # t0 -> the whole gang Running (external pod watch)
     nodes_ready_s: float  # t0 -> the N-th of the side's nodes Ready with GPUs
-    limit_s: float  # the largest boot sampled for the side's nodes
+    limit_s: float  # the largest boot the world drew for the side's nodes (request -> GPUs usable), per node
     idle_before_gpu_s: float  # sum over nodes of (job start - node Ready) x GPUs, wall seconds
     idle_after_gpu_s: float  # sum over nodes of (node gone - job end) x GPUs, wall seconds
     after_capped: bool  # some node was still there when the wait ended (its idle counted up to then)
@@ -236,15 +242,39 @@ class Measured:
         return self.total_s - self.limit_s
 
 
+def expected_ready(rec: NodeRec, plugin_s: float) -> float | None:
+    """When the world says the node is Ready with GPUs (epoch seconds): the injector's ``kfp-gpu.io/ready-at`` (its
+    request, as the watch saw it, + the draw + the device plugin), else, for the stand-in's nodes (created when
+    the VM registers), the registration the watch saw + the device-plugin delay. None: no draw on the node."""
+    if BOOT_SAMPLE_ANNOTATION not in rec.annotations:
+        return None
+    at = rec.annotations.get(READY_AT_ANNOTATION)
+    if at:
+        try:
+            return datetime.strptime(at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+        except ValueError:
+            return None
+    return rec.added + plugin_s
+
+
 def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: float, gpus: int,
-            karpenter_delay_s: float) -> Measured:
+            plugin_s: float) -> Measured:
+    """One side-run's quantities from the external watch's record of its nodes. ``detail["undrawn_nodes"]``
+    counts nodes that carry no draw of the world's sampler (the harness fails such a run: its limit would not be
+    the world's)."""
     ready = sorted(r.ready for r in nodes if r.ready is not None)
-    limit = max((sampled_boot(r, karpenter_delay_s) for r in nodes), default=0.0)
+    drawn = [d for d in (drawn_boot(r, plugin_s) for r in nodes) if d is not None]
+    lags = [r.ready - e for r in nodes if r.ready is not None and (e := expected_ready(r, plugin_s)) is not None]
     before = sum(max(0.0, t_job - r.ready) for r in nodes if r.ready is not None) * gpus
     capped = any(r.gone is None or r.gone > t_cap for r in nodes)
     after = sum(max(0.0, min(r.gone if r.gone is not None else t_cap, t_cap) - t_end)
                 for r in nodes if r.ready is not None) * gpus
-    return Measured(total_s=t_job - t0, nodes_ready_s=(ready[-1] - t0) if ready else -1.0, limit_s=limit,
+    return Measured(total_s=t_job - t0, nodes_ready_s=(ready[-1] - t0) if ready else -1.0,
+                    limit_s=max(drawn, default=0.0),
                     idle_before_gpu_s=before, idle_after_gpu_s=after, after_capped=capped, nodes=len(nodes),
                     detail={"first_node_added_s": round(min((r.added for r in nodes), default=t0) - t0, 4),
-                            "last_node_added_s": round(max((r.added for r in nodes), default=t0) - t0, 4)})
+                            "last_node_added_s": round(max((r.added for r in nodes), default=t0) - t0, 4),
+                            "drawn_boot_min_s": round(min(drawn, default=0.0), 4),
+                            "undrawn_nodes": len(nodes) - len(drawn),
+                            # how late this machine made a node Ready after the world's ready time, worst node
+                            "machine_lag_s": round(max(lags, default=0.0), 4)})

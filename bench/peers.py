@@ -165,13 +165,19 @@ class Side:
 
     def go_karpenter(self) -> None:
         from kfp_gpu.devcluster import karpenter_profile as kp
+        from kfp_gpu.devcluster.nodes import BOOT_INJECTION_LABEL, NOT_READY_TAINT
 
         name = self.tag
         taint = {"key": "kfp-gpu.io/bench", "value": name, "effect": "NoSchedule"}
+        # the harness's KWOKNodeClass registers the Node at launch; the label makes KWOK hold it NotReady until the
+        # harness's injector sets its boot from the world's sampler; the startup taint keeps pods off it meanwhile
+        # (kube-controller-manager removes node.kubernetes.io/not-ready once the Node is Ready, as for a kubelet)
+        labels = {"kfp-gpu.io/bench-nodepool": name, BOOT_INJECTION_LABEL: "pending"}
         body = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": name},
-                "spec": {"template": {"metadata": {"labels": {"kfp-gpu.io/bench-nodepool": name}},
+                "spec": {"template": {"metadata": {"labels": labels},
                                       "spec": {"nodeClassRef": {"group": kp.NODECLASS_GROUP, "kind": "KWOKNodeClass",
-                                                                "name": kp.NODE_CLASS},
+                                                                "name": self.a.get("node_class", kp.NODE_CLASS)},
+                                               "startupTaints": [dict(NOT_READY_TAINT)],
                                                "requirements": [
                                                    {"key": "node.kubernetes.io/instance-type", "operator": "In",
                                                     "values": [KARPENTER_TYPE]},

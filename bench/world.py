@@ -7,9 +7,11 @@ stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw t
 
 * Boot: lognormal, median 210 s, sigma 0.45, floor 60 s (the stand-in's A100 default, docs/sim.md rule 1),
   counted from the create request to the Node registering, then :data:`DEVICE_PLUGIN_S` (90 s, the stand-in's
-  documented default, docs/sim.md rule 2) until ``nvidia.com/gpu`` is allocatable. The bench CA's boot injector
-  adds the same 90 s to its nodes' ready-at, so "the largest sampled boot + 90 s" is the physical limit on every
-  side. The zero-boot world (control-plane overhead) keeps both at 0.
+  documented default, docs/sim.md rule 2) until ``nvidia.com/gpu`` is allocatable. Every side's nodes draw from
+  the same seeded sampler: the stand-in's pools (its nodes' ``kfp-gpu.io/boot-sample``), and :class:`Injector`
+  for the nodes the cluster-autoscalers and Karpenter create (:class:`BootDraws`: PENDING + the draw, then the
+  same 90 s), so "the largest drawn boot + 90 s", read per node, is the physical limit on every side. The
+  zero-boot world (control-plane overhead) keeps both at 0.
 * Asynchronous resize operations (PENDING 3 s, VM creations spread over 20 s), a seeded 1 % of 5xx answers
   (half of them after a mutation took effect), Compute's 1,500 requests/minute budget (docs/sim.md, API layer).
 * The stand-in runs as its own process (``python -m kfp_gpu.sim``), as a cloud does, one per side-run.
@@ -19,18 +21,29 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from kfp_gpu.devcluster.nodes import (
+    BOOT_DELAY_ANNOTATION,
+    BOOT_INJECTION_LABEL,
+    POOL_LABEL,
+    READY_AT_ANNOTATION,
+)
 from kfp_gpu.sim.clock import TIME_SCALE, compress
+from kfp_gpu.sim.kube import BOOT_SAMPLE_ANNOTATION
 from kfp_gpu.sim.worldspec import BootLatency
 
 ACCEL = "a100-80gb"
@@ -53,6 +66,107 @@ def boot_model(seed: int, *, zero: bool = False) -> BootLatency:
     if zero:
         return BootLatency(dist="fixed", median_s=0.0, seed=seed)
     return BootLatency(dist="lognormal", median_s=BOOT_MEDIAN_S, sigma=BOOT_SIGMA, seed=seed, min_s=BOOT_MIN_S)
+
+
+class BootDraws:
+    """The world's boot draws for nodes no stand-in creates, in creation order: the stand-in pool's own sampler
+    (:func:`boot_model` ``(seed).sampler()``, as kfp_gpu/sim/state.py seeds each pool), so the k-th node of any
+    side draws the k-th sample of the same sequence."""
+
+    def __init__(self, seed: int) -> None:
+        self.model = boot_model(seed)
+        self.rng: random.Random = self.model.sampler()
+
+    def next(self) -> tuple[float, float]:
+        """(boot sample, ready in), wall seconds: the request -> the node registering (the stand-in's operation
+        PENDING + the draw; its ``kfp-gpu.io/boot-sample``), and -> GPUs usable (+ the device-plugin delay)."""
+        sample = compress(PENDING_S + self.model.sample(self.rng))
+        return sample, sample + compress(DEVICE_PLUGIN_S)
+
+
+NOT_READY_STATUS: dict[str, Any] = {"status": {"conditions": [{
+    "type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "simulated boot (bench injector)"}]}}
+
+
+class Injector:
+    """Boots the nodes labelled ``kfp-gpu.io/boot-injection=pending`` (the bench cluster-autoscaler's node group, the
+    CA profile's bench group, the bench's Karpenter NodePools): KWOK holds such a node NotReady until this sets its
+    ``kfp-gpu.io/ready-at`` = the moment the watch saw the node (the side's create request, as far as the watch can
+    tell; the patch's own latency is not charged to the side) + the next draw of :class:`BootDraws`, with the
+    draw in ``kfp-gpu.io/boot-sample``. :meth:`seed` before each side-run: every side of (N, repeat) draws the
+    same sequence. ``patch(name, body)`` writes the node (in a thread of its own: the watch is not held up).
+
+    A node created without a Ready condition (Karpenter's kwok provider's) first gets ``Ready=False``
+    (``patch_status``), as a kubelet registers: kube-controller-manager removes the ``node.kubernetes.io/not-ready``
+    taint from a node that has no Ready condition at all, and the scheduler would then bind pods to a node that
+    has not booted."""
+
+    def __init__(self, patch: Callable[[str, dict[str, Any]], None],
+                 patch_status: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        self.patch, self.patch_status = patch, patch_status
+        self.lock = threading.Lock()
+        self.errors: list[str] = []
+        self.seed(0)
+
+    def seed(self, seed: int, owns: Callable[[dict[str, str]], bool] | None = None) -> None:
+        """The side-run's sequence, for the nodes ``owns`` (by labels; None: every pending node). Any other
+        pending node (another controller's scale-up on the shared cluster) boots on a separate stream, so it
+        never takes one of the side's draws."""
+        with self.lock:
+            self.draws, self.owns = BootDraws(seed), owns
+            self.stray = BootDraws(seed + 7_919_000)
+            self.drawn: list[str] = []  # the nodes that took the side's draws, in order (the row records them)
+
+    def body(self, seen: float, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """The next node's patch, for a node seen at ``seen`` (epoch seconds) with ``labels``."""
+        with self.lock:
+            mine = self.owns is None or self.owns(labels or {})
+            sample, ready_in = (self.draws if mine else self.stray).next()
+            if mine:
+                self.drawn.append(str((labels or {}).get("kubernetes.io/hostname", "?")))
+        at = datetime.fromtimestamp(seen, tz=timezone.utc) + timedelta(seconds=ready_in)
+        return {"metadata": {"annotations": {READY_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                                             BOOT_DELAY_ANNOTATION: f"{ready_in:.6f}s",
+                                             BOOT_SAMPLE_ANNOTATION: f"{sample:.6f}"}}}
+
+    def on_node(self, obj: dict[str, Any], seen: float) -> None:
+        md = obj.get("metadata") or {}
+        if (md.get("labels") or {}).get(BOOT_INJECTION_LABEL) != "pending" or \
+                BOOT_DELAY_ANNOTATION in (md.get("annotations") or {}):
+            return
+        conds = (obj.get("status") or {}).get("conditions") or []
+        not_ready = None if any(c.get("type") == "Ready" for c in conds) else NOT_READY_STATUS
+        body = self.body(seen, dict(md.get("labels") or {}))
+        threading.Thread(target=self._patch, args=(md["name"], body, not_ready), daemon=True).start()
+
+    def _patch(self, name: str, body: dict[str, Any], status: dict[str, Any] | None = None) -> None:
+        try:
+            if status is not None and self.patch_status is not None:
+                self.patch_status(name, status)
+            self.patch(name, body)
+        except Exception as exc:  # noqa: BLE001 - reported in the result
+            self.errors.append(f"{name}: {exc}")
+
+
+def profile_boot_drawn(core: Any, pool: str) -> str:
+    """'' when the running CA profile's bench node group ``pool`` boots on the Injector (its template in the provider's
+    ConfigMap carries ``kfp-gpu.io/boot-injection=pending``), else why the ProvisioningRequest sides are not run
+    (CA reads the templates once, at its start)."""
+    from kubernetes import client
+
+    from kfp_gpu.devcluster import ca_profile
+
+    try:
+        cm = core.read_namespaced_config_map(ca_profile.TEMPLATES_CM, ca_profile.NAMESPACE)
+        items = json.loads((cm.data or {}).get("templates", "{}")).get("items") or []
+    except (client.ApiException, ValueError) as exc:
+        return f"the CA profile's node templates ({ca_profile.NAMESPACE}/{ca_profile.TEMPLATES_CM}) unreadable: {exc}"
+    tmpl = next((t for t in items if (t.get("metadata") or {}).get("labels", {}).get(POOL_LABEL) == pool), None)
+    if tmpl is None or tmpl["metadata"]["labels"].get(BOOT_INJECTION_LABEL) != "pending":
+        return (f"the running CA profile's node group {pool} boots on a fixed delay, not on the world's "
+                "sampler (it predates this bench): `make cluster-up AUTOSCALER=cluster-autoscaler,karpenter` restarts "
+                "it with the current templates")
+    return ""
 
 
 def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tuple[str, ...] = (),
@@ -83,6 +197,9 @@ def description() -> dict[str, Any]:
                                                "median_wall_s": round(compress(BOOT_MEDIAN_S), 4)},
             "api_latency_ms": API_LATENCY_MS, "api_error_rate": ERROR_RATE, "operation_pending_real_s": PENDING_S,
             "device_plugin_real_s": DEVICE_PLUGIN_S,
+            "boot_draws": "one seeded sampler for every side's nodes (the stand-in's pools, the bench injector for "
+                          "the autoscalers' and Karpenter's nodes); limit read per node",
+            "image_pull": "not modelled (no side pays it)",
             "poll_interval_real_s": 10.0, "poll_interval_wall_s": round(POLL_S, 4), "accelerator": ACCEL,
             "gpus_per_node": GPUS}
 

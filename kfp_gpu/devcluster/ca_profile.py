@@ -14,7 +14,10 @@ a scale-up; the other tests sharing this cluster never do. Groups are found by t
 which nothing else sets. Template nodes look like GKE GPU nodes (node pool, accelerator, zone, region,
 instance-type, spot labels; ``nvidia.com/gpu`` capacity; the ``nvidia.com/gpu=present:NoSchedule`` taint) and
 carry ``kwok.x-k8s.io/node=fake`` (CA's kwok provider sets it too), so our KWOK makes them Ready after the
-``kfp-gpu.io/boot-delay`` of :data:`BOOT_DELAY_S` (the GKE stand-in's median GPU VM boot, compressed).
+``kfp-gpu.io/boot-delay`` of :data:`BOOT_DELAY_S` (the GKE stand-in's median GPU VM boot, compressed). The
+benchmark's group :data:`BENCH_GROUP` instead carries ``kfp-gpu.io/boot-injection=pending``: KWOK holds each of its
+nodes NotReady until the bench's injector (bench/burst.py) annotates it with a boot drawn from the bench world's
+seeded sampler, so its nodes boot as every other side's (a node of that group stays NotReady while no bench runs).
 Known difference: CA copies the template as is, so CA nodes carry no ``kubernetes.io/hostname`` label (the
 template leaves it out rather than give every node the same one).
 
@@ -53,7 +56,7 @@ from kfp_gpu.sim.clock import compress
 
 from . import autoscaler, procs
 from .boot import Component, Ctx
-from .nodes import BOOT_DELAY_ANNOTATION, GPU_TAINT, make_gpu_node
+from .nodes import BOOT_DELAY_ANNOTATION, BOOT_INJECTION_LABEL, GPU_TAINT, make_gpu_node
 
 NAME = autoscaler.NAME  # component name: cluster-autoscaler.{pid,args,log} in the state dir
 NAMESPACE = autoscaler.NAMESPACE
@@ -138,10 +141,13 @@ def template_node(g: NodeGroup) -> dict[str, Any]:
                          cpu=str(m.vcpus), memory=f"{m.vcpus * 8}Gi")  # as the GKE stand-in's nodes
     node["metadata"]["labels"].pop("kubernetes.io/hostname", None)  # would be shared by every copy
     node["metadata"]["annotations"].update({
-        BOOT_DELAY_ANNOTATION: f"{BOOT_DELAY_S:g}s",  # relative: counted from when KWOK sees each node
         "cluster-autoscaler.kwok.nodegroup/min-count": "0",
         "cluster-autoscaler.kwok.nodegroup/max-count": str(g.max_size),
     })
+    if g.name == BENCH_GROUP:  # each node boots on the bench's seeded sampler (bench/burst.py Injector)
+        node["metadata"]["labels"][BOOT_INJECTION_LABEL] = "pending"
+    else:
+        node["metadata"]["annotations"][BOOT_DELAY_ANNOTATION] = f"{BOOT_DELAY_S:g}s"  # counted from when KWOK sees it
     node["spec"]["taints"] = [dict(GPU_TAINT), taint_dict(), *(taint_dict(t) for t in g.taints)]
     node["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
                                      "message": "simulated boot"}]

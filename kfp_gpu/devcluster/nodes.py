@@ -14,6 +14,8 @@ from typing import Any
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 BOOT_DELAY_ANNOTATION = "kfp-gpu.io/boot-delay"  # informative, e.g. "45s"
 READY_AT_ANNOTATION = "kfp-gpu.io/ready-at"  # RFC3339 time KWOK makes the node Ready (wins over boot-delay)
+# "pending": KWOK keeps the node NotReady until an injector (bench/burst.py) has set its boot-delay / ready-at
+BOOT_INJECTION_LABEL = "kfp-gpu.io/boot-injection"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT: dict[str, str] = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 NOT_READY_TAINT: dict[str, str] = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
