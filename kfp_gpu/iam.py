@@ -62,6 +62,8 @@ GCP_CALLS: tuple[Call, ...] = (
          "per-zone size of a pool's managed instance group"),
     Call("GET", _Z + r"/instanceGroupManagers/[^/]+/listErrors", "compute.instanceGroupManagers.get",
          "the group's launch errors (stockout, quota) for zone failover"),
+    Call("POST", _Z + r"/instanceGroupManagers/[^/]+/listManagedInstances", "compute.instanceGroupManagers.get",
+         "each VM's current action and last creation error (the stand-in serves it; GCE checks the group's get)"),
     Call("GET", _C + r"/aggregated/instanceGroupManagers", "compute.instanceGroupManagers.list",
          "every group's size in one aggregatedList (pool sizes, GPU-family quota usage)"),
     Call("POST", _Z + r"/instanceGroupManagers/[^/]+/deleteInstances", "compute.instanceGroupManagers.update",

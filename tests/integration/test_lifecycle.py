@@ -101,11 +101,17 @@ def _spec(sim: SimServer, namespace: str, ckpt: Path, *, pools: tuple[str, ...] 
     )
 
 
-def _fresh_node(kube: Kube, name: str) -> bool:
-    """``name`` exists and carries no termination notice: a recreated VM's new Node."""
+def _uid(kube: Kube, name: str) -> str:
     nodes = client.CoreV1Api(kube.api).list_node(field_selector=f"metadata.name={name}").items
-    return bool(nodes) and not any(t.key == "cloud.google.com/impending-node-termination"
-                                   for t in nodes[0].spec.taints or [])
+    return str(nodes[0].metadata.uid) if nodes else ""
+
+
+def _fresh_node(kube: Kube, name: str, old_uid: str) -> bool:
+    """``name`` is a new Node (another uid than the preempted one) and Ready: the recreated VM is back. (The preempted
+    Node lingers, Ready=False "node is shutting down", until its notice ends; GKE adds no taint.)"""
+    nodes = client.CoreV1Api(kube.api).list_node(field_selector=f"metadata.name={name}").items
+    return bool(nodes) and nodes[0].metadata.uid != old_uid and any(
+        c.type == "Ready" and c.status == "True" for c in nodes[0].status.conditions or [])
 
 
 def _train_ledger(kube: Kube, namespace: str, run: str) -> dict[str, Any]:
@@ -144,13 +150,14 @@ def test_overlapping_preemptions_converge_with_one_job_copy_and_nothing_left(
         wait_until("4 pods running", lambda: running_pods(kube.core, namespace, job, 4), timeout=120)
         CheckpointStore(str(ckpt)).save(15, {"w": b"15"}, meta={"loss": 3.0})
         first, second = cap.nodes[1], cap.nodes[2]
+        first_uid = _uid(kube, first)
         sim.preempt(first)
         wait_until("recovery under way", lambda: len(_train_ledger(kube, namespace, run).get("preemptions", [])) >= 1,
                    timeout=60)
         sim.preempt(second)  # a survivor, while the first replacement is still booting
         # the first node's replacement (its instance group recreates it under the same name), preempted as soon
         # as it is back, before the job can be
-        wait_until("first node recreated", lambda: _fresh_node(kube, first), timeout=60)
+        wait_until("first node recreated", lambda: _fresh_node(kube, first, first_uid), timeout=60)
         sim.preempt(first)
         out = json.loads(th.outcome(300).output_json)
         # the default pools are autoscaled and the spec says "protect": every node the run holds now, however
