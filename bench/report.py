@@ -40,12 +40,7 @@ def _med(s: dict[str, Any] | None, key: str) -> float | None:
 
 
 def _cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
-    st = (s or {}).get(key) or {}
-    if not st:
-        return "-"
-    if st.get("n", 1) == 1:
-        return f"{st['median']:.{digits}f}"
-    return f"{st['median']:.{digits}f} ({st['min']:.{digits}f}-{st['max']:.{digits}f})"
+    return report_recovery.cell(s, key, digits)
 
 
 # ---- targets ---------------------------------------------------------------------------------------

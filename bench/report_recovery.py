@@ -43,7 +43,8 @@ def source(out: dict[str, Any], path: Path | None = None) -> tuple[dict[str, Any
     return out, ""
 
 
-def _cell(s: dict[str, Any] | None, key: str, digits: int) -> str:
+def cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
+    """A stats cell: median (min-max), or the median alone for one run, or '-'."""
     st = (s or {}).get(key) or {}
     if not st:
         return "-"
@@ -98,7 +99,7 @@ def lines(data: dict[str, Any], src: str) -> list[str]:
         for name, label, digits in METRICS:
             m = sec.get(f"{name}{suffix}") or {}
             r = m.get("ratio_vs_best_realistic_baseline")
-            out.append(f"| {label} | " + " | ".join(_cell(m.get("stats"), s, digits) for s, _ in SIDES)
+            out.append(f"| {label} | " + " | ".join(cell(m.get("stats"), s, digits) for s, _ in SIDES)
                        + f" | {'-' if r is None else f'{r:.2f}'} |")
         if "best_realistic_baseline" not in head:
             out += ["", "A run from before the three sides (ours vs the operator alone): see the JSON.", ""]
