@@ -179,6 +179,7 @@ class CostInputs:
         _check_range("cost.sla_penalty_per_hour", self.sla_penalty_per_hour, 0.0, 1e9, (int, float))
 
 
+DEFAULT_LEASE_TTL_S = 6 * 3600.0
 LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, still well inside the lease
 
 
@@ -206,7 +207,7 @@ class ProvisioningSpec:
     recovery: Recovery = field(default_factory=Recovery)
     checkpoint_uri: str = ""
     cost: CostInputs = field(default_factory=CostInputs)
-    lease_ttl_s: float = 6 * 3600.0  # ownership lease, renewed by a heartbeat every min(ttl/4, 300 s) (janitor bound)
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S  # an orphan's label expiry (janitor); an unobservable owner's heartbeat bound
 
     def __post_init__(self) -> None:
         acc = accelerators.get(self.accelerator)

@@ -13,7 +13,6 @@ gang by itself; teardown or deleting the GpuGang does.
 
 from __future__ import annotations
 
-import datetime as dt
 import socket
 import time
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu.cluster.owners import Owners, pid_alive
+from kfp_gpu.cluster.watch import parse_time
 from kfp_gpu.gang import api as gang
 from kfp_gpu.plan.lease import (
     HEARTBEAT_OWNER,
@@ -32,8 +32,7 @@ from kfp_gpu.plan.lease import (
     heartbeat_state,
     local_state,
 )
-
-DEFAULT_TTL_S = 6 * 3600.0  # ProvisioningSpec.lease_ttl_s's default
+from kfp_gpu.spec import DEFAULT_LEASE_TTL_S
 
 
 def deciding_owner(owner: Mapping[str, Any], hostname: str) -> OwnerRef | None:
@@ -49,12 +48,10 @@ def deciding_owner(owner: Mapping[str, Any], hostname: str) -> OwnerRef | None:
     return None
 
 
-def _ts(value: Any) -> float | None:
+def _beat(value: Any) -> float | None:
     try:
-        if isinstance(value, str) and not value.replace(".", "", 1).isdigit():
-            return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         return float(value) if value not in (None, "") else None
-    except ValueError:
+    except (TypeError, ValueError):
         return None
 
 
@@ -70,9 +67,9 @@ def gone(api: client.ApiClient, obj: Mapping[str, Any], hostname: str | None = N
         state = local_state(ref.ref, host, pid_alive)
     elif ref.kind == HEARTBEAT_OWNER:
         meta = obj.get("metadata") or {}
-        ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or DEFAULT_TTL_S)
-        state = heartbeat_state(_ts((meta.get("annotations") or {}).get(gang.HEARTBEAT_ANNOTATION)),
-                                _ts(meta.get("creationTimestamp")), ttl, time.time() if now is None else now)
+        ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or DEFAULT_LEASE_TTL_S)
+        state = heartbeat_state(_beat((meta.get("annotations") or {}).get(gang.HEARTBEAT_ANNOTATION)),
+                                parse_time(meta.get("creationTimestamp")), ttl, time.time() if now is None else now)
         return f"the owner's heartbeat (no beat for {ttl:.0f}s, lease_ttl_s)" if state is OwnerState.GONE else ""
     else:
         state = Owners(api).state(ref)

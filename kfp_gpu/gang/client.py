@@ -31,7 +31,7 @@ from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.errors import Cancelled, KfpGpuError, ProvisioningTimeout
 from kfp_gpu.gang import api as gang
 from kfp_gpu.plan.lease import LOCAL_OWNER
-from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.spec import DEFAULT_LEASE_TTL_S, ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def beat_interval(obj: dict[str, Any]) -> float | None:
     spec = obj.get("spec") or {}
     if str((spec.get("owner") or {}).get("heartbeat") or "") != "true":
         return None
-    ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or 6 * 3600.0)
+    ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or DEFAULT_LEASE_TTL_S)
     return max(0.5, min(ttl / 4.0, 60.0))
 
 

@@ -23,6 +23,7 @@ Not modelled: a ``kfp-gpu.io/sim-duration`` completion KWOK queued before the lo
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -112,6 +113,9 @@ class RankWorld:
 
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        # one loss at a time: each reads the peers' annotations and writes their fate, and two losses of one job
+        # (two nodes preempted 0.1 s apart, on two notice threads) must not overwrite each other's fate
+        self._lock = threading.Lock()
 
     def lost(self, pods: list[Any]) -> None:
         """``pods`` (V1Pod) were killed together (one node); their jobs' other Running ranks get their fate.
@@ -121,8 +125,9 @@ class RankWorld:
             job = (p.metadata.labels or {}).get(JOB_NAME_LABEL)
             if job and p.status.phase == "Running":
                 by_job.setdefault((p.metadata.namespace, job, _owner(p)), []).append(p)
-        for (ns, job, owner), dead in by_job.items():
-            self._job_lost(ns, job, owner, dead)
+        with self._lock:
+            for (ns, job, owner), dead in by_job.items():
+                self._job_lost(ns, job, owner, dead)
 
     def _job_lost(self, ns: str, job: str, owner: str, dead: list[Any]) -> None:
         from kubernetes.client import ApiException
