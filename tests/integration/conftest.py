@@ -123,9 +123,8 @@ def _slug(nodeid: str, n: int = 30) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:n].strip("-")
 
 
-@pytest.fixture
-def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = f"t-{_slug(request.node.nodeid)}-{uuid.uuid4().hex[:6]}"
+def scoped_namespace(kube: Kube, name: str) -> Iterator[str]:
+    """Create namespace ``name`` (labelled as a test's), yield it, delete it."""
     kube.core.create_namespace({"metadata": {"name": name, "labels": {"kfp-gpu.io/test": "true"}}})
     yield name
     try:
@@ -133,6 +132,11 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from scoped_namespace(kube, f"t-{_slug(request.node.nodeid)}-{uuid.uuid4().hex[:6]}")
 
 
 @pytest.fixture

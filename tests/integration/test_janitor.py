@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import JanitorLock
@@ -29,7 +28,7 @@ from kfp_gpu.gang import api as gang
 from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import janitor
-from tests.integration.conftest import NodeFactory
+from tests.integration.conftest import NodeFactory, scoped_namespace
 from tests.integration.rbac_support import Identity
 from tests.waiting import wait_until
 
@@ -136,14 +135,7 @@ def test_two_janitors_never_sweep_at_once(kube, namespace: str, step_api: client
 
 @pytest.fixture
 def other_namespace(kube) -> Iterator[str]:
-    name = f"t-leases-other-{uuid.uuid4().hex[:6]}"
-    kube.core.create_namespace({"metadata": {"name": name, "labels": {"kfp-gpu.io/test": "true"}}})
-    yield name
-    try:
-        kube.core.delete_namespace(name, propagation_policy="Background")
-    except ApiException as e:
-        if e.status != 404:
-            raise
+    yield from scoped_namespace(kube, f"t-leases-other-{uuid.uuid4().hex[:6]}")
 
 
 def test_all_namespaces_finds_a_dead_run_in_another_namespace(
