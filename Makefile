@@ -34,7 +34,7 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
 # TORCH_CPU; their other requirements are in the line after (psutil) or in dev (transformers' hub stack)
 FRAMEWORKS := accelerate==1.15.0 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3
 
-.PHONY: sysdeps imagedeps images venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick clean
+.PHONY: sysdeps imagedeps images venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick faults clean
 
 # System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
 sysdeps:
@@ -131,6 +131,17 @@ bench: cluster-up
 
 bench-quick: cluster-up
 	$(BIN)/python -m bench.run --quick
+
+# The fault-detection table (docs/faults.md): the fault integration tests record their measured rows into
+# bench/results/faults (tests/integration/fault_rows.py), then bench.report_faults renders the doc from them.
+faults: AUTOSCALER = cluster-autoscaler,karpenter
+faults: KUEUE = 1
+faults: GCS = 1
+faults: TRAINER = 1
+faults: cluster-up
+	KFP_GPU_FAULT_ROWS=$(CURDIR)/bench/results/faults $(BIN)/python -m pytest -q -m integration tests/integration \
+	  -k 'stall or hang or straggler or health or notice'
+	$(BIN)/python -m bench.report_faults
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
