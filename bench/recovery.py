@@ -226,7 +226,7 @@ def _ours_phases(out: dict[str, Any], pre: dict[str, Any], t0: float) -> dict[st
 def ledger_cleanup(api: client.ApiClient, namespace: str, run_id: str) -> None:
     try:
         for cm in ledger.list_for_run(api, namespace, run_id):
-            client.CoreV1Api(api).delete_namespaced_config_map(cm.metadata.name, namespace)
+            ledger.delete(api, cm)
     except Exception:  # noqa: BLE001 - leftovers are harmless
         pass
 

@@ -200,7 +200,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
 
     Raises: kubernetes ApiException (refused or failed listing).
     """
-    from kfp_gpu.cluster import owned
+    from kfp_gpu.cluster import ledger, owned
     from kfp_gpu.gang import api as gang_api
     from kfp_gpu.providers.base import LABEL_RUN_ID
 
@@ -212,6 +212,10 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
         found: dict[str, list[str]] = {}
         for kind, obj in owned.run_objects(api, namespace, run_id, kinds):
             found.setdefault(kind.name, []).append(str(owned.meta(obj).get("name")))
+        if namespace != gang_api.CONTROLLER_NAMESPACE:  # the controller keeps ledgers there (cluster/ledger.py)
+            for obj in owned.list_objects(api, owned.LEDGER, gang_api.CONTROLLER_NAMESPACE, owned.run_selector(
+                    owned.LEDGER, run_id) + f",{ledger.TENANT_LABEL}={namespace}"):
+                found.setdefault(owned.LEDGER.name, []).append(str(owned.meta(obj).get("name")))
         if deleted_nodes:
             names = {str(owned.meta(n).get("name")) for n in owned.list_objects(api, owned.NODE, None, "")}
             if gone_not := sorted(names & set(deleted_nodes)):

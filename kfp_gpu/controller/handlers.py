@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from kfp_gpu.cluster import ledger
 from kfp_gpu.controller import metrics
 from kfp_gpu.controller.runner import Obj, Runner, post_event
 from kfp_gpu.gang import api as gang
@@ -115,6 +116,9 @@ def run(namespaces: list[str], *, standalone: bool, peering: str = "", metrics_p
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event lines; the gangs' decisions are ours
     _state["log_dir"] = log_dir or os.environ.get("KFP_GPU_CONTROLLER_LOGS", "/tmp/kfp-gpu-controller")
+    # the step ledgers live in the controller's own namespace, out of tenants' reach (kfp_gpu/cluster/ledger.py);
+    # set before the first work unit forks, so every unit inherits it
+    os.environ.setdefault(ledger.HOME_ENV, os.environ.get("POD_NAMESPACE") or gang.CONTROLLER_NAMESPACE)
     _api()
     if metrics_port:
         metrics.serve(metrics_port)

@@ -191,7 +191,7 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
         if not label or (only and label not in only):
             return None
         run = found.setdefault(label, _Run(label))
-        ns = owned.meta(obj).get("namespace")
+        ns = owned.labels(obj).get(ledger.TENANT_LABEL) or owned.meta(obj).get("namespace")  # a ledger: its gang's
         if ns:
             run.namespaces.add(str(ns))
         raw = (owned.meta(obj).get("annotations") or {}).get(lease.A_RUN_ID)

@@ -9,7 +9,6 @@ idempotent: a second or concurrent teardown finds nothing left and is a no-op. I
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import jobkinds, provisioners
 from kfp_gpu.cluster import balloons, lease, ledger
-from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, label_safe
@@ -113,7 +111,7 @@ def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     for name in rep.reservations:  # the cost report bills a reservation from held to released
         timeline.event("reservation-released", time.time(), name=name)
     for cm in ledgers:
-        if ignore_404(functools.partial(client.CoreV1Api(api).delete_namespaced_config_map, cm.metadata.name, ns)):
+        if ledger.delete(api, cm):
             rep.ledgers.append(cm.metadata.name)
     try:  # the run's heartbeat Leases go last: until here they told the janitor the run was alive
         lease.delete_run_leases(api, ns, run_id)

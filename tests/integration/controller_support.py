@@ -128,7 +128,12 @@ def new_run() -> str:
 
 
 @pytest.fixture
-def tenant(kube: Kube, tmp_path: Path) -> Iterator[Callable[..., Tenant]]:
+def tenant(kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Tenant]]:
+    from kfp_gpu.cluster import ledger
+
+    # the controller keeps the gangs' ledgers in its namespace (kfp_gpu/cluster/ledger.py): a test that reads one
+    # (ledger.read with the gang's namespace) looks there, as the controller's work units do
+    monkeypatch.setenv(ledger.HOME_ENV, gang.CONTROLLER_NAMESPACE)
     made: list[Tenant] = []
 
     def make(max_gpus_per_gang: int = 64, max_gpus: int = 128, median_s: float = 0.3, start: bool = True,

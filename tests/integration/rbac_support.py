@@ -64,8 +64,10 @@ def render_controller(namespace: str, *, isolate: str = "", drop: Iterable[Drop]
     tenant: the ServiceAccount, both ClusterRoles (renamed ``<name>-<isolate>`` so a test's copy never changes
     another test's rules), a ClusterRoleBinding of ``kfp-gpu-controller`` (named after ``isolate`` or the
     namespace) and the tenant RoleBinding of :func:`kfp_gpu.install.tenant_objects` pointed at ``sa``. ``drop``
-    removes single verbs from every rule that grants them. The controller's own Role in kfp-gpu-system (kopf's
-    leases and peering, no step function's) is left out.
+    removes single verbs from every rule that grants them. Of the controller's own Role in kfp-gpu-system, only its
+    ledger rule (configmaps: the step functions' ledgers live in the controller's namespace) is rendered, as a Role
+    ``kfp-gpu-controller-ledgers`` in ``namespace`` (a step function run by a test keeps its ledgers in the gang's
+    namespace, kfp_gpu/cluster/ledger.py); the rest of that Role (kopf's leases and peering) is no step function's.
     """
     docs = manifest_docs(CONTROLLER_MANIFEST)
     suffix = f"-{isolate}" if isolate else ""
@@ -82,9 +84,18 @@ def render_controller(namespace: str, *, isolate: str = "", drop: Iterable[Drop]
     assert tenant["roleRef"]["name"] == TENANT_ROLE, tenant
     tenant["roleRef"]["name"] += suffix
     tenant["subjects"] = subject
+    home = copy.deepcopy(by_name(docs, "Role", CONTROLLER_ROLE))
+    home["metadata"] = {"name": f"{CONTROLLER_ROLE}-ledgers", "namespace": namespace, "labels": dict(managed)}
+    home["rules"] = [r for r in home["rules"] if "configmaps" in r["resources"]]
+    home_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                    "metadata": {"name": f"{CONTROLLER_ROLE}-ledgers", "namespace": namespace,
+                                 "labels": dict(managed)},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                "name": f"{CONTROLLER_ROLE}-ledgers"},
+                    "subjects": subject}
     account = {"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": sa, "namespace": namespace, "labels": dict(managed)}}
-    return [account, *_dropped(roles, set(drop)), binding, tenant]
+    return [account, *_dropped([*roles, home], set(drop)), binding, tenant, home_binding]
 
 
 def render(namespace: str, *, isolate: str = "", drop: Iterable[Drop] = (), path: Path = JANITOR_MANIFEST) -> list[Obj]:

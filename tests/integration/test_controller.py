@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from kfp_gpu.errors import KfpGpuError, PermissionDenied
 from kfp_gpu.gang import api as gang
 from kfp_gpu.gang.client import OWNER_PID_ENV
+from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from tests.integration.controller_support import new_run, small, wait_gone
 from tests.waiting import wait_until
 
@@ -142,6 +143,38 @@ def test_tenant_cannot_write_the_status_the_controller_owns(tenant):
     assert ei.value.status == 403
     api.close()
     t.step("teardown", spec, run)
+
+
+def test_the_ledgers_that_steer_pool_release_are_out_of_the_tenants_reach(tenant):
+    """Teardown restores node pools to the sizes the scale-up ledger records: the controller keeps that ledger in
+    its own namespace, where the tenant's identity can neither read nor write it, and drops it on release."""
+    from kfp_gpu.cluster import ledger
+
+    t = tenant()
+    spec, run = t.spec(1, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    core = client.CoreV1Api(t.kube.api)
+    sel = f"{ledger.LEDGER_LABEL}=true,{ledger.TENANT_LABEL}={t.ns},{LABEL_RUN_ID}={label_safe(run)}"
+    mine = core.list_namespaced_config_map(gang.CONTROLLER_NAMESPACE, label_selector=sel).items
+    assert {(cm.metadata.labels or {}).get("kfp-gpu.io/step") for cm in mine} >= {"scale_up"}, [
+        cm.metadata.name for cm in mine]
+    assert "targets" in ledger.data_of(next(cm for cm in mine if cm.metadata.labels["kfp-gpu.io/step"] == "scale_up"))
+    in_tenant = core.list_namespaced_config_map(t.ns, label_selector=f"{ledger.LEDGER_LABEL}=true").items
+    assert in_tenant == [], [cm.metadata.name for cm in in_tenant]
+    api = t.step_api
+    tenant_core = client.CoreV1Api(api)
+    target = mine[0].metadata.name
+    for call in (lambda: tenant_core.read_namespaced_config_map(target, gang.CONTROLLER_NAMESPACE),
+                 lambda: tenant_core.patch_namespaced_config_map(target, gang.CONTROLLER_NAMESPACE,
+                                                                 {"data": {"ledger": "{}"}})):
+        with pytest.raises(ApiException) as ei:
+            call()
+        assert ei.value.status == 403
+    api.close()
+    t.step("teardown", spec, run)
+    assert core.list_namespaced_config_map(gang.CONTROLLER_NAMESPACE, label_selector=sel).items == []
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
 def test_controller_killed_during_provisioning_converges_without_a_second_resize(tenant):

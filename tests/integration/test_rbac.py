@@ -201,7 +201,10 @@ def test_controller_rights_are_rendered_as_installed() -> None:
     isolated = render_controller("team-a", isolate="t1")
     cluster_scoped = {o["metadata"]["name"] for o in isolated if o["kind"].startswith("Cluster")}
     assert cluster_scoped == {f"{CONTROLLER_ROLE}-t1", f"{TENANT_ROLE}-t1"}
-    assert {o["roleRef"]["name"] for o in isolated if "roleRef" in o} == cluster_scoped
+    assert {o["roleRef"]["name"] for o in isolated if "roleRef" in o} == cluster_scoped | {f"{CONTROLLER_ROLE}-ledgers"}
+    ledger_rules = by_name(objs, "Role", f"{CONTROLLER_ROLE}-ledgers")["rules"]  # the installed Role's ledger rule
+    assert ledger_rules and ledger_rules == [r for r in by_name(installed, "Role", CONTROLLER_ROLE)["rules"]
+                                             if "configmaps" in r["resources"]]
     assert {d["kind"] for d in manifest_docs(CONTROLLER_MANIFEST)} == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 

@@ -206,10 +206,12 @@ def janitor(kind: str) -> list[Obj]:
 def test_controller_can_release_whatever_the_janitor_releases():
     """Owner-gone release moved into the controller: in a tenant namespace it may do all `kfp-gpu gc` does
     (deploy/janitor-rbac.yaml; its ClusterRole is bound cluster-wide, the controller's namespaced rights per tenant).
-    The janitor's Role is its own lock (two janitors never sweep at once), which the controller has no use for."""
+    The janitor's Role is its own lock (two janitors never sweep at once), which the controller has no use for.
+    Ledgers: the controller keeps them in its own namespace (its Role there), out of the tenants' reach."""
     cluster = grants(by_kind(OBJS, "ClusterRole", "kfp-gpu-controller")["rules"])
     tenant = grants(by_kind(OBJS, "ClusterRole", install.TENANT_CLUSTER_ROLE)["rules"])
-    missing = grants(janitor("ClusterRole")) - cluster - tenant
+    home = grants(by_kind(OBJS, "Role", "kfp-gpu-controller")["rules"])
+    missing = grants(janitor("ClusterRole")) - cluster - tenant - home
     assert not missing, missing
 
 
