@@ -202,7 +202,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
     """
     from kfp_gpu.cluster import owned
     from kfp_gpu.gang import api as gang_api
-    from kfp_gpu.providers.base import LABEL_RUN_ID
+    from kfp_gpu.ownership import LABEL_RUN_ID
 
     gangs = owned.Kind("gpugang", f"/apis/{gang_api.API_VERSION}", gang_api.PLURAL, True, LABEL_RUN_ID)
     kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE,

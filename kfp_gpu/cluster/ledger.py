@@ -12,9 +12,15 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
-
-LEDGER_LABEL = "kfp-gpu.io/ledger"
+from kfp_gpu.ownership import (
+    LABEL_LEASE,
+    LABEL_RUN_ID,
+    LABEL_STEP,
+    LEDGER_LABEL,
+    RUN_ID_RAW_ANNOTATION,
+    Owner,
+    label_safe,
+)
 
 
 def ledger_name(run_id: str, step: str) -> str:
@@ -46,7 +52,7 @@ def write(api: client.ApiClient, namespace: str, owner: Owner, data: dict[str, A
     name = ledger_name(owner.run_id, owner.step)
     labels = {**owner.labels(), LEDGER_LABEL: "true"}
     body = client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations={"kfp-gpu.io/run-id-raw": owner.run_id}),
+        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations={RUN_ID_RAW_ANNOTATION: owner.run_id}),
         data={"ledger": json.dumps(data, sort_keys=True)},
     )
     try:

@@ -48,9 +48,10 @@ from kfp_gpu.cluster.nodes import (
     unclaim,
 )
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, ProvisioningTimeout
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.placement import matching_pools
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Owner, label_safe
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Released
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.timeline import Timeline

@@ -36,12 +36,13 @@ from kfp_gpu.errors import (
     ProvisioningTimeout,
     QuotaExceeded,
 )
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
-from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef
+from kfp_gpu.providers.base import CapacityProvider, Operation, PoolRef
 from kfp_gpu.retry import retry_transient
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 from kfp_gpu.timeline import Timeline

@@ -28,9 +28,10 @@ from kfp_gpu.cluster import apierrors
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.nodes import ZONE_LABEL
 from kfp_gpu.errors import KfpGpuError, NotFound
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.preflight import NO_ANSWER, NOT_ASKED, CapacityNow, capacity_answer
-from kfp_gpu.providers.base import CapacityProvider, Owner
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.spec import CapacityType, ProvisioningSpec
 

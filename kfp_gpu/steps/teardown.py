@@ -23,7 +23,8 @@ from kfp_gpu.cluster import balloons, lease, ledger
 from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import NodeState, Timeline

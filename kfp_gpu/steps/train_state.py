@@ -14,8 +14,8 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.jobkinds import JobKind, PyTorchJobKind
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan.recovery import Budget, Usage, Verdict
-from kfp_gpu.providers.base import Owner
 from kfp_gpu.provisioners.base import Provisioner
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.capacity import Capacity

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import owned
 from tests.waiting import wait_until
 
@@ -92,16 +93,15 @@ def test_run_refuses_an_unknown_arg_in_one_line_before_booting(kube):
 
 
 def test_leak_check_names_what_a_run_left(kube, namespace, kwok_nodes):
-    from kfp_gpu.cluster.ledger import LEDGER_LABEL
     from kfp_gpu.demo import leftovers
-    from kfp_gpu.providers.base import LABEL_RUN_ID
+    from kfp_gpu.ownership import LABEL_RUN_ID, LEDGER_LABEL
 
     core = client.CoreV1Api(kube.api)
     run = f"9{uuid.uuid4().int % 10**7:07d}"
     core.create_namespaced_config_map(namespace, {"metadata": {
         "name": f"kfp-gpu-ledger-{run}-x", "labels": {LEDGER_LABEL: "true", LABEL_RUN_ID: run}}})
     client.CoordinationV1Api(kube.api).create_namespaced_lease(namespace, {"metadata": {
-        "name": f"kfp-gpu-run-{run}", "labels": {owned.RUN_LEASE_LABEL: "true", LABEL_RUN_ID: run}}})
+        "name": f"kfp-gpu-run-{run}", "labels": {ownership.RUN_LEASE_LABEL: "true", LABEL_RUN_ID: run}}})
     _, nodes = kwok_nodes(1, gpus=1)
     left = leftovers(kube.api, namespace, run, deleted_nodes=nodes, timeout_s=0.5)
     assert left == {"configmap": [f"kfp-gpu-ledger-{run}-x"], "lease": [f"kfp-gpu-run-{run}"], "node": nodes}
