@@ -69,6 +69,9 @@ class ProvisioningRequestProvisioner:
 
     name = NAME
     holds_placeholders = False  # the warm pool's generic balloons are what the autoscaler scales up for
+    gang_forms_at_admission = False  # the request provisions the gang before the job
+    supports_check_capacity = True  # its own autoscaler serves ProvisioningRequests
+    capacity_via_autoscaler_groups = True  # the request names the autoscaler's node groups
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider
