@@ -353,10 +353,13 @@ def main_down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bo
     return 0
 
 
-def main_status() -> int:
+def main_status(show_fingerprints: bool = False) -> int:
     st = status()
+    prints = fingerprints() if show_fingerprints else {}
     for k, v in st.items():
-        print(f"{k:26s} {v}")
+        fp = prints.get(k)
+        note = "" if fp is None else ("; up re-uses it" if fp[0] == fp[1] else "; up RESTARTS it (flags changed)")
+        print(f"{k:26s} {v}{note}")
     print(f"kubeconfig: {kubeconfig_path()}")
     return 0 if all(("healthy" in v or v.startswith("stopped (profile")) and "UNHEALTHY" not in v
                     for v in st.values()) else 1
