@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from kfp_gpu import rehearsal_seam
 from kfp_gpu.errors import InvalidSpec, KfpGpuError
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
@@ -331,7 +332,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         say(f"AWS (EKS/EC2/Auto Scaling) stand-in on {daemon.start_aws(port)}")
     sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
-    os.environ["KFP_GPU_SIM_ENDPOINT"] = url
+    os.environ[rehearsal_seam.SIM_ENDPOINT_ENV] = url
     root = tempfile.mkdtemp(prefix="kfp-gpu-run-")
     log_path = Path(root) / LOG_NAME
     say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")

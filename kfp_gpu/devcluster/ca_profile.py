@@ -51,12 +51,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kfp_gpu import accelerators
-from kfp_gpu.sim.clock import compress
+from kfp_gpu import accelerators, rehearsal_seam
 
 from . import autoscaler, procs, runner
 from .nodes import BOOT_DELAY_ANNOTATION, BOOT_INJECTION_LABEL, GPU_TAINT, make_gpu_node
 from .runner import Component, Ctx
+from .worldtime import compress
 
 NAME = autoscaler.NAME  # component name: cluster-autoscaler.{pid,args,log} in the state dir
 NAMESPACE = autoscaler.NAMESPACE
@@ -66,7 +66,7 @@ STATUS_CM = "cluster-autoscaler-status"
 PORT_ENV, DEFAULT_PORT = "KFP_GPU_CA_PORT", 18086  # the benchmark's own CA uses 18085
 
 CLUSTER = "ca"  # value of kfp-gpu.io/sim-cluster on CA nodes
-CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
+CLUSTER_LABEL = rehearsal_seam.LOCAL_CLUSTER_LABEL
 TAINT = "kfp-gpu.io/dedicated=training:NoSchedule"
 GROUP_LABEL = "kfp-gpu.io/ca-node-group"  # the kwok provider's fromNodeLabelKey
 GPU_LABEL = "cloud.google.com/gke-accelerator"

@@ -36,10 +36,9 @@ from typing import Any
 
 import yaml
 
-from kfp_gpu.sim.clock import compress
-
 from . import karpenter, karpenter_types, ports, procs, runner
 from .runner import Component, Ctx
+from .worldtime import compress
 
 NAME = karpenter.NAME  # component name: karpenter.{pid,args,log} in the state dir
 GROUP = "karpenter.sh"

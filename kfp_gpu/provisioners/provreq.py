@@ -33,7 +33,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, rehearsal_seam
 from kfp_gpu.cluster import apierrors, ledger, node_labels
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
@@ -53,11 +53,10 @@ from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Released
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
 NAME = "provisioning-request"
-SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 QUEUED_TOLERATION = "cloud.google.com/gke-queued=true:NoSchedule"  # GKE taints DWS (queued provisioning) nodes
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 NOT_FOUND_GRACE_S = 10.0  # "no capacity now" for this long, with another zone left: ask the next zone
@@ -313,8 +312,7 @@ def gang_labels(spec: ProvisioningSpec, pools: Sequence[str] = ()) -> dict[str, 
     out = sch.accelerator_selector(spec.accelerator)
     if spec.spot:
         out[sch.capacity_type] = sch.spot_value
-    if spec.target.kind is TargetKind.LOCAL:
-        out[SIM_CLUSTER_LABEL] = spec.target.cluster
+    out.update(rehearsal_seam.node_selector(spec.target))
     if len(pools) == 1:
         out[sch.pool] = pools[0]
     return out
