@@ -276,22 +276,23 @@ def _up(c: Ctx, wanted: set[str]) -> Ctx:
 def down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False,
          only: Sequence[str] = ()) -> None:
     """Stop what ``up`` started, in the reverse order of the table (an extra whose webhooks guard others' objects
-    goes while the API server still runs). ``only`` names extras (:mod:`.extras`) to stop and nothing else;
-    ``only_kueue`` is ``only=("kueue",)``; ``only_autoscaler`` stops cluster-autoscaler and Karpenter only.
+    goes while the API server still runs). ``only`` names optional units of the table (:mod:`.table`: an extra of
+    :mod:`.extras`, or ``cluster-autoscaler``) to stop and nothing else; ``only_kueue`` is ``only=("kueue",)``;
+    ``only_autoscaler`` stops cluster-autoscaler and Karpenter only.
 
-    Raises: BootError for an unknown extra.
+    Raises: BootError naming the choices for an unknown unit.
     """
-    from . import extras as registry
+    from .table import UNITS
 
-    names = [*only, *(["kueue"] if only_kueue else []), *(["karpenter"] if only_autoscaler
-                                                          and "karpenter" in registry.names() else [])]
-    try:
-        registry.select(names)
-    except registry.UnknownExtra as e:
-        raise BootError(str(e)) from None
+    names = (*only, *(["kueue"] if only_kueue else []),
+             *(["cluster-autoscaler", "karpenter"] if only_autoscaler else []))
+    optional = [u.name for u in UNITS if u.optional]
+    unknown = [n for n in names if n not in optional]
+    if unknown:
+        raise BootError(f"unknown local-cluster component {unknown[0]!r}: choose from {', '.join(optional)}")
     c = _ctx()
     with runner.locked(c.state):
-        _down(c, purge, (*names, *(["cluster-autoscaler"] if only_autoscaler else [])))
+        _down(c, purge, names)
 
 
 def _down(c: Ctx, purge: bool, only: tuple[str, ...] = ()) -> None:

@@ -115,3 +115,11 @@ def test_the_table_has_one_row_per_unit_and_every_process_once() -> None:
     assert names[0] == "core" and not UNITS[0].optional and all(u.optional for u in UNITS[1:])
     assert set(extras.names()) | {"core", "cluster-autoscaler"} == set(names)
     assert names.index("trainer") < names.index("kueue")  # Kueue reads the Trainer's CRDs at its start
+
+
+def test_down_only_names_an_optional_unit_or_says_which_exist() -> None:
+    from kfp_gpu.devcluster import boot
+
+    with pytest.raises(BootError, match="unknown local-cluster component 'core': choose from cluster-autoscaler, "
+                                        "trainer, kueue, gcs, karpenter"):
+        boot.down(only=("core",))  # refused before anything is read or stopped
