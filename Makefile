@@ -5,6 +5,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_STAMP := $(VENV)/.installed-torch
 export KFP_GPU_CACHE ?= $(HOME)/.cache/kfp-gpu
 export KUBECONFIG := $(KFP_GPU_CACHE)/cluster/kubeconfig
 PYTEST_ARGS ?=
@@ -34,7 +35,7 @@ TORCH_CPU := torch==2.15.0 nvidia-cudnn-cu13==9.26.0.51 nvidia-cusparselt-cu13==
 # TORCH_CPU; their other requirements are in the line after (psutil) or in dev (transformers' hub stack)
 FRAMEWORKS := accelerate==1.15.0 pytorch-lightning==2.6.6 torchmetrics==1.9.0 lightning-utilities==0.15.3
 
-.PHONY: sysdeps imagedeps images venv lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick faults clean
+.PHONY: sysdeps imagedeps images venv venv-torch lint cluster-build cluster-build-ca cluster-up cluster-down cluster-status test test-unit demo components bench bench-quick faults clean
 
 # System packages from Debian: chromium renders the HTML reports in a test (screenshot + DOM check).
 sysdeps:
@@ -54,16 +55,24 @@ imagedeps:
 images: imagedeps venv
 	$(BIN)/python -m kfp_gpu.devcluster.images
 
+# Two venv targets: `venv` is what `make demo` (and the cluster targets) need: the SDK, the clouds' clients, the
+# controller and the dev tools, no torch (tests/unit/test_no_torch_on_run.py: `kfp-gpu run` imports none).
+# `venv-torch` adds the CPU torch and the frameworks for the trainer and the test paths (test, test-unit, lint,
+# faults): ~2.35 GB that a first demo never downloads.
 venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev,controller]'
+	touch $(STAMP)
+
+venv-torch: $(TORCH_STAMP)
+$(TORCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps $(TORCH_CPU) $(FRAMEWORKS)
 	$(BIN)/pip install -q filelock 'sympy>=1.13.3' networkx jinja2 'typing-extensions>=4.13' numpy 'setuptools>=77.0.3' psutil
 	$(BIN)/python -c "import torch; torch.ones(1)"  # fail fast: a broken torch install must stop here
-	touch $(STAMP)
+	touch $(TORCH_STAMP)
 
-lint: venv
+lint: venv-torch
 	$(BIN)/ruff check kfp_gpu tests pipelines bench
 	$(BIN)/mypy kfp_gpu
 
@@ -96,7 +105,7 @@ test: GCS = 1
 test: TRAINER = 1
 # The images (make images) build in the background while cluster-up builds and boots the cluster: on a cold machine
 # both take minutes and neither needs the other; the image tests then find them in the cache.
-test: sysdeps imagedeps venv lint
+test: sysdeps imagedeps venv-torch lint
 	@mkdir -p $(KFP_GPU_CACHE); $(BIN)/python -m kfp_gpu.devcluster.images > $(KFP_GPU_CACHE)/images-build.log 2>&1 & img=$$!; \
 	  $(MAKE) --no-print-directory cluster-up AUTOSCALER=$(AUTOSCALER) KUEUE=$(KUEUE) GCS=$(GCS) TRAINER=$(TRAINER) \
 	    || { kill $$img 2>/dev/null; exit 1; }; \
@@ -106,7 +115,7 @@ test: sysdeps imagedeps venv lint
 
 # The unit tier: needs no cluster and boots none (it never depends on cluster-up; tests/conftest.py stops the
 # collection when a test that uses the cluster or an emulator lacks the integration mark).
-test-unit: venv
+test-unit: venv-torch
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 
 demo: venv cluster-up
@@ -138,7 +147,7 @@ faults: AUTOSCALER = cluster-autoscaler,karpenter
 faults: KUEUE = 1
 faults: GCS = 1
 faults: TRAINER = 1
-faults: cluster-up
+faults: venv-torch cluster-up
 	KFP_GPU_FAULT_ROWS=$(CURDIR)/bench/results/faults $(BIN)/python -m pytest -q -m integration tests/integration \
 	  -k 'stall or hang or straggler or health or notice'
 	$(BIN)/python -m bench.report_faults

@@ -59,9 +59,7 @@ class _BoundPods:
     preempt through the scheduler): when each was deleted. The balloons are a profile only."""
 
     def __init__(self, api: client.ApiClient, namespace: str, job: str, n: int, run_id: str) -> None:
-        from kfp_gpu.cluster.balloons import BALLOON_LABEL
-        from kfp_gpu.cluster.podtemplate import JOB_LABEL
-        from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+        from kfp_gpu.ownership import BALLOON_LABEL, JOB_LABEL, LABEL_RUN_ID, label_safe
 
         self.n = n
         self.cond = threading.Condition()

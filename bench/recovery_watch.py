@@ -21,7 +21,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from bench.recovery_metrics import Rank, training_ranks
-from kfp_gpu.cluster import pytorchjob
+from kfp_gpu import ownership
 from kfp_gpu.sim.ranks import RESUMES_ANNOTATION, STALLED_ANNOTATION
 
 POLL_S = 0.005  # the trainer's look at the watch's state (the resolution of t_train / t_full)
@@ -41,7 +41,7 @@ class JobPods:
 
     def __init__(self, api: client.ApiClient, namespace: str, job: str, n: int) -> None:
         self.core = client.CoreV1Api(api)
-        self.namespace, self.selector, self.n = namespace, f"{pytorchjob.JOB_LABEL}={job}", n
+        self.namespace, self.selector, self.n = namespace, f"{ownership.JOB_LABEL}={job}", n
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> {name, phase, node, live, seen, stalled, resumes}
         self.cond = threading.Condition()
         self.t0: float | None = None

@@ -90,16 +90,16 @@ def cmd_gc(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from kfp_gpu.demo import run
+    from kfp_gpu.rehearsal_seam import load
 
-    return run(a.pipeline_file, a.arg, pipeline=a.pipeline, scenario=a.scenario or None, keep=a.keep,
-               containers=a.containers)
+    return int(load("demo").run(a.pipeline_file, a.arg, pipeline=a.pipeline, scenario=a.scenario or None,
+                                keep=a.keep, containers=a.containers))
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from kfp_gpu.demo import main as demo_main
+    from kfp_gpu.rehearsal_seam import load
 
-    return demo_main(keep=a.keep)
+    return int(load("demo").main(keep=a.keep))
 
 
 def cmd_submit(a: argparse.Namespace) -> int:
@@ -169,8 +169,9 @@ def _quota_provider(provider: CapacityProvider, a: argparse.Namespace) -> Capaci
 
 
 def cmd_dev_cluster(a: argparse.Namespace) -> int:
-    from kfp_gpu.devcluster.cli import main as dc_main
+    from kfp_gpu.rehearsal_seam import load
 
+    dc_main = load("devcluster.cli").main
     withs = [w for name in a.extras for w in ("--with", name)]
     more = ["--autoscaler", a.autoscaler, *(["--kueue"] if a.kueue else []), *withs] if a.action == "up" else []
     if a.action == "build":

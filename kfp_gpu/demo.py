@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from kfp_gpu import rehearsal_seam
 from kfp_gpu.errors import InvalidSpec, KfpGpuError
+from kfp_gpu.report._common import duration
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
@@ -127,11 +129,13 @@ _IMAGE = re.compile(r"kfp-gpu-image: (.+)$")  # kfp_gpu.devcluster.containers.MA
 
 class Progress(io.TextIOBase):
     """A stdout stand-in for kfp.local: every byte goes to ``log``; task start/finish lines become one
-    progress line each on ``terminal``; the first run id of a kfp-gpu step is remembered."""
+    progress line each on ``terminal``, its duration in the world's clock (``scale`` real-world seconds per
+    second); the first run id of a kfp-gpu step is remembered."""
 
-    def __init__(self, log: TextIO, terminal: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, log: TextIO, terminal: TextIO, clock: Callable[[], float] = time.monotonic,
+                 scale: float = 1.0) -> None:
         super().__init__()
-        self.log, self.terminal, self.clock = log, terminal, clock
+        self.log, self.terminal, self.clock, self.scale = log, terminal, clock, scale
         self.started: dict[str, float] = {}
         self.finished: dict[str, str] = {}
         self.run_id = ""
@@ -161,7 +165,7 @@ class Progress(io.TextIOBase):
             took = now - self.started.get(task, now)
             self.finished[task] = status
             verb = "finished" if status == "SUCCESS" else f"failed ({status})"
-            self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {took:.1f}s")
+            self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {duration(took * self.scale)}")
         elif self.started and (m := _IMAGE.search(line)):
             self._say(f"    {list(self.started)[-1]} runs in {m.group(1)}")
         elif not self.run_id and (m := _RUN_ID.search(line)):
@@ -202,7 +206,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
     """
     from kfp_gpu.cluster import ledger, owned
     from kfp_gpu.gang import api as gang_api
-    from kfp_gpu.providers.base import LABEL_RUN_ID
+    from kfp_gpu.ownership import LABEL_RUN_ID
 
     gangs = owned.Kind("gpugang", f"/apis/{gang_api.API_VERSION}", gang_api.PLURAL, True, LABEL_RUN_ID)
     kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE,
@@ -296,8 +300,10 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp_gpu.dsl import resolved_spec, spec_of
     from kfp_gpu.gang import api as gang_api
     from kfp_gpu.gang.client import OWNER_PID_ENV
+    from kfp_gpu.report._common import world
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
+    from kfp_gpu.sim.clock import TIME_SCALE
     from kfp_gpu.sim.server import SimServer
 
     out_ = terminal or sys.stdout
@@ -335,7 +341,11 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         say(f"AWS (EKS/EC2/Auto Scaling) stand-in on {daemon.start_aws(port)}")
     sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
-    os.environ["KFP_GPU_SIM_ENDPOINT"] = url
+    os.environ[rehearsal_seam.SIM_ENDPOINT_ENV] = url
+    # the controller, the steps and this report put times and costs in the world's clock
+    os.environ[rehearsal_seam.TIME_SCALE_ENV] = f"{TIME_SCALE:g}"
+    say(f"the rehearsal world runs {TIME_SCALE:g}x faster than the real one: every time and cost below is in the "
+        f"world's clock (one second here = {TIME_SCALE:g} real-world seconds)")
     root = tempfile.mkdtemp(prefix="kfp-gpu-run-")
     log_path = Path(root) / LOG_NAME
     say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")
@@ -352,7 +362,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     admin_kc = os.environ["KUBECONFIG"]
     os.environ.update({"KUBECONFIG": str(step_kc), OWNER_PID_ENV: str(os.getpid())})
     with open(log_path, "w", encoding="utf-8") as log:
-        progress = Progress(log, out_)
+        progress = Progress(log, out_, scale=TIME_SCALE)
         try:
             with contextlib.redirect_stdout(progress), warnings.catch_warnings():
                 warnings.showwarning = _to(log)  # kfp.local's runner warnings: the log, not the terminal
@@ -379,14 +389,15 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                 sim.stop()
     took = time.time() - t0
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
-    say(f"\n=== pipeline {graph.name} {status} in {took:.1f}s (kfp.local, SubprocessRunner"
+    say(f"\n=== pipeline {graph.name} {status} in {duration(took * TIME_SCALE)} (kfp.local, SubprocessRunner"
         f"{'; kfp-gpu steps in ' + ctr.expected_image + ', podman' if ctr else ''}) ===")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
     if tl.nodes:
+        world_tl, _ = world(tl)
         say("\nProvisioning timeline (requested -> registered -> Ready -> released):")
-        say(gantt(tl, width=100))
+        say(gantt(world_tl, width=100))
         say("\nCost-risk report:")
-        say(cost_table(cost_report(spec, tl), width=100))
+        say(cost_table(cost_report(spec, world_tl), width=100))
     else:
         say(f"no timeline in the teardown output (did the run fail? see {log_path})")
     errors = list(out.get("errors") or [])  # type: ignore[call-overload]

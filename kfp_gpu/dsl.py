@@ -37,6 +37,7 @@ from kfp.dsl import base_component, graph_component
 from kfp_gpu import channels
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.job import DEFAULT_TRAINER_IMAGE, JobTemplate
+from kfp_gpu.ownership import COMPONENT_LABEL, LABEL_MANAGED
 from kfp_gpu.runtime import RUNTIME_FIELDS, SPEC_INPUT, check_runtime_fields, parameter_default, python_type
 from kfp_gpu.spec import ProvisioningSpec
 
@@ -354,6 +355,6 @@ def _platform(task: dsl.PipelineTask, target: str, label: str) -> None:
         return
     from kfp import kubernetes
 
-    kubernetes.add_pod_label(task, "kfp-gpu.io/managed", "true")
-    kubernetes.add_pod_label(task, "kfp-gpu.io/component", label.replace(" ", "-"))
+    kubernetes.add_pod_label(task, LABEL_MANAGED, "true")
+    kubernetes.add_pod_label(task, COMPONENT_LABEL, label.replace(" ", "-"))
     kubernetes.add_pod_annotation(task, SAFE_TO_EVICT, "false")

@@ -24,16 +24,15 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import kubeapply
+from kfp_gpu import kubeapply, ownership
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
 from kfp_gpu.gang import api as gang
+from kfp_gpu.ownership import LABEL_MANAGED, TENANT_NAMESPACE_LABEL
 
 Obj = dict[str, Any]
 Log = Callable[[str], None]
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
-MANAGED_LABEL = "kfp-gpu.io/managed"
-TENANT_NAMESPACE_LABEL = "kfp-gpu.io/tenant-namespace"  # on a tenant's GpuPolicy: the namespace it was made for
 CONTROLLER_KINDS = frozenset({"Deployment", "Service"})  # left out by --no-controller
 CONTROLLER_IMAGE = "kfp-gpu"  # the image name controller.yaml uses, set by kustomization.yaml's `images`
 TENANT_CLUSTER_ROLE = "kfp-gpu-controller-tenant"
@@ -143,14 +142,14 @@ def tenant_objects(namespace: str, **limits: Any) -> list[Obj]:
     Raises: InvalidSpec (a namespace that cannot be a tenant, an unknown limit or a bad value).
     """
     ns = check_namespace(namespace)
-    managed = {MANAGED_LABEL: "true"}
+    managed = {LABEL_MANAGED: "true"}
 
     def meta(name: str, **extra: Any) -> Obj:
         return {"name": name, "namespace": ns, "labels": dict(managed), **extra}
 
     rbac = "rbac.authorization.k8s.io/v1"
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {gang.TENANT_LABEL: "true"}}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {ownership.TENANT_LABEL: "true"}}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(gang.STEP_SA)},
         {"apiVersion": rbac, "kind": "Role", "metadata": meta(gang.STEP_SA), "rules": [dict(r) for r in STEP_RULES]},
         {"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta(gang.STEP_SA),
@@ -278,11 +277,11 @@ def tenant_remove(api: client.ApiClient, namespace: str, *, force: bool = False,
                           remediation=f"wait for their runs to finish or release them (kubectl delete gpugangs --all "
                           f"-n {ns}), or pass --force (the controller then cannot clean up after them)", gangs=gangs)
     lines = [_emit([kubeapply.delete(api, o)], log)[0] for o in reversed(objs[1:])]
-    unlabel = {"metadata": {"labels": {gang.TENANT_LABEL: None}}}
+    unlabel = {"metadata": {"labels": {ownership.TENANT_LABEL: None}}}
     with kubeapply.refusal(f"namespace/{ns}", "unlabel"):
         found = kubeapply.ignore_404(lambda: kubeapply.request(
             api, "PATCH", kubeapply.path(objs[0]), body=unlabel, content_type="application/merge-patch+json"))
-    return lines + _emit([f"namespace/{ns} {'unlabelled ' + gang.TENANT_LABEL if found else 'not found'}"], log)
+    return lines + _emit([f"namespace/{ns} {'unlabelled ' + ownership.TENANT_LABEL if found else 'not found'}"], log)
 
 
 def gang_names(api: client.ApiClient, namespace: str) -> list[str]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.ownership import RESUME_STEP_ANNOTATION, RUN_ID_RAW_ANNOTATION
 
 PLACEHOLDER_KEY = "__kfp_gpu_param__"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -21,7 +22,7 @@ SHM_PATH = "/dev/shm"
 SHM_VOLUME = "dshm"
 #: label keys kfp-gpu sets on the job and its pods (ownership, job name, operator bookkeeping)
 RESERVED_LABEL_PREFIXES = ("kfp-gpu.io/", "training.kubeflow.org/")
-RESERVED_ANNOTATIONS = ("kfp-gpu.io/run-id-raw", "kfp-gpu.io/resume-step")
+RESERVED_ANNOTATIONS = (RUN_ID_RAW_ANNOTATION, RESUME_STEP_ANNOTATION)
 VOLUME_SOURCES = ("persistentVolumeClaim", "secret", "configMap", "emptyDir")
 _SOURCE_NAME_KEY = {"persistentVolumeClaim": "claimName", "secret": "secretName", "configMap": "name"}
 MOUNT_KEYS = ("name", "mountPath", "readOnly", "subPath", "subPathExpr", "mountPropagation")

@@ -144,6 +144,23 @@ class Timeline:
         self.events.sort(key=lambda e: float(e["t"]))
         return self
 
+    def scaled(self, factor: float) -> Timeline:
+        """A copy whose times are stretched by ``factor`` around the earliest time recorded (node transitions and
+        events alike): the timeline of a compressed world (the local rehearsal runs ``factor`` real-world seconds
+        per second) in the world's own clock. ``factor`` 1 gives an equal copy. Pure; raises nothing."""
+        times = [t for n in self.nodes.values() for t in n.times.values()] + [float(e["t"]) for e in self.events]
+        t0 = min(times, default=0.0)
+
+        def stretch(t: float) -> float:
+            return t0 + (t - t0) * factor
+
+        out = Timeline(run_id=self.run_id, events=[{**e, "t": stretch(float(e["t"]))} for e in self.events])
+        for name, n in self.nodes.items():
+            copy = NodeTimeline.from_dict(n.to_dict())
+            copy.times = {k: stretch(v) for k, v in n.times.items()}
+            out.nodes[name] = copy
+        return out
+
     def to_json(self) -> str:
         return json.dumps(
             {"run_id": self.run_id, "nodes": [n.to_dict() for n in self.nodes.values()], "events": self.events},

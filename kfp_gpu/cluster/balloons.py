@@ -15,18 +15,17 @@ from kfp_gpu import fanout
 from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import GPU, run_toleration
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.ownership import BALLOON_LABEL, LABEL_MANAGED, LABEL_RUN_ID, Owner, label_safe
 
 PRIORITY_CLASS = "kfp-gpu-balloon"
 PRIORITY_VALUE = -10
-BALLOON_LABEL = "kfp-gpu.io/balloon"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 
 
 def ensure_priority_class(api: client.ApiClient) -> None:
     """Create the negative PriorityClass if missing (idempotent). Raises: ApiException (non-409)."""
     body = client.V1PriorityClass(
-        metadata=client.V1ObjectMeta(name=PRIORITY_CLASS, labels={"kfp-gpu.io/managed": "true"}),
+        metadata=client.V1ObjectMeta(name=PRIORITY_CLASS, labels={LABEL_MANAGED: "true"}),
         value=PRIORITY_VALUE, preemption_policy="Never", global_default=False,
         description="kfp-gpu warm-pool balloons: any real workload preempts them",
     )

@@ -17,8 +17,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster.kube import get_custom
-from kfp_gpu.cluster.podtemplate import JOB_LABEL
 from kfp_gpu.errors import CrdMissing
+from kfp_gpu.ownership import JOB_LABEL
 
 
 @dataclass(frozen=True)

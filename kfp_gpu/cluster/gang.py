@@ -7,8 +7,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from kfp_gpu.cluster.nodes import Node, NodeView
+from kfp_gpu.ownership import label_safe
 from kfp_gpu.plan.scale import PoolObservation
-from kfp_gpu.providers.base import PoolState, label_safe
+from kfp_gpu.providers.base import PoolState
 from kfp_gpu.timeline import NodeState, Timeline
 
 

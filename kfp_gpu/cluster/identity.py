@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from kfp_gpu.errors import WrongCluster
+from kfp_gpu.ownership import LABEL_MANAGED
 from kfp_gpu.spec import Target, TargetKind
 
 INFO_NAMESPACE = "kube-public"
@@ -195,7 +196,7 @@ def record_local(api: client.ApiClient, server: str) -> None:
         ApiException: the ConfigMap, Role or RoleBinding cannot be written.
     """
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-    labels = {"kfp-gpu.io/managed": "true"}
+    labels = {LABEL_MANAGED: "true"}
     cm = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=INFO_NAME, labels=labels),
                             data={"kind": LOCAL_KIND, "cluster": LOCAL_NAME, "server": server})
     role = client.V1Role(metadata=client.V1ObjectMeta(name=f"{INFO_NAME}-reader", labels=labels), rules=[

@@ -22,10 +22,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import fanout
-from kfp_gpu.cluster.balloons import BALLOON_LABEL, PAUSE_IMAGE, PRIORITY_CLASS, ensure_priority_class
+from kfp_gpu.cluster.balloons import PAUSE_IMAGE, PRIORITY_CLASS, ensure_priority_class
 from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.cluster.nodes import GPU, NodeView, list_nodes
+from kfp_gpu.ownership import BALLOON_LABEL, PLACEHOLDER_SET
 from kfp_gpu.plan import karpenter as plan
 
 NODE_CLASS_ENV = "KFP_GPU_KARPENTER_NODECLASS"  # "group/Kind/name" overrides the node class detection
@@ -169,7 +170,6 @@ def _event_time(event: Mapping[str, Any]) -> float:
     return 0.0
 
 
-PLACEHOLDER_SET = "kfp-gpu.io/placeholder-set"
 
 
 def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str], *, labels: Mapping[str, str],

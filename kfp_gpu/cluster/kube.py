@@ -113,10 +113,10 @@ def load(target: Target | None, cfg: client.Configuration) -> Source | None:
                                    "token") from None
         return Source(server=str(cfg.host), in_pod=True)
     if target is not None and target.kind is TargetKind.LOCAL:
-        from kfp_gpu.devcluster.boot import kubeconfig_path
+        from kfp_gpu.rehearsal_seam import local_kubeconfig
 
-        if kubeconfig_path().exists():
-            return _from_kubeconfig(str(kubeconfig_path()), context, cfg)
+        if local_kubeconfig().exists():
+            return _from_kubeconfig(str(local_kubeconfig()), context, cfg)
     if target is not None and target.kind is TargetKind.GKE:
         return None
     raise NoKubeCredentials(

@@ -27,8 +27,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import owned
+from kfp_gpu.ownership import LABEL_MANAGED, label_safe
 from kfp_gpu.plan.lease import LOCAL_OWNER, POD_OWNER, WORKFLOW_OWNER, LeaseRecord, OwnerRef, lock_free
-from kfp_gpu.providers.base import LABEL_MANAGED, label_safe
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,6 @@ ARGO_WORKFLOW_LABEL = "workflows.argoproj.io/workflow"  # Argo labels every work
 SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 A_POD, A_POD_UID, A_WORKFLOW, A_LOCAL = ("kfp-gpu.io/owner-pod", "kfp-gpu.io/owner-pod-uid",
                                          "kfp-gpu.io/owner-workflow", "kfp-gpu.io/owner-local")
-A_RUN_ID, A_RELEASED = "kfp-gpu.io/run-id-raw", "kfp-gpu.io/released-at"
 LOCK_NAME = "kfp-gpu-janitor"
 
 

@@ -23,10 +23,18 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster.kube import ignore_404
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
+from kfp_gpu.ownership import (
+    LABEL_LEASE,
+    LABEL_RUN_ID,
+    LABEL_STEP,
+    LEDGER_GANG_NAMESPACE_LABEL,
+    LEDGER_LABEL,
+    RUN_ID_RAW_ANNOTATION,
+    Owner,
+    label_safe,
+)
 
-LEDGER_LABEL = "kfp-gpu.io/ledger"
-TENANT_LABEL = "kfp-gpu.io/gang-namespace"  # the namespace of the gang whose ledger this is
+TENANT_LABEL = LEDGER_GANG_NAMESPACE_LABEL  # the namespace of the gang whose ledger this is
 HOME_ENV = "KFP_GPU_LEDGER_NAMESPACE"
 
 
@@ -69,7 +77,7 @@ def write(api: client.ApiClient, namespace: str, owner: Owner, data: dict[str, A
     name, gang_namespace, namespace = ledger_name(owner.run_id, owner.step, namespace), namespace, home(namespace)
     labels = {**owner.labels(), LEDGER_LABEL: "true", TENANT_LABEL: gang_namespace}
     body = client.V1ConfigMap(
-        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations={"kfp-gpu.io/run-id-raw": owner.run_id}),
+        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations={RUN_ID_RAW_ANNOTATION: owner.run_id}),
         data={"ledger": json.dumps(data, sort_keys=True)},
     )
     try:

@@ -29,9 +29,16 @@ from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.conditional import patch_conditionally
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.cluster.node_labels import pool_of
+from kfp_gpu.ownership import (
+    CLAIM_TAINT_SUFFIX,
+    LABEL_LEASE,
+    LABEL_RUN_ID,
+    LEGACY_RUN_TAINT_KEY,
+    PROTECTED_BY,
+    label_safe,
+)
 from kfp_gpu.plan import readiness
 from kfp_gpu.plan.readiness import gpus_allocatable, is_ready
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, label_safe
 
 GPU = readiness.GPU
 GKE_POOL_LABEL = node_labels.GKE.pool
@@ -114,8 +121,6 @@ def read_node(api: client.ApiClient, name: str) -> Node | None:
         raise
 
 
-CLAIM_TAINT_SUFFIX = ".claims.kfp-gpu.io/run"  # the claim taint key is <namespace> + this
-LEGACY_RUN_TAINT_KEY = "kfp-gpu.io/run"  # the claim taint key of older versions: still released by unclaim
 
 
 def claim_taint_key(namespace: str) -> str:
@@ -165,7 +170,6 @@ def _taints(node: Node) -> list[dict[str, Any]]:
 
 
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
-PROTECTED_BY = "kfp-gpu.io/scale-down-disabled-by"  # the run whose claim set SCALE_DOWN_DISABLED
 
 
 def annotations_of(node: Node) -> dict[str, str]:

@@ -17,13 +17,16 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import pytorchjob, trainjob
-from kfp_gpu.cluster.balloons import BALLOON_LABEL
-from kfp_gpu.cluster.ledger import LEDGER_LABEL
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import (
+    BALLOON_LABEL,
+    LABEL_RUN_ID,
+    LEASE_NAMESPACE_ANNOTATION,
+    LEDGER_LABEL,
+    RUN_LEASE_LABEL,
+    label_safe,
+)
 
 Obj = dict[str, Any]
-RUN_LEASE_LABEL = "kfp-gpu.io/run-lease"
-NAMESPACE_ANNOTATION = "kfp-gpu.io/lease-namespace"  # on claimed Nodes: "<namespace>/<run label>" of the leases
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -121,7 +124,7 @@ def delete(api: client.ApiClient, kind: Kind, obj: Obj) -> bool:
 def node_namespace(obj: Obj) -> str:
     """The namespace whose run leases a claimed Node answers to ("" when no heartbeat recorded it for the
     run that claims it now: a stale value left by an earlier run does not count)."""
-    ns, _, run = str((meta(obj).get("annotations") or {}).get(NAMESPACE_ANNOTATION, "")).partition("/")
+    ns, _, run = str((meta(obj).get("annotations") or {}).get(LEASE_NAMESPACE_ANNOTATION, "")).partition("/")
     return ns if run and run == labels(obj).get(LABEL_RUN_ID) else ""
 
 

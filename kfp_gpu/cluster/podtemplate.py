@@ -21,7 +21,6 @@ from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
 
-JOB_LABEL = "kfp-gpu.io/job"
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"

@@ -30,15 +30,14 @@ from kfp_gpu.cluster.podtemplate import (  # noqa: F401 - re-exported: the names
     ENV_RESUME_PATH,
     ENV_RESUME_STEP,
     ENV_RUN_ID,
-    JOB_LABEL,
     REQUIRED,
     SIM_DURATION_ANNOTATION,
     node_affinity,
 )
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
+from kfp_gpu.ownership import JOB_LABEL, RESUME_STEP_ANNOTATION, RUN_ID_RAW_ANNOTATION, label_safe
 from kfp_gpu.plan.kueue import QUEUE_LABEL
-from kfp_gpu.providers.base import label_safe
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
 RESOURCE = customjob.Resource(GROUP, VERSION, PLURAL, KIND)
@@ -106,8 +105,8 @@ def manifest(
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
         "metadata": {"name": name, "labels": meta_labels,
-                     "annotations": {**dict(template.annotations), "kfp-gpu.io/run-id-raw": run_id,
-                                     "kfp-gpu.io/resume-step": str(podtemplate.resume_step(resume))}},
+                     "annotations": {**dict(template.annotations), RUN_ID_RAW_ANNOTATION: run_id,
+                                     RESUME_STEP_ANNOTATION: str(podtemplate.resume_step(resume))}},
         "spec": spec,
     }
 

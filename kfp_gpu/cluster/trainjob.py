@@ -33,16 +33,17 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import podtemplate
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.cluster.customjob import Resource, served
 from kfp_gpu.errors import CrdMissing, InvalidSpec
 from kfp_gpu.job import JobTemplate
+from kfp_gpu.ownership import ATTEMPT, RESUME_STEP_ANNOTATION, RUN_ID_RAW_ANNOTATION
 from kfp_gpu.plan.kueue import QUEUE_LABEL
 
 RESOURCE = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
 PATCH_MANAGER = "kfp-gpu.io/train"
-ATTEMPT = "kfp-gpu.io/attempt"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 NODE_CONTAINER = "node"
 RUNTIME_PLURALS = {"ClusterTrainingRuntime": "clustertrainingruntimes", "TrainingRuntime": "trainingruntimes"}
@@ -134,7 +135,7 @@ def manifest(
 
     Raises: InvalidSpec (a ``resume_args`` entry names an unknown field).
     """
-    job_labels = {**dict(template.labels), **labels, podtemplate.JOB_LABEL: name}
+    job_labels = {**dict(template.labels), **labels, ownership.JOB_LABEL: name}
     env = podtemplate.container_env(template, podtemplate.own_env(
         checkpoint_uri=checkpoint_uri, resume=resume, run_id=run_id, dataset_uri=dataset_uri))
     pod = podtemplate.pod_template(
@@ -168,8 +169,8 @@ def manifest(
     return {
         "apiVersion": RESOURCE.api_version, "kind": RESOURCE.kind,
         "metadata": {"name": name, "labels": meta_labels,
-                     "annotations": {**dict(template.annotations), "kfp-gpu.io/run-id-raw": run_id,
-                                     "kfp-gpu.io/resume-step": str(podtemplate.resume_step(resume)),
+                     "annotations": {**dict(template.annotations), RUN_ID_RAW_ANNOTATION: run_id,
+                                     RESUME_STEP_ANNOTATION: str(podtemplate.resume_step(resume)),
                                      ATTEMPT: attempt}},
         "spec": spec,
     }

@@ -22,6 +22,7 @@ from kubernetes import client
 from kfp_gpu.cluster import kueue_workload
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.errors import GangPlacementFailed, TrainingFailed
+from kfp_gpu.ownership import LABEL_RUN_ID
 from kfp_gpu.plan.admission import Admission, QueueState, WorkloadFact, admission
 from kfp_gpu.plan.readiness import is_ready
 from kfp_gpu.plan.recovery import (
@@ -38,7 +39,6 @@ from kfp_gpu.plan.recovery import (
     node_shutdown_reason,
     watchdog,
 )
-from kfp_gpu.providers.base import LABEL_RUN_ID
 
 __all__ = ["ERROR", "SYNC", "Event", "GangWatch", "Watcher", "custom_watcher", "node_fact", "node_watcher",
            "parse_time", "pod_fact", "pod_watcher", "quantity"]

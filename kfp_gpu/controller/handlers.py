@@ -25,9 +25,9 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.controller import metrics
 from kfp_gpu.controller.runner import Obj, Runner, post_event
 from kfp_gpu.gang import api as gang
+from kfp_gpu.ownership import RELEASE_FINALIZER
 
 log = logging.getLogger(__name__)
-FINALIZER = "kfp-gpu.io/release"
 TURN_S = 0.5  # at the latest: a watch event of the gang or a unit's end wakes its loop at once (Runner.wake)
 _runners: dict[tuple[str, str], Runner] = {}
 _state: dict[str, Any] = {}
@@ -56,7 +56,7 @@ def _event(obj: Obj, etype: str, reason: str, message: str) -> None:
 
 @kopf.on.startup()
 def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = RELEASE_FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kfp-gpu.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kfp-gpu.io")
     settings.posting.level = logging.INFO

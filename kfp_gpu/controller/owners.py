@@ -20,9 +20,9 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster.owners import Owners, pid_alive
 from kfp_gpu.cluster.watch import parse_time
-from kfp_gpu.gang import api as gang
 from kfp_gpu.plan.lease import (
     HEARTBEAT_OWNER,
     LOCAL_OWNER,
@@ -44,7 +44,7 @@ def deciding_owner(owner: Mapping[str, Any], hostname: str) -> OwnerRef | None:
     if len(parts) == 3 and parts[0] == LOCAL_OWNER and parts[1] == hostname:
         return OwnerRef(LOCAL_OWNER, local)
     if str(owner.get("heartbeat") or "") == "true":
-        return OwnerRef(HEARTBEAT_OWNER, gang.HEARTBEAT_ANNOTATION)
+        return OwnerRef(HEARTBEAT_OWNER, ownership.HEARTBEAT_ANNOTATION)
     return None
 
 
@@ -68,7 +68,7 @@ def gone(api: client.ApiClient, obj: Mapping[str, Any], hostname: str | None = N
     elif ref.kind == HEARTBEAT_OWNER:
         meta = obj.get("metadata") or {}
         ttl = float((spec.get("provisioning") or {}).get("lease_ttl_s") or DEFAULT_LEASE_TTL_S)
-        state = heartbeat_state(_beat((meta.get("annotations") or {}).get(gang.HEARTBEAT_ANNOTATION)),
+        state = heartbeat_state(_beat((meta.get("annotations") or {}).get(ownership.HEARTBEAT_ANNOTATION)),
                                 parse_time(meta.get("creationTimestamp")), ttl, time.time() if now is None else now)
         return f"the owner's heartbeat (no beat for {ttl:.0f}s, lease_ttl_s)" if state is OwnerState.GONE else ""
     else:

@@ -9,21 +9,17 @@ kubeconfig live in ``${KFP_GPU_CACHE:-~/.cache/kfp-gpu}/cluster``.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
-import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import crds, procs
+from . import crds, procs, runner
 from .certs import CertError, ensure_pki
 from .procs import BootError
+from .runner import Component, Ctx, Unit
 from .versions import Versions, binaries, cluster_dir, share_dir
 
 STAGES_FILE = Path(__file__).with_name("kwok") / "stages.yaml"
@@ -53,34 +49,11 @@ PORT_DEFAULTS: dict[str, tuple[str, int]] = {
 
 
 def ports() -> dict[str, int]:
-    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORT_DEFAULTS.items()}
+    return runner.env_ports(PORT_DEFAULTS)
 
 
 def kubeconfig_path() -> Path:
     return cluster_dir() / "kubeconfig"
-
-
-@dataclass
-class Ctx:
-    state: Path
-    pki: Path
-    bins: dict[str, Path]
-    ports: dict[str, int]
-    versions: Versions
-
-    @property
-    def kubeconfig(self) -> Path:
-        return self.state / "kubeconfig"
-
-
-@dataclass(frozen=True)
-class Component:
-    name: str
-    port_keys: tuple[str, ...]
-    argv: Callable[[Ctx], list[str]]
-    healthy: Callable[[Ctx], bool]
-    timeout: float = 60.0
-    env: Callable[[Ctx], dict[str, str]] | None = None
 
 
 def _etcd(c: Ctx) -> list[str]:
@@ -156,7 +129,8 @@ COMPONENTS: tuple[Component, ...] = (
     Component("kube-controller-manager", ("controller-manager",), _controller_manager,
               _https("controller-manager", "/healthz")),
     Component("kube-scheduler", ("scheduler",), _scheduler, _https("scheduler", "/healthz")),
-    Component("kwok", ("kwok",), _kwok, lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['kwok']}/healthz")),
+    Component("kwok", ("kwok",), _kwok, lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['kwok']}/healthz"),
+              before=lambda c: _install_operator_crds(c)),  # CRDs + webhook plumbing before the operator starts
     Component("training-operator", ("operator-metrics", "operator-probe", "operator-webhook"), _operator,
               lambda c: procs.http_ok(f"http://127.0.0.1:{c.ports['operator-probe']}/readyz"), timeout=90.0,
               env=lambda c: {"TMPDIR": str(c.state / "tmp")}),
@@ -206,64 +180,6 @@ def _check_ports_consistent(c: Ctx) -> None:
         raise BootError(f"a cluster is already running with ports {old}; run `down` before changing ports")
 
 
-def _fingerprint(argv: list[str]) -> str:
-    """argv plus the content hash of any --config file (so editing stages.yaml restarts KWOK).
-
-    A config file counts by name and content, not by directory: two checkouts of the same commit (a CI
-    clone beside the working tree) share one running cluster instead of restarting KWOK under each other.
-    """
-    lines = []
-    for a in argv:
-        if a.startswith("--config="):
-            f = Path(a.split("=", 1)[1])
-            digest = hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else "-"
-            lines.append(f"--config={f.name} sha256 {digest}")
-        else:
-            lines.append(a)
-    return "\n".join(lines)
-
-
-@contextlib.contextmanager
-def _locked(state: Path) -> Iterator[None]:
-    """Serialize concurrent up/down calls (several test sessions may boot at once)."""
-    state.mkdir(parents=True, exist_ok=True)
-    with (state / "lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _ensure(c: Ctx, comp: Component) -> str:
-    """Start ``comp`` unless our instance is already running and healthy."""
-    binary, log = c.bins[comp.name], c.state / f"{comp.name}.log"
-    argv = comp.argv(c)
-    env = comp.env(c) if comp.env else {}
-    fp = _fingerprint(argv + [f"# env {k}={v}" for k, v in sorted(env.items())])
-    args_file = c.state / f"{comp.name}.args"
-    pid = procs.running_pid(c.state, comp.name, binary)
-    if pid is not None and args_file.exists() and args_file.read_text() != fp:
-        print(f"[up] {comp.name} (pid {pid}) runs with other flags; restarting it", flush=True)
-        procs.stop(c.state, comp.name, binary)
-        pid = None
-    if pid is not None:
-        try:
-            procs.wait_for(comp.name, lambda: comp.healthy(c), timeout=10.0)
-            return "running"
-        except BootError:
-            print(f"[up] {comp.name} (pid {pid}) is unhealthy; restarting it", flush=True)
-            procs.stop(c.state, comp.name, binary)
-    else:
-        procs.pid_file(c.state, comp.name).unlink(missing_ok=True)
-    procs.check_ports_free(comp.name, [c.ports[k] for k in comp.port_keys])
-    new_pid = procs.start(c.state, comp.name, argv, env)
-    args_file.write_text(fp)
-    procs.wait_for(comp.name, lambda: comp.healthy(c), comp.timeout, log,
-                   alive=lambda: procs.is_alive(new_pid))
-    return "started"
-
-
 def _prepare_webhook_certs(c: Ctx) -> None:
     d = webhook_cert_dir(c.state)
     d.mkdir(parents=True, exist_ok=True)
@@ -297,12 +213,36 @@ def _record_identity(c: Ctx) -> None:
     record_local(crds.api_client(c.kubeconfig), f"https://127.0.0.1:{c.ports['apiserver']}")
 
 
+def _install_operator_crds(c: Ctx) -> None:
+    crds.install(crds.api_client(c.kubeconfig), share_dir("training-operator", c.versions.training_operator), c.pki,
+                 c.ports["operator-webhook"])
+
+
+def _core_after(c: Ctx) -> str:
+    crds.install_provreq(crds.api_client(c.kubeconfig))  # GKE serves this CRD in every cluster
+    _wait_default_sa(c)
+    _record_identity(c)
+    return ""
+
+
+def _core_prepare(c: Ctx) -> Ctx:
+    _check_ports_consistent(c)
+    ensure_pki(c.pki)
+    write_kubeconfig(c)
+    _prepare_webhook_certs(c)
+    return c
+
+
+CORE = Unit("core", COMPONENTS, prepare=_core_prepare, after=_core_after, optional=False)
+
+
 def up(autoscaler: str = "none", kueue: bool = False, extras: Sequence[str] = ()) -> Ctx:
     """Boot the control plane (idempotent). ``autoscaler="cluster-autoscaler"`` also runs the real
     cluster-autoscaler profile (:mod:`.ca_profile`), ``"karpenter"`` Karpenter's kwok provider (a comma list runs
     both); ``"none"`` starts none and leaves one that an earlier ``up`` started running (other sessions share this
     cluster; ``down --only-autoscaler`` stops it). ``extras`` names optional components (:mod:`.extras`: kueue,
-    trainer, gcs...) to run; ``kueue=True`` adds ``"kueue"``. A running extra not named is left alone.
+    trainer, gcs...) to run; ``kueue=True`` adds ``"kueue"``. A running extra not named is left alone. Every unit
+    runs through :func:`kfp_gpu.devcluster.runner.up`, in the order of :data:`kfp_gpu.devcluster.table.UNITS`.
 
     Raises: BootError (also for an unknown ``autoscaler`` or extra), CertError.
     """
@@ -315,38 +255,17 @@ def up(autoscaler: str = "none", kueue: bool = False, extras: Sequence[str] = ()
         raise BootError(str(e)) from None
     c = _ctx()
     _check_binaries(c)
-    with _locked(c.state):
-        return _up(c, ca, {e.name for e in chosen})
+    with runner.locked(c.state):
+        return _up(c, {CORE.name, *(["cluster-autoscaler"] if ca else []), *(e.name for e in chosen)})
 
 
-def _up(c: Ctx, ca: bool, wanted: set[str]) -> Ctx:
+def _up(c: Ctx, wanted: set[str]) -> Ctx:
+    from .table import UNITS
+
     t0 = time.monotonic()
-    _check_ports_consistent(c)
-    ensure_pki(c.pki)
-    write_kubeconfig(c)
-    _prepare_webhook_certs(c)
     status: dict[str, str] = {}
-    for comp in COMPONENTS:
-        if comp.name == "kwok":  # CRDs + webhook plumbing must exist before the operator starts
-            api = crds.api_client(c.kubeconfig)
-            crds.install(api, share_dir("training-operator", c.versions.training_operator), c.pki,
-                         c.ports["operator-webhook"])
-        status[comp.name] = _ensure(c, comp)
-        print(f"[up] {comp.name}: {status[comp.name]} ({time.monotonic() - t0:.1f}s)", flush=True)
-    crds.install_provreq(crds.api_client(c.kubeconfig))  # GKE serves this CRD in every cluster
-    _wait_default_sa(c)
-    _record_identity(c)
-    from . import ca_profile
-    from . import extras as registry
-
-    if ca:
-        status[ca_profile.NAME] = _ensure(ca_profile.prepare(c), ca_profile.COMPONENT)
-        print(f"[up] {ca_profile.NAME}: {status[ca_profile.NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
-    elif ca_profile.running_pid(c) is not None:
-        print(f"[up] {ca_profile.NAME}: left running (started by an earlier up --autoscaler "
-              f"{ca_profile.NAME}; `down --only-autoscaler` stops it)", flush=True)
-    for extra in registry.EXTRAS:
-        extra.profile_module().up(c, extra.name in wanted, status, t0)
+    for unit in UNITS:
+        runner.up(c, unit, unit.name in wanted, status, t0)
     (c.state / "state.json").write_text(json.dumps(
         {"ports": c.ports, "kubeconfig": str(c.kubeconfig), "versions": c.versions.__dict__,
          "started": status, "up_seconds": round(time.monotonic() - t0, 2)}, indent=2))
@@ -356,64 +275,63 @@ def _up(c: Ctx, ca: bool, wanted: set[str]) -> Ctx:
 
 def down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bool = False,
          only: Sequence[str] = ()) -> None:
-    """Stop what ``up`` started. ``only`` names extras (:mod:`.extras`) to stop and nothing else;
-    ``only_kueue`` is ``only=("kueue",)``; ``only_autoscaler`` stops cluster-autoscaler and Karpenter only.
+    """Stop what ``up`` started, in the reverse order of the table (an extra whose webhooks guard others' objects
+    goes while the API server still runs). ``only`` names optional units of the table (:mod:`.table`: an extra of
+    :mod:`.extras`, or ``cluster-autoscaler``) to stop and nothing else; ``only_kueue`` is ``only=("kueue",)``;
+    ``only_autoscaler`` stops cluster-autoscaler and Karpenter only.
 
-    Raises: BootError for an unknown extra.
+    Raises: BootError naming the choices for an unknown unit.
     """
-    from . import extras as registry
+    from .table import UNITS
 
-    names = [*only, *(["kueue"] if only_kueue else []), *(["karpenter"] if only_autoscaler
-                                                          and "karpenter" in registry.names() else [])]
-    try:
-        registry.select(names)
-    except registry.UnknownExtra as e:
-        raise BootError(str(e)) from None
+    names = (*only, *(["kueue"] if only_kueue else []),
+             *(["cluster-autoscaler", "karpenter"] if only_autoscaler else []))
+    optional = [u.name for u in UNITS if u.optional]
+    unknown = [n for n in names if n not in optional]
+    if unknown:
+        raise BootError(f"unknown local-cluster component {unknown[0]!r}: choose from {', '.join(optional)}")
     c = _ctx()
-    with _locked(c.state):
-        _down(c, purge, only_autoscaler, tuple(names))
+    with runner.locked(c.state):
+        _down(c, purge, names)
 
 
-def _down(c: Ctx, purge: bool, only_autoscaler: bool = False, only: tuple[str, ...] = ()) -> None:
-    from . import ca_profile
-    from . import extras as registry
+def _down(c: Ctx, purge: bool, only: tuple[str, ...] = ()) -> None:
+    from .table import UNITS
 
-    partial = only_autoscaler or bool(only)
-    for extra in reversed(registry.EXTRAS):  # first: webhooks go while the API server still runs
-        if partial and extra.name not in only:
+    for unit in reversed(UNITS):  # on exit CA deletes its nodes via the API server, which stops last
+        if only and unit.name not in only:
             continue
-        mod = extra.profile_module()
-        if mod.stop(c):
-            print(f"[down] stopped {mod.NAME}", flush=True)
-    if (only_autoscaler or not partial) and ca_profile.stop(c):  # on exit CA deletes its nodes via the API server
-        print(f"[down] stopped {ca_profile.NAME}", flush=True)
-    if partial:
-        return
-    for comp in reversed(COMPONENTS):
-        if procs.stop(c.state, comp.name, c.bins[comp.name]):
-            print(f"[down] stopped {comp.name}", flush=True)
-    if purge:
+        if runner.stop(c, unit):
+            print(f"[down] stopped {unit.name}", flush=True)
+    if purge and not only:
         shutil.rmtree(c.state / "etcd", ignore_errors=True)
         (c.state / "state.json").unlink(missing_ok=True)
         print("[down] purged etcd data", flush=True)
 
 
 def status() -> dict[str, str]:
+    """One line per process of every unit that runs, one per optional unit that does not. Read-only."""
+    from .table import UNITS
+
     c = _ctx()
     out: dict[str, str] = {}
-    for comp in COMPONENTS:
-        pid = procs.running_pid(c.state, comp.name, c.bins[comp.name])
-        if pid is None:
-            out[comp.name] = "stopped"
-        else:
-            out[comp.name] = f"running pid={pid} " + ("healthy" if comp.healthy(c) else "UNHEALTHY")
-    from . import ca_profile
-    from . import extras as registry
+    for unit in UNITS:
+        out.update(runner.status(c, unit))
+    return out
 
-    out[ca_profile.NAME] = ca_profile.status_line(c)
-    for extra in registry.EXTRAS:
-        mod = extra.profile_module()
-        out[mod.NAME] = mod.status_line(c)
+
+def fingerprints() -> dict[str, tuple[str, str | None]]:
+    """Per running process: (the fingerprint ``up`` would start it with now, the one it runs with). A difference
+    means the next ``up`` restarts it. Read-only (nothing is started, written or installed)."""
+    from .table import UNITS
+
+    c = _ctx()
+    out: dict[str, tuple[str, str | None]] = {}
+    for unit in UNITS:
+        cx = unit.context(c)
+        for comp in unit.processes:
+            if runner.pid(cx, comp) is not None:
+                out[comp.name] = (runner.component_fingerprint(cx, comp), runner.recorded_fingerprint(cx, comp))
     return out
 
 
@@ -436,10 +354,13 @@ def main_down(purge: bool = False, only_autoscaler: bool = False, only_kueue: bo
     return 0
 
 
-def main_status() -> int:
+def main_status(show_fingerprints: bool = False) -> int:
     st = status()
+    prints = fingerprints() if show_fingerprints else {}
     for k, v in st.items():
-        print(f"{k:26s} {v}")
+        fp = prints.get(k)
+        note = "" if fp is None else ("; up re-uses it" if fp[0] == fp[1] else "; up RESTARTS it (flags changed)")
+        print(f"{k:26s} {v}{note}")
     print(f"kubeconfig: {kubeconfig_path()}")
     return 0 if all(("healthy" in v or v.startswith("stopped (profile")) and "UNHEALTHY" not in v
                     for v in st.values()) else 1

@@ -51,12 +51,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kfp_gpu import accelerators
-from kfp_gpu.sim.clock import compress
+from kfp_gpu import accelerators, rehearsal_seam
 
-from . import autoscaler, procs
-from .boot import Component, Ctx
+from . import autoscaler, procs, runner
 from .nodes import BOOT_DELAY_ANNOTATION, BOOT_INJECTION_LABEL, GPU_TAINT, make_gpu_node
+from .runner import Component, Ctx
+from .worldtime import compress
 
 NAME = autoscaler.NAME  # component name: cluster-autoscaler.{pid,args,log} in the state dir
 NAMESPACE = autoscaler.NAMESPACE
@@ -66,7 +66,7 @@ STATUS_CM = "cluster-autoscaler-status"
 PORT_ENV, DEFAULT_PORT = "KFP_GPU_CA_PORT", 18086  # the benchmark's own CA uses 18085
 
 CLUSTER = "ca"  # value of kfp-gpu.io/sim-cluster on CA nodes
-CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
+CLUSTER_LABEL = rehearsal_seam.LOCAL_CLUSTER_LABEL
 TAINT = "kfp-gpu.io/dedicated=training:NoSchedule"
 GROUP_LABEL = "kfp-gpu.io/ca-node-group"  # the kwok provider's fromNodeLabelKey
 GPU_LABEL = "cloud.google.com/gke-accelerator"
@@ -217,7 +217,7 @@ def _healthy(c: Ctx) -> bool:
     return True
 
 
-COMPONENT = Component(NAME, (NAME,), _argv, _healthy, timeout=90.0, env=_env)
+COMPONENT = Component(NAME, (NAME,), _argv, _healthy, timeout=90.0, env=_env, stop_timeout=30.0)  # SIGTERM: CA deletes its nodes first
 
 
 def context(c: Ctx) -> Ctx:
@@ -235,9 +235,7 @@ def prepare(c: Ctx) -> Ctx:
     from . import crds
 
     cx = context(c)
-    if not cx.bins[NAME].exists():
-        raise procs.BootError(f"{cx.bins[NAME]} is missing: run `make cluster-build-ca` "
-                              "(python -m kfp_gpu.devcluster build --with-autoscaler)")
+    runner.require_binaries(cx, (NAME,), "`make cluster-build-ca` (python -m kfp_gpu.devcluster build --with-autoscaler)")
     core_api = client.CoreV1Api(crds.api_client(c.kubeconfig))
     autoscaler.install_provider_config(core_api, [template_node(g) for g in NODE_GROUPS], group_label=GROUP_LABEL,
                                        gpu_label=GPU_LABEL, gpu_types=sorted({g.gke_label for g in NODE_GROUPS}),
@@ -245,22 +243,8 @@ def prepare(c: Ctx) -> Ctx:
     return cx
 
 
-def running_pid(c: Ctx) -> int | None:
-    cx = context(c)
-    return procs.running_pid(cx.state, NAME, cx.bins[NAME])
-
-
-def stop(c: Ctx) -> bool:
-    """Stop the profile's CA (SIGTERM: CA deletes its nodes first). True if it was running."""
-    cx = context(c)
-    return procs.stop(cx.state, NAME, cx.bins[NAME], timeout=30.0)
-
-
-def status_line(c: Ctx) -> str:
-    pid = running_pid(c)
-    if pid is None:
-        return "stopped (profile none; up --autoscaler cluster-autoscaler starts it)"
-    return f"running pid={pid} " + ("healthy" if _healthy(context(c)) else "UNHEALTHY")
+UNIT = runner.Unit(NAME, (COMPONENT,), off_hint="up --autoscaler cluster-autoscaler starts it", context=context,
+                   prepare=prepare)
 
 
 @dataclass(frozen=True)
@@ -278,10 +262,5 @@ def ensure_up() -> Profile:
 
     Raises: procs.BootError, certs.CertError, autoscaler.AutoscalerError (the caller decides how to fail).
     """
-    from . import boot
-
-    c = boot.up(autoscaler=NAME)
-    pid = running_pid(c)
-    if pid is None:
-        raise procs.BootError(f"{NAME} is not running after up; see {c.state / (NAME + '.log')}")
-    return Profile(kubeconfig=c.kubeconfig, node_groups=NODE_GROUPS, log=c.state / f"{NAME}.log", pid=pid)
+    c, pids = runner.ensure_running(UNIT, autoscaler=NAME)
+    return Profile(kubeconfig=c.kubeconfig, node_groups=NODE_GROUPS, log=c.state / f"{NAME}.log", pid=pids[NAME])

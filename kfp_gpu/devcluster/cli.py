@@ -35,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--only-kueue", action="store_true", help="stop only the Kueue profile (and remove its webhooks)")
     d.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="stop only this optional component (repeatable)")
-    sub.add_parser("status", help="print component status")
+    st = sub.add_parser("status", help="print component status")
+    st.add_argument("--fingerprints", action="store_true",
+                    help="also say, per running process, whether the next `up` would re-use it (same flags, config "
+                    "files and env) or restart it (read-only)")
     n = sub.add_parser("nodes", help="create N KWOK GPU nodes in a pool and time until all are Ready")
     n.add_argument("count", type=int)
     n.add_argument("--pool", default="scale")
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "down":
         return boot.main_down(purge=args.purge, only_autoscaler=args.only_autoscaler, only_kueue=args.only_kueue,
                               only=args.only)
-    return boot.main_status()
+    return boot.main_status(show_fingerprints=args.fingerprints)
 
 
 if __name__ == "__main__":

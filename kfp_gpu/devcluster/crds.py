@@ -141,3 +141,29 @@ def install(api: client.ApiClient, share: Path, pki: Path, webhook_port: int) ->
     for obj in webhook_objects(hook_file, pki, webhook_port):
         apply(api, obj)
     wait_established(api, PYTORCHJOB_CRD)
+
+
+def delete_webhooks(kubeconfig: Path, configs: list[tuple[str, str]]) -> list[str]:
+    """Delete webhook configurations given as (kind, name), kind ``MutatingWebhookConfiguration`` or
+    ``ValidatingWebhookConfiguration``; the names deleted (one already gone is skipped).
+
+    Raises: kubernetes ApiException other than 404.
+    """
+    from kubernetes.client import ApiException
+
+    api = api_client(kubeconfig)
+    adm = client.AdmissionregistrationV1Api(api)
+    gone = []
+    try:
+        for kind, name in configs:
+            delete = (adm.delete_mutating_webhook_configuration if kind.startswith("Mutating")
+                      else adm.delete_validating_webhook_configuration)
+            try:
+                delete(name)
+                gone.append(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+    finally:
+        api.close()
+    return gone

@@ -5,9 +5,8 @@ provider, JobSet + Kubeflow Trainer v2, fake-gcs-server. Each is
 
 - **built** by ``build`` (``"module:function"``): ``function(*, wait_for_others: bool = True) -> Path`` builds the
   binary into the cache unless it is there (skips when present) and raises its own ``RuntimeError`` subclass;
-- **run** by ``profile`` (a module): ``NAME``; ``up(c, wanted, status, t0)`` starts or re-uses it when ``wanted``
-  and otherwise leaves a running one alone (another session may have started it); ``stop(c) -> bool`` (True if
-  it was running); ``status_line(c) -> str`` ("stopped (profile off; ...)" when not running).
+- **run** as the row of :data:`kfp_gpu.devcluster.table.UNITS` of the same name (the ``UNIT`` of its ``profile``
+  module), by the one runner (:mod:`kfp_gpu.devcluster.runner`: start, stop, status, fingerprint).
 
 ``python -m kfp_gpu.devcluster build --with NAME`` / ``up --with NAME`` (and ``down --only NAME``) select them; the
 older flags (``--with-kueue``, ``--kueue``, ``--autoscaler karpenter``...) map onto these names. Order matters for

@@ -25,8 +25,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from . import gcs, procs
-from .boot import Component, Ctx
+from . import gcs, procs, runner
+from .runner import Component, Ctx
 from .versions import cluster_dir
 
 NAME = gcs.NAME  # component name: fake-gcs-server.{pid,args,log,json} in the state dir
@@ -76,7 +76,9 @@ def _healthy(c: Ctx) -> bool:
     return procs.http_ok(base_url(c.ports[PORT_KEY]) + "/_internal/healthcheck")
 
 
-COMPONENT = Component(NAME, (PORT_KEY,), _argv, _healthy, timeout=30.0)
+COMPONENT = Component(NAME, (PORT_KEY,), _argv, _healthy, timeout=30.0, stop_timeout=10.0,
+                      detail=lambda c: base_url(c.ports[PORT_KEY]),
+                      after=lambda c: _record(c))
 
 
 def context(c: Ctx) -> Ctx:
@@ -87,43 +89,25 @@ def context(c: Ctx) -> Ctx:
     return replace(c, bins={**c.bins, NAME: gcs.binary()}, ports={**c.ports, PORT_KEY: port(c.state)})
 
 
-def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
-    """``boot.up``'s GCS step: start/re-use the emulator when ``wanted`` and record its URL; else leave a running
-    one alone.
-
-    Raises: procs.BootError (binary missing, port taken, not healthy), gcs.GcsEmulatorError.
-    """
-    from .boot import _ensure
-
+def prepare(c: Ctx) -> Ctx:
+    """:func:`context`, after checking the binary. Raises: procs.BootError (missing), gcs.GcsEmulatorError."""
     cx = context(c)
-    if wanted:
-        if not cx.bins[NAME].exists():
-            raise procs.BootError(f"{cx.bins[NAME]} is missing: run `make cluster-build GCS=1` "
-                                  "(python -m kfp_gpu.devcluster build --with gcs)")
-        status[NAME] = _ensure(cx, COMPONENT)
-        record_file(c.state).write_text(json.dumps({"url": base_url(cx.ports[PORT_KEY]),
-                                                    "port": cx.ports[PORT_KEY]}) + "\n")
-        print(f"[up] {NAME}: {status[NAME]} on {base_url(cx.ports[PORT_KEY])} "
-              f"({time.monotonic() - t0:.1f}s; {EMULATOR_ENV}={base_url(cx.ports[PORT_KEY])})", flush=True)
-    elif running_pid(c) is not None:
-        print(f"[up] {NAME}: left running (started by an earlier up --gcs; `down --only gcs` stops it)", flush=True)
+    runner.require_binaries(cx, (NAME,), "`make cluster-build GCS=1` (python -m kfp_gpu.devcluster build --with gcs)")
+    return cx
+
+
+def _record(c: Ctx) -> str:
+    """Record the URL (how tools find the emulator); the note of its [up] line."""
+    u = base_url(c.ports[PORT_KEY])
+    record_file(c.state).write_text(json.dumps({"url": u, "port": c.ports[PORT_KEY]}) + "\n")
+    return f" on {u} ({EMULATOR_ENV}={u})"
+
+
+UNIT = runner.Unit("gcs", (COMPONENT,), off_hint="up --gcs starts it", context=context, prepare=prepare)
 
 
 def running_pid(c: Ctx) -> int | None:
-    return procs.running_pid(c.state, NAME, gcs.binary())
-
-
-def stop(c: Ctx) -> bool:
-    """Stop the emulator (its in-memory objects go with it). True if it was running."""
-    return procs.stop(c.state, NAME, gcs.binary(), timeout=10.0)
-
-
-def status_line(c: Ctx) -> str:
-    pid = running_pid(c)
-    if pid is None:
-        return "stopped (profile off; up --gcs starts it)"
-    cx = context(c)
-    return f"running pid={pid} {base_url(cx.ports[PORT_KEY])} " + ("healthy" if _healthy(cx) else "UNHEALTHY")
+    return runner.pids(c, UNIT).get(NAME)
 
 
 def url(state: Path | None = None) -> str | None:
@@ -151,8 +135,8 @@ def ensure_up() -> str:
     from . import boot
 
     c = boot._ctx()
-    with boot._locked(c.state):
-        up(c, True, {}, time.monotonic())
+    with runner.locked(c.state):
+        runner.up(c, UNIT, True, {}, time.monotonic())
     u = url(c.state)
     if u is None:
         raise procs.BootError(f"{NAME} is not running after up; see {c.state / (NAME + '.log')}")

@@ -98,14 +98,18 @@ def go_build(tag: str, package: str, out: Path, work: Path, log: Path, error: ty
     while wait_for_others and other_go_builds():
         print(f"[{tag}] waiting for other go builds {other_go_builds()}", flush=True)
         time.sleep(poll_s)
+    from . import buildtimes
+
     t1 = time.monotonic()
-    print(f"[{tag}] building {what or package} (log {log})", flush=True)
+    print(f"[{tag}] building {what or package}{buildtimes.note(out.name)} (log {log})", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     run(["go", "build", "-trimpath", *flags, "-o", str(tmp), package], work, log, error, nosum)
     tmp.rename(out)
+    took = time.monotonic() - t1
+    buildtimes.record(out.name, took + (setup_s or 0.0))
     setup = f" (setup {setup_s:.0f}s)" if setup_s is not None else ""
-    print(f"[{tag}] built in {time.monotonic() - t1:.0f}s{setup} -> {out}", flush=True)
+    print(f"[{tag}] built in {took:.0f}s{setup} -> {out}", flush=True)
     return out
 
 

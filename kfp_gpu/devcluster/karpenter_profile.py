@@ -30,18 +30,15 @@ validates its CRDs with CEL rules in the CRDs themselves).
 from __future__ import annotations
 
 import math
-import os
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kfp_gpu.sim.clock import compress
-
-from . import karpenter, karpenter_types, procs
-from .boot import Component, Ctx
+from . import karpenter, karpenter_types, ports, procs, runner
+from .runner import Component, Ctx
+from .worldtime import compress
 
 NAME = karpenter.NAME  # component name: karpenter.{pid,args,log} in the state dir
 GROUP = "karpenter.sh"
@@ -54,22 +51,11 @@ REGISTRATION_DELAY = f"{max(1, math.ceil(compress(240.0)))}s"  # as ca_profile.B
 # that is off; not installed).
 CRD_NAMES = ("nodepools.karpenter.sh", "nodeclaims.karpenter.sh", "nodeoverlays.karpenter.sh",
              "kwoknodeclasses.karpenter.kwok.sh")
-PORTS: dict[str, tuple[str, int]] = {
-    "karpenter-metrics": ("KFP_GPU_KARPENTER_METRICS_PORT", 18095),
-    "karpenter-health": ("KFP_GPU_KARPENTER_HEALTH_PORT", 18096),
-}
-
-
-def ports() -> dict[str, int]:
-    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORTS.items()}
-
-
-def state_dir(c: Ctx) -> Path:
-    return c.state / "karpenter"
+PORTS = ports.KARPENTER
 
 
 def instance_types_path(c: Ctx) -> Path:
-    return state_dir(c) / "instance-types.json"
+    return c.unit_dir("karpenter") / "instance-types.json"
 
 
 def node_class() -> dict[str, Any]:
@@ -120,12 +106,12 @@ def _healthy(c: Ctx) -> bool:
     return procs.http_ok(f"http://127.0.0.1:{c.ports['karpenter-health']}/readyz")
 
 
-COMPONENT = Component(NAME, tuple(PORTS), _argv, _healthy, timeout=120.0, env=_env)
+COMPONENT = Component(NAME, tuple(PORTS), _argv, _healthy, timeout=120.0, env=_env, stop_timeout=20.0)
 
 
 def context(c: Ctx) -> Ctx:
     """``c`` with Karpenter's binary and ports (kept out of the core components' state.json ports)."""
-    return replace(c, bins={**c.bins, NAME: karpenter.binary()}, ports={**c.ports, **ports()})
+    return runner.extend(c, {NAME: karpenter.binary()}, PORTS)
 
 
 def apply_node_class(api: Any) -> None:
@@ -152,9 +138,8 @@ def prepare(c: Ctx) -> Ctx:
     from . import crds
 
     cx = context(c)
-    if not cx.bins[NAME].exists():
-        raise procs.BootError(f"{cx.bins[NAME]} is missing: run `make cluster-build AUTOSCALER=karpenter` "
-                              "(python -m kfp_gpu.devcluster build --with karpenter)")
+    runner.require_binaries(cx, (NAME,), "`make cluster-build AUTOSCALER=karpenter` "
+                                         "(python -m kfp_gpu.devcluster build --with karpenter)")
     api = crds.api_client(c.kubeconfig)
     try:
         objs = crd_objects(karpenter.share())
@@ -169,37 +154,8 @@ def prepare(c: Ctx) -> Ctx:
     return cx
 
 
-def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
-    """``boot.up``'s Karpenter step: start/re-use it when ``wanted``; else leave a running one alone.
-
-    Raises: procs.BootError, karpenter.KarpenterError.
-    """
-    from .boot import _ensure
-
-    if wanted:
-        status[NAME] = _ensure(prepare(c), COMPONENT)
-        print(f"[up] {NAME}: {status[NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
-    elif running_pid(c) is not None:
-        print(f"[up] {NAME}: left running (started by an earlier up --autoscaler karpenter; "
-              "`down --only karpenter` stops it)", flush=True)
-
-
-def running_pid(c: Ctx) -> int | None:
-    cx = context(c)
-    return procs.running_pid(cx.state, NAME, cx.bins[NAME])
-
-
-def stop(c: Ctx) -> bool:
-    """Stop the profile's Karpenter (its NodePools, NodeClaims and nodes stay). True if it was running."""
-    cx = context(c)
-    return procs.stop(cx.state, NAME, cx.bins[NAME], timeout=20.0)
-
-
-def status_line(c: Ctx) -> str:
-    pid = running_pid(c)
-    if pid is None:
-        return "stopped (profile off; up --autoscaler karpenter starts it)"
-    return f"running pid={pid} " + ("healthy" if _healthy(context(c)) else "UNHEALTHY")
+UNIT = runner.Unit(NAME, (COMPONENT,), off_hint="up --autoscaler karpenter starts it", context=context,
+                   prepare=prepare)  # stopping it leaves its NodePools, NodeClaims and nodes
 
 
 @dataclass(frozen=True)
@@ -218,10 +174,5 @@ def ensure_up() -> Profile:
 
     Raises: procs.BootError, certs.CertError, karpenter.KarpenterError (the caller decides how to fail).
     """
-    from . import boot
-
-    c = boot.up(autoscaler=NAME)
-    pid = running_pid(c)
-    if pid is None:
-        raise procs.BootError(f"{NAME} is not running after up; see {c.state / (NAME + '.log')}")
-    return Profile(kubeconfig=c.kubeconfig, log=c.state / f"{NAME}.log", pid=pid)
+    c, pids = runner.ensure_running(UNIT, autoscaler=NAME)
+    return Profile(kubeconfig=c.kubeconfig, log=c.state / f"{NAME}.log", pid=pids[NAME])

@@ -34,17 +34,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import shutil
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import kueue, procs
-from .boot import Component, Ctx
+from . import kueue, ports, procs, runner
+from .runner import Component, Ctx
 
 NAME = kueue.NAME  # component name: kueue.{pid,args,log} in the state dir
 API_GROUP = "kueue.x-k8s.io"
@@ -58,27 +56,8 @@ TRAINER_CRDS = ("jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org", "tr
                 "clustertrainingruntimes.trainer.kubeflow.org")
 MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
-PORTS: dict[str, tuple[str, int]] = {
-    "kueue-webhook": ("KFP_GPU_KUEUE_WEBHOOK_PORT", 19445),
-    "kueue-metrics": ("KFP_GPU_KUEUE_METRICS_PORT", 18444),
-    "kueue-health": ("KFP_GPU_KUEUE_HEALTH_PORT", 18082),
-}
-
-
-def ports() -> dict[str, int]:
-    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORTS.items()}
-
-
-def state_dir(c: Ctx) -> Path:
-    return c.state / "kueue"
-
-
-def cert_dir(c: Ctx) -> Path:
-    return state_dir(c) / "certs"
-
-
-def config_file(c: Ctx) -> Path:
-    return state_dir(c) / "config.yaml"
+PORTS = ports.KUEUE
+CERTS, CONFIG = Path("kueue/certs"), Path("kueue/config.yaml")  # under the state dir
 
 
 def configuration(p: dict[str, int], certs: Path, frameworks: tuple[str, ...] = FRAMEWORKS) -> dict[str, Any]:
@@ -168,15 +147,15 @@ def _for_framework(path: str, framework: str) -> bool:
 
 
 def _argv(c: Ctx) -> list[str]:
-    return [str(c.bins[NAME]), f"--config={config_file(c)}"]
+    return [str(c.bins[NAME]), f"--config={c.state / CONFIG}"]
 
 
 def _env(c: Ctx) -> dict[str, str]:
     """The process env; ``KFP_GPU_KUEUE_CONFIG`` (a digest of the Configuration, unread by Kueue) makes a changed
     Configuration (e.g. the Trainer's integrations) restart a running Kueue on the next ``up``."""
-    cfg = config_file(c)
+    cfg = c.state / CONFIG
     digest = hashlib.sha256(cfg.read_bytes()).hexdigest()[:16] if cfg.exists() else ""
-    return {"KUBECONFIG": str(c.kubeconfig), kueue.METRICS_CERT_ENV: str(cert_dir(c)), "KFP_GPU_KUEUE_CONFIG": digest}
+    return {"KUBECONFIG": str(c.kubeconfig), kueue.METRICS_CERT_ENV: str(c.state / CERTS), "KFP_GPU_KUEUE_CONFIG": digest}
 
 
 def _healthy(c: Ctx) -> bool:
@@ -184,12 +163,13 @@ def _healthy(c: Ctx) -> bool:
     return procs.http_ok(f"http://127.0.0.1:{c.ports['kueue-health']}/readyz")
 
 
-COMPONENT = Component(NAME, tuple(PORTS), _argv, _healthy, timeout=120.0, env=_env)
+COMPONENT = Component(NAME, tuple(PORTS), _argv, _healthy, timeout=120.0, env=_env, stop_timeout=20.0,
+                      after=lambda c: _after(c))
 
 
 def context(c: Ctx) -> Ctx:
     """``c`` with Kueue's binary and ports (kept out of the core components' state.json ports)."""
-    return replace(c, bins={**c.bins, NAME: kueue.binary()}, ports={**c.ports, **ports()})
+    return runner.extend(c, {NAME: kueue.binary()}, PORTS)
 
 
 def prepare(c: Ctx) -> Ctx:
@@ -200,9 +180,7 @@ def prepare(c: Ctx) -> Ctx:
     from . import crds
 
     cx = context(c)
-    if not cx.bins[NAME].exists():
-        raise procs.BootError(f"{cx.bins[NAME]} is missing: run `make cluster-build KUEUE=1` "
-                              "(python -m kfp_gpu.devcluster build --with-kueue)")
+    runner.require_binaries(cx, (NAME,), "`make cluster-build KUEUE=1` (python -m kfp_gpu.devcluster build --with-kueue)")
     ca = _b64(c.pki / "webhook-ca.crt")
     api = crds.api_client(c.kubeconfig)
     try:
@@ -215,10 +193,10 @@ def prepare(c: Ctx) -> Ctx:
         fws = frameworks(api)
     finally:
         api.close()
-    cert_dir(cx).mkdir(parents=True, exist_ok=True)
+    (cx.state / CERTS).mkdir(parents=True, exist_ok=True)
     for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
-        shutil.copyfile(c.pki / src, cert_dir(cx) / dst)
-    config_file(cx).write_text(yaml.safe_dump(configuration(cx.ports, cert_dir(cx), fws), sort_keys=False))
+        shutil.copyfile(c.pki / src, cx.state / CERTS / dst)
+    (cx.state / CONFIG).write_text(yaml.safe_dump(configuration(cx.ports, cx.state / CERTS, fws), sort_keys=False))
     return cx
 
 
@@ -245,7 +223,7 @@ def frameworks(api: Any) -> tuple[str, ...]:
 
 def configured_frameworks(c: Ctx) -> tuple[str, ...]:
     """The integrations in the Configuration :func:`prepare` wrote (:data:`FRAMEWORKS` when there is none)."""
-    cfg = config_file(context(c))
+    cfg = context(c).state / CONFIG
     if not cfg.exists():
         return FRAMEWORKS
     return tuple((yaml.safe_load(cfg.read_text()).get("integrations") or {}).get("frameworks") or FRAMEWORKS)
@@ -269,68 +247,19 @@ def install_webhooks(c: Ctx) -> None:
 
 def remove_webhooks(c: Ctx) -> list[str]:
     """Delete Kueue's webhook configurations (none are left pointing at a stopped Kueue); the names deleted."""
-    from kubernetes import client
-    from kubernetes.client import ApiException
-
     from . import crds
 
-    api = crds.api_client(c.kubeconfig)
-    adm = client.AdmissionregistrationV1Api(api)
-    gone = []
-    try:
-        for name, delete in ((MUTATING, adm.delete_mutating_webhook_configuration),
-                             (VALIDATING, adm.delete_validating_webhook_configuration)):
-            try:
-                delete(name)
-                gone.append(name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-    finally:
-        api.close()
-    return gone
+    return crds.delete_webhooks(c.kubeconfig, [("MutatingWebhookConfiguration", MUTATING),
+                                               ("ValidatingWebhookConfiguration", VALIDATING)])
 
 
-def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
-    """``boot.up``'s Kueue step: start/re-use it when ``wanted``; else leave a running one alone, or remove the
-    webhook configurations a stopped one left (they would refuse every Job / PyTorchJob).
-
-    Raises: procs.BootError, kueue.KueueError.
-    """
-    from .boot import _ensure
-
-    if wanted:
-        status[NAME] = _ensure(prepare(c), COMPONENT)
-        install_webhooks(c)
-        print(f"[up] {NAME}: {status[NAME]} ({time.monotonic() - t0:.1f}s)", flush=True)
-    elif running_pid(c) is not None:
-        print(f"[up] {NAME}: left running (started by an earlier up --kueue; `down --only-kueue` stops it)",
-              flush=True)
-    elif remove_webhooks(c):
-        print(f"[up] {NAME}: not running; removed its stale webhook configurations", flush=True)
+def _after(c: Ctx) -> str:
+    install_webhooks(c)
+    return ""
 
 
-def running_pid(c: Ctx) -> int | None:
-    cx = context(c)
-    return procs.running_pid(cx.state, NAME, cx.bins[NAME])
-
-
-def stop(c: Ctx) -> bool:
-    """Remove the profile's webhook configurations, then stop Kueue (no moment where they point at a stopped
-    server and refuse every Job, PyTorchJob, JobSet or TrainJob). True if it was running."""
-    cx = context(c)
-    try:
-        remove_webhooks(cx)
-    except Exception as e:  # noqa: BLE001 - the API server may already be gone (down after a crash)
-        print(f"[down] could not remove Kueue's webhook configurations: {str(e)[:200]}", flush=True)
-    return procs.stop(cx.state, NAME, cx.bins[NAME], timeout=20.0)
-
-
-def status_line(c: Ctx) -> str:
-    pid = running_pid(c)
-    if pid is None:
-        return "stopped (profile off; up --kueue starts it)"
-    return f"running pid={pid} " + ("healthy" if _healthy(context(c)) else "UNHEALTHY")
+UNIT = runner.Unit(NAME, (COMPONENT,), off_hint="up --kueue starts it", context=context, prepare=prepare,
+                   cleanup=remove_webhooks)
 
 
 @dataclass(frozen=True)
@@ -348,10 +277,5 @@ def ensure_up() -> Profile:
 
     Raises: procs.BootError, certs.CertError, kueue.KueueError (the caller decides how to fail).
     """
-    from . import boot
-
-    c = boot.up(kueue=True)
-    pid = running_pid(c)
-    if pid is None:
-        raise procs.BootError(f"{NAME} is not running after up; see {c.state / (NAME + '.log')}")
-    return Profile(kubeconfig=c.kubeconfig, log=c.state / f"{NAME}.log", pid=pid)
+    c, pids = runner.ensure_running(UNIT, kueue=True)
+    return Profile(kubeconfig=c.kubeconfig, log=c.state / f"{NAME}.log", pid=pids[NAME])

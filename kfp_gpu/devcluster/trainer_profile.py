@@ -33,49 +33,28 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import procs
+from . import ports, procs, runner
 from . import trainer as build
-from .boot import Component, Ctx
+from .runner import Component, Ctx
 
 NAME = "trainer"  # the registry entry; the processes are "jobset" and "trainer"
 JOBSET = build.JOBSET.name
 TRAINER = build.TRAINER.name
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 RUNTIME = "torch-distributed"
-PORTS: dict[str, tuple[str, int]] = {
-    "jobset-webhook": ("KFP_GPU_JOBSET_WEBHOOK_PORT", 19451),
-    "jobset-health": ("KFP_GPU_JOBSET_HEALTH_PORT", 18091),
-    "trainer-webhook": ("KFP_GPU_TRAINER_WEBHOOK_PORT", 19452),
-    "trainer-health": ("KFP_GPU_TRAINER_HEALTH_PORT", 18092),
-}
-
-
-def ports() -> dict[str, int]:
-    return {k: int(os.environ.get(env, default)) for k, (env, default) in PORTS.items()}
-
-
-def state_dir(c: Ctx) -> Path:
-    return c.state / "trainer"
-
-
-def jobset_cert_dir(c: Ctx) -> Path:
-    return state_dir(c) / "jobset-certs"
-
-
-def trainer_tmp(c: Ctx) -> Path:
-    return state_dir(c) / "tmp"
+PORTS = ports.TRAINER
+JOBSET_CERTS, TRAINER_TMP = Path("trainer/jobset-certs"), Path("trainer/tmp")  # under the state dir
 
 
 def trainer_cert_dir(c: Ctx) -> Path:
-    return trainer_tmp(c) / "k8s-webhook-server" / "serving-certs"
+    return c.state / TRAINER_TMP / "k8s-webhook-server" / "serving-certs"
 
 
 def jobset_config(p: dict[str, int], certs: Path) -> dict[str, Any]:
@@ -122,11 +101,11 @@ def _install_file(src: Path, dst: Path) -> None:
 
 
 def _jobset_argv(c: Ctx) -> list[str]:
-    return [str(c.bins[JOBSET]), f"--config={state_dir(c) / 'jobset.yaml'}", "--zap-log-level=info"]
+    return [str(c.bins[JOBSET]), f"--config={c.unit_dir('trainer') / 'jobset.yaml'}", "--zap-log-level=info"]
 
 
 def _trainer_argv(c: Ctx) -> list[str]:
-    return [str(c.bins[TRAINER]), f"--config={state_dir(c) / 'trainer.yaml'}", "--zap-log-level=info"]
+    return [str(c.bins[TRAINER]), f"--config={c.unit_dir('trainer') / 'trainer.yaml'}", "--zap-log-level=info"]
 
 
 def _ready(key: str) -> Callable[[Ctx], bool]:
@@ -135,16 +114,17 @@ def _ready(key: str) -> Callable[[Ctx], bool]:
 
 
 JOBSET_COMPONENT = Component(JOBSET, ("jobset-webhook", "jobset-health"), _jobset_argv, _ready("jobset-health"),
-                             timeout=90.0, env=lambda c: {"KUBECONFIG": str(c.kubeconfig)})
+                             timeout=90.0, env=lambda c: {"KUBECONFIG": str(c.kubeconfig)}, stop_timeout=20.0,
+                             after=lambda c: _after_jobset(c))
 TRAINER_COMPONENT = Component(TRAINER, ("trainer-webhook", "trainer-health"), _trainer_argv,
                               _ready("trainer-health"), timeout=90.0,
-                              env=lambda c: {"KUBECONFIG": str(c.kubeconfig), "TMPDIR": str(trainer_tmp(c))})
+                              env=lambda c: {"KUBECONFIG": str(c.kubeconfig), "TMPDIR": str(c.state / TRAINER_TMP)},
+                              stop_timeout=20.0, after=lambda c: _after_trainer(c))
 
 
 def context(c: Ctx) -> Ctx:
     """``c`` with both binaries and ports (kept out of the core components' state.json ports)."""
-    return replace(c, bins={**c.bins, JOBSET: build.JOBSET.binary(), TRAINER: build.TRAINER.binary()},
-                   ports={**c.ports, **ports()})
+    return runner.extend(c, {JOBSET: build.JOBSET.binary(), TRAINER: build.TRAINER.binary()}, PORTS)
 
 
 def prepare(c: Ctx) -> Ctx:
@@ -155,10 +135,8 @@ def prepare(c: Ctx) -> Ctx:
     from . import crds
 
     cx = context(c)
-    missing = [str(cx.bins[n]) for n in (JOBSET, TRAINER) if not cx.bins[n].exists()]
-    if missing:
-        raise procs.BootError(f"{', '.join(missing)} missing: run `make cluster-build TRAINER=1` "
-                              "(python -m kfp_gpu.devcluster build --with trainer)")
+    runner.require_binaries(cx, (JOBSET, TRAINER), "`make cluster-build TRAINER=1` "
+                                                  "(python -m kfp_gpu.devcluster build --with trainer)")
     api = crds.api_client(c.kubeconfig)
     try:
         objs = build.crd_objects(build.JOBSET.share(), build.TRAINER.share())
@@ -168,11 +146,11 @@ def prepare(c: Ctx) -> Ctx:
             crds.wait_established(api, crd["metadata"]["name"])
     finally:
         api.close()
-    for d in (jobset_cert_dir(cx), trainer_cert_dir(cx)):
+    for d in (cx.state / JOBSET_CERTS, trainer_cert_dir(cx)):
         for src, dst in (("webhook.crt", "tls.crt"), ("webhook.key", "tls.key")):
             _install_file(c.pki / src, d / dst)
-    (state_dir(cx) / "jobset.yaml").write_text(yaml.safe_dump(jobset_config(cx.ports, jobset_cert_dir(cx))))
-    (state_dir(cx) / "trainer.yaml").write_text(yaml.safe_dump(trainer_config(cx.ports)))
+    (cx.unit_dir("trainer") / "jobset.yaml").write_text(yaml.safe_dump(jobset_config(cx.ports, cx.state / JOBSET_CERTS)))
+    (cx.unit_dir("trainer") / "trainer.yaml").write_text(yaml.safe_dump(trainer_config(cx.ports)))
     return cx
 
 
@@ -229,87 +207,24 @@ def install_runtime(c: Ctx) -> None:
 
 def remove_webhooks(c: Ctx) -> list[str]:
     """Delete both controllers' webhook configurations; the names deleted."""
-    from kubernetes import client
-    from kubernetes.client import ApiException
-
     from . import crds
 
-    api = crds.api_client(c.kubeconfig)
-    adm = client.AdmissionregistrationV1Api(api)
-    gone = []
-    try:
-        for names in (build.TRAINER_CONFIG_NAMES, build.JOBSET_CONFIG_NAMES):
-            for kind, name in names.items():
-                delete = (adm.delete_mutating_webhook_configuration if kind.startswith("Mutating")
-                          else adm.delete_validating_webhook_configuration)
-                try:
-                    delete(name)
-                    gone.append(name)
-                except ApiException as e:
-                    if e.status != 404:
-                        raise
-    finally:
-        api.close()
-    return gone
+    return crds.delete_webhooks(c.kubeconfig, [*build.TRAINER_CONFIG_NAMES.items(), *build.JOBSET_CONFIG_NAMES.items()])
 
 
-def up(c: Ctx, wanted: bool, status: dict[str, str], t0: float) -> None:
-    """``boot.up``'s Trainer step: start/re-use JobSet and the Trainer when ``wanted``; else leave running ones
-    alone, or remove the webhook configurations stopped ones left.
-
-    Raises: procs.BootError, trainer.TrainerError, kubernetes ApiException (the runtime refused).
-    """
-    from .boot import _ensure
-
-    if wanted:
-        cx = prepare(c)
-        status[JOBSET] = _ensure(cx, JOBSET_COMPONENT)
-        install_webhooks(cx, JOBSET)
-        print(f"[up] {JOBSET}: {status[JOBSET]} ({time.monotonic() - t0:.1f}s)", flush=True)
-        status[TRAINER] = _ensure(cx, TRAINER_COMPONENT)
-        install_webhooks(cx, TRAINER)
-        install_runtime(cx)
-        print(f"[up] {TRAINER}: {status[TRAINER]}, ClusterTrainingRuntime {RUNTIME} installed "
-              f"({time.monotonic() - t0:.1f}s)", flush=True)
-    elif running_pids(c):
-        print(f"[up] {NAME}: left running (started by an earlier up --with trainer; `down --only trainer` stops "
-              "it)", flush=True)
-    elif remove_webhooks(c):
-        print(f"[up] {NAME}: not running; removed its stale webhook configurations", flush=True)
+def _after_jobset(c: Ctx) -> str:
+    install_webhooks(c, JOBSET)
+    return ""
 
 
-def running_pids(c: Ctx) -> dict[str, int]:
-    cx = context(c)
-    out = {}
-    for n in (JOBSET, TRAINER):
-        pid = procs.running_pid(cx.state, n, cx.bins[n])
-        if pid is not None:
-            out[n] = pid
-    return out
+def _after_trainer(c: Ctx) -> str:
+    install_webhooks(c, TRAINER)
+    install_runtime(c)
+    return f", ClusterTrainingRuntime {RUNTIME} installed"
 
 
-def stop(c: Ctx) -> bool:
-    """Stop the Trainer and JobSet and remove their webhook configurations. True if either was running."""
-    cx = context(c)
-    was = [procs.stop(cx.state, n, cx.bins[n], timeout=20.0) for n in (TRAINER, JOBSET)]
-    try:
-        remove_webhooks(cx)
-    except Exception as e:  # noqa: BLE001 - the API server may already be gone (down after a crash)
-        print(f"[down] could not remove JobSet/Trainer webhook configurations: {str(e)[:200]}", flush=True)
-    return any(was)
-
-
-def status_line(c: Ctx) -> str:
-    pids = running_pids(c)
-    if not pids:
-        return "stopped (profile off; up --with trainer starts it)"
-    cx = context(c)
-    parts = []
-    for comp in (JOBSET_COMPONENT, TRAINER_COMPONENT):
-        pid = pids.get(comp.name)
-        parts.append(f"{comp.name} " + ("STOPPED" if pid is None else
-                                        f"pid={pid} " + ("healthy" if comp.healthy(cx) else "UNHEALTHY")))
-    return "running " + ", ".join(parts)
+UNIT = runner.Unit(NAME, (JOBSET_COMPONENT, TRAINER_COMPONENT), off_hint="up --with trainer starts it",
+                   context=context, prepare=prepare, cleanup=remove_webhooks)
 
 
 @dataclass(frozen=True)
@@ -329,12 +244,6 @@ def ensure_up() -> Profile:
 
     Raises: procs.BootError, certs.CertError, trainer.TrainerError (the caller decides how to fail).
     """
-    from . import boot
-
-    c = boot.up(extras=(NAME,))
-    pids = running_pids(c)
-    if set(pids) != {JOBSET, TRAINER}:
-        raise procs.BootError(f"JobSet/Trainer not running after up (running: {sorted(pids)}); see "
-                              f"{c.state / 'jobset.log'} and {c.state / 'trainer.log'}")
+    c, pids = runner.ensure_running(UNIT, extras=(NAME,))
     return Profile(kubeconfig=c.kubeconfig, jobset_log=c.state / "jobset.log", trainer_log=c.state / "trainer.log",
                    pids=pids)

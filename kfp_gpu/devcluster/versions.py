@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from kfp_gpu import rehearsal_seam
 
 VERSIONS_FILE = Path(__file__).with_name("versions.env")
 
 
 def cache_dir() -> Path:
-    """Root of the build/state cache (outside the repo)."""
-    env = os.environ.get("KFP_GPU_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "kfp-gpu"
+    """Root of the build/state cache (outside the repo; :func:`kfp_gpu.rehearsal_seam.cache_dir`)."""
+    return rehearsal_seam.cache_dir()
 
 
 def bin_dir() -> Path:
@@ -25,7 +25,7 @@ def share_dir(name: str, version: str) -> Path:
 
 
 def cluster_dir() -> Path:
-    return cache_dir() / "cluster"
+    return rehearsal_seam.cluster_dir()
 
 
 def load_versions(path: Path = VERSIONS_FILE) -> dict[str, str]:

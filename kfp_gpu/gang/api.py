@@ -43,7 +43,7 @@ import hashlib
 import json
 from typing import Any
 
-from kfp_gpu.providers.base import label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 
 GROUP = "kfp-gpu.io"
 VERSION = "v1alpha1"
@@ -56,9 +56,6 @@ POLICY_PLURAL = "gpupolicies"
 CONTROLLER_NAMESPACE = "kfp-gpu-system"
 CONTROLLER_SA = "kfp-gpu-controller"
 STEP_SA = "kfp-gpu"
-TENANT_LABEL = "kfp-gpu.io/tenant"  # on a namespace: "true" once `kfp-gpu tenant add` ran
-RUN_ID_LABEL = "kfp-gpu.io/run-id"
-HEARTBEAT_ANNOTATION = "kfp-gpu.io/heartbeat"  # unix seconds: an owner the controller cannot observe beats here
 
 # stages, in order; a step raises spec.stage to its own and waits for the condition of the same name
 PREFLIGHTED = "Preflighted"
@@ -125,7 +122,7 @@ def body(run_id: str, namespace: str, spec_json: str, owner: dict[str, str]) -> 
     return {
         "apiVersion": API_VERSION, "kind": KIND,
         "metadata": {"name": gang_name(run_id), "namespace": namespace,
-                     "labels": {RUN_ID_LABEL: label_safe(run_id)}},
+                     "labels": {LABEL_RUN_ID: label_safe(run_id)}},
         "spec": {"runId": run_id, "provisioning": provisioning, **mirrors(provisioning), "stage": "",
                  "jobs": {}, "release": False, "owner": dict(owner)},
     }

@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import lease, owned
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.errors import Cancelled, KfpGpuError, ProvisioningTimeout
@@ -89,7 +90,7 @@ class GangClient:
         one retries."""
         try:
             owned.request(self.api, "PATCH", self.path, body={"metadata": {"annotations": {
-                gang.HEARTBEAT_ANNOTATION: str(int(time.time()))}}}, content_type=owned.MERGE_PATCH)
+                ownership.HEARTBEAT_ANNOTATION: str(int(time.time()))}}}, content_type=owned.MERGE_PATCH)
         except ApiException as exc:
             if exc.status != 404:  # 404: the gang is gone (released and deleted): nothing left to keep alive
                 log.warning("GpuGang %s/%s: heartbeat not written: %s", self.namespace, self.name, exc)

@@ -42,13 +42,11 @@ from kubernetes import client
 
 from kfp_gpu.cluster import apierrors, customjob
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.podtemplate import JOB_LABEL
 from kfp_gpu.cluster.watch import GangWatch, JobObserver
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import JOB_LABEL, LABEL_RUN_ID, RESUME_STEP_ANNOTATION, label_safe
 
-RESUME_STEP_ANNOTATION = "kfp-gpu.io/resume-step"
 T = TypeVar("T")
 
 

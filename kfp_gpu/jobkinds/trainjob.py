@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import trainjob
 from kfp_gpu.errors import CrdMissing, InvalidSpec
 from kfp_gpu.job import JobTemplate
@@ -76,10 +77,10 @@ class TrainJobKind(JobKind):
             pod_annotations=req.pod_annotations, local=req.local, queue=req.queue))
 
     def job_key(self, job: Mapping[str, Any]) -> str:
-        return str(((job.get("metadata") or {}).get("annotations") or {}).get(trainjob.ATTEMPT, ""))
+        return str(((job.get("metadata") or {}).get("annotations") or {}).get(ownership.ATTEMPT, ""))
 
     def pod_key(self, pod: Mapping[str, Any]) -> str:
-        return str(((pod.get("metadata") or {}).get("labels") or {}).get(trainjob.ATTEMPT, ""))
+        return str(((pod.get("metadata") or {}).get("labels") or {}).get(ownership.ATTEMPT, ""))
 
     def conditions(self, job: Mapping[str, Any]) -> dict[str, str]:
         return trainjob.conditions(job)

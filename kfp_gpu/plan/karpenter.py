@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, ProvisioningTimeout, Scope
+from kfp_gpu.ownership import POOL_TAINT_SUFFIX
 
 GROUP, VERSION = "karpenter.sh", "v1"
 NODEPOOLS, NODECLAIMS = "nodepools", "nodeclaims"
@@ -39,7 +40,6 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"  # pod annotation: Karpenter never disrupts its node voluntarily
 DISRUPTED_TAINT = "karpenter.sh/disrupted"  # Karpenter taints a node it is about to drain and delete
-POOL_TAINT_SUFFIX = ".nodepools.kfp-gpu.io/run"  # <namespace> + this: the run's NodePool taints its nodes with it
 ICE_REASON = "InsufficientCapacityError"  # the NodeClaim event Karpenter publishes before deleting it
 KARPENTER_SCHEDULE_PREFIX = "Failed to schedule pod, "  # Karpenter's FailedScheduling events (not the scheduler's)
 GPU = "nvidia.com/gpu"

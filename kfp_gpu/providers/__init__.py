@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 
+from kfp_gpu import rehearsal_seam
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import Target, TargetKind
-
-SIM_ENDPOINT_ENV = "KFP_GPU_SIM_ENDPOINT"
 
 
 def for_target(target: Target) -> CapacityProvider:
@@ -27,15 +26,13 @@ def for_target(target: Target) -> CapacityProvider:
 
     endpoint = target.endpoint
     if target.kind is TargetKind.LOCAL:
-        endpoint = endpoint or os.environ.get(SIM_ENDPOINT_ENV, "")
+        endpoint = endpoint or os.environ.get(rehearsal_seam.SIM_ENDPOINT_ENV, "")
         if not endpoint:
-            from kfp_gpu.sim.daemon import running_url
-
-            endpoint = running_url()
+            endpoint = rehearsal_seam.running_sim_url()
         if not endpoint:
             raise InvalidSpec(
                 "target.endpoint", endpoint, "a local target needs the kfp_gpu.sim stand-in URL",
-                remediation=f"run `make cluster-up` (it starts the stand-in) or export {SIM_ENDPOINT_ENV}",
+                remediation=f"run `make cluster-up` (it starts the stand-in) or export {rehearsal_seam.SIM_ENDPOINT_ENV}",
             )
     gke: CapacityProvider = GkeProvider.from_target(target, endpoint=endpoint)
     return gke

@@ -36,46 +36,10 @@ SDK imports (google.cloud, boto3) happen lazily inside ``kfp_gpu/providers/<clou
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-LABEL_RUN_ID = "kfp-gpu.io/run-id"
-LABEL_STEP = "kfp-gpu.io/step"
-LABEL_LEASE = "kfp-gpu.io/lease-expires"  # unix seconds, as a string (label-value safe)
-LABEL_MANAGED = "kfp-gpu.io/managed"
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who owns a mutation: the idempotency key of every provider call."""
-
-    run_id: str
-    step: str
-    lease_expires: float  # unix seconds
-
-    @classmethod
-    def for_step(cls, run_id: str, step: str, ttl_s: float, now: float | None = None) -> Owner:
-        return cls(run_id, step, (time.time() if now is None else now) + ttl_s)
-
-    def labels(self) -> dict[str, str]:
-        """Kubernetes/GCP/AWS-safe ownership labels."""
-        return {
-            LABEL_MANAGED: "true",
-            LABEL_RUN_ID: label_safe(self.run_id),
-            LABEL_STEP: label_safe(self.step),
-            LABEL_LEASE: str(int(self.lease_expires)),
-        }
-
-    def cloud_labels(self) -> dict[str, str]:
-        """GCE/GKE resource labels (keys must be [a-z0-9_-], no dots or slashes)."""
-        return {k.split("/", 1)[1].replace(".", "_").replace("-", "_"): v for k, v in self.labels().items()}
-
-
-def label_safe(value: str) -> str:
-    """Map any run id to a valid label value (<= 63 chars, [a-z0-9-_.], alnum at both ends)."""
-    out = "".join(c if c.isalnum() or c in "-_." else "-" for c in value.lower())[:63]
-    return out.strip("-_.") or "x"
+from kfp_gpu.ownership import Owner
 
 
 @dataclass(frozen=True)

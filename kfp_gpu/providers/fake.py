@@ -35,19 +35,17 @@ from kfp_gpu.errors import (
     NotFound,
     Scope,
 )
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.providers.base import (
-    LABEL_RUN_ID,
     Operation,
     OpStatus,
     OwnedResource,
-    Owner,
     PoolActivity,
     PoolError,
     PoolRef,
     PoolState,
     QuotaAmount,
     ReservationRequest,
-    label_safe,
 )
 
 

@@ -27,7 +27,18 @@ from kfp_gpu.provisioners.node_pool import NodePoolProvisioner
 from kfp_gpu.provisioners.provreq import ProvisioningRequestProvisioner
 from kfp_gpu.spec import ProvisioningSpec, TargetKind
 
-__all__ = ["GangRequest", "Provisioner", "Released", "backends", "detect", "provider_for", "select"]
+__all__ = ["GangRequest", "Provisioner", "Released", "backends", "capabilities", "detect", "provider_for", "select"]
+
+_CLASSES: dict[str, type[Provisioner]] = {
+    cls.name: cls for cls in (NodePoolProvisioner, ProvisioningRequestProvisioner, KueueAdmissionProvisioner,
+                              KarpenterProvisioner)}
+
+
+def capabilities(name: str) -> type[Provisioner] | None:
+    """The backend class named ``name`` (a ``Capacity.extra["provisioner"]`` or a detected choice), whose class
+    attributes are the contract's capabilities (:mod:`kfp_gpu.provisioners.base`); None for a name no backend has
+    ("unknown" when no cluster was reachable). Pure; raises nothing."""
+    return _CLASSES.get(name)
 
 
 def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None) -> BackendChoice:

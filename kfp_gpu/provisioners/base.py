@@ -38,6 +38,20 @@ kueue-admission backends):
   tolerate its NodePool's taint, *are* the warm pool). The warm-pool step then creates no generic balloons
   (:mod:`kfp_gpu.cluster.balloons`): they would not fit the backend's nodes and could make the platform launch
   other capacity for them.
+
+Capabilities are attributes of the contract, read by the steps instead of comparing backend names (all False on
+:class:`NothingExtra`; :func:`kfp_gpu.provisioners.capabilities` gives them for a backend's recorded name without
+making one):
+
+* **gang_forms_at_admission: bool**: the gang forms when a queue admits the job (Kueue with a
+  ProvisioningRequest admission check): there are no nodes to gate on or pin the job to beforehand, and the nodes
+  the job's pods land on become the gang (the train step waits for admission, then claims them).
+* **supports_check_capacity: bool**: the backend's capacity comes from a cluster-autoscaler that serves
+  ProvisioningRequests for the gang, so preflight may ask a ``check-capacity.autoscaling.x-k8s.io`` request
+  directly (other backends ask it only when the cluster's autoscaler serves the matching pools).
+* **capacity_via_autoscaler_groups: bool**: the gang's nodes come from the autoscaler's node groups, which need
+  not be the cloud's pools (a self-managed autoscaler): preflight leaves a region's pool headroom to the autoscaler
+  to judge when no cloud pool matches the target, instead of reporting "no pools".
 """
 
 from __future__ import annotations
@@ -92,6 +106,9 @@ class Provisioner(Protocol):
 
     name: str
     holds_placeholders: bool
+    gang_forms_at_admission: bool
+    supports_check_capacity: bool
+    capacity_via_autoscaler_groups: bool
 
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
 
@@ -113,6 +130,9 @@ class NothingExtra:
     balloons are the generic ones (``holds_placeholders = False``)."""
 
     holds_placeholders: bool = False
+    gang_forms_at_admission: bool = False
+    supports_check_capacity: bool = False
+    capacity_via_autoscaler_groups: bool = False
 
     def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
         return capacity

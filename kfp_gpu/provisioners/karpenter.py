@@ -37,8 +37,8 @@ from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim_all, unclaim
 from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import karpenter as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
@@ -130,10 +130,10 @@ class KarpenterProvisioner(NothingExtra):
 
     def _ensure_pool(self, spec: ProvisioningSpec, run_id: str, pool: str, owner: Owner, types: list[str],
                      cand: plan.Candidate, gang: int) -> None:
-        from kfp_gpu.cluster.owned import NAMESPACE_ANNOTATION
+        from kfp_gpu.ownership import LEASE_NAMESPACE_ANNOTATION
 
         body = plan.nodepool_body(pool, labels=owner.labels(), instance_types=types, cand=cand, limit_nodes=gang,
-                                  annotations={NAMESPACE_ANNOTATION: f"{spec.target.namespace}/{label_safe(run_id)}"},
+                                  annotations={LEASE_NAMESPACE_ANNOTATION: f"{spec.target.namespace}/{label_safe(run_id)}"},
                                   gpus_per_node=spec.gpus_per_node, node_class=api_k.node_class(self.api),
                                   run_label=label_safe(run_id), namespace=spec.target.namespace)
         api_k.ensure_nodepool(self.api, body)

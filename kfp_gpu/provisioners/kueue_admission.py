@@ -36,6 +36,7 @@ class KueueAdmissionProvisioner(NothingExtra):
     """The kueue-admission backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
+    gang_forms_at_admission = True  # Kueue's ProvisioningRequest admission check provisions it at admission
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -24,17 +24,10 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.cluster.nodes import NodeView, list_nodes
 from kfp_gpu.errors import KfpGpuError, NotFound
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.scale import rollback_sizes
-from kfp_gpu.providers.base import (
-    LABEL_RUN_ID,
-    CapacityProvider,
-    Operation,
-    Owner,
-    PoolRef,
-    PoolState,
-    label_safe,
-)
+from kfp_gpu.providers.base import CapacityProvider, Operation, PoolRef, PoolState
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.provisioners.resize import provision
 from kfp_gpu.retry import retry_transient

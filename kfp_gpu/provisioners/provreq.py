@@ -33,7 +33,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, rehearsal_seam
 from kfp_gpu.cluster import apierrors, ledger, node_labels
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
@@ -48,15 +48,15 @@ from kfp_gpu.cluster.nodes import (
     unclaim,
 )
 from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, ProvisioningTimeout
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.placement import matching_pools
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, Owner, label_safe
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Released
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
 NAME = "provisioning-request"
-SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 QUEUED_TOLERATION = "cloud.google.com/gke-queued=true:NoSchedule"  # GKE taints DWS (queued provisioning) nodes
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 NOT_FOUND_GRACE_S = 10.0  # "no capacity now" for this long, with another zone left: ask the next zone
@@ -68,6 +68,9 @@ class ProvisioningRequestProvisioner:
 
     name = NAME
     holds_placeholders = False  # the warm pool's generic balloons are what the autoscaler scales up for
+    gang_forms_at_admission = False  # the request provisions the gang before the job
+    supports_check_capacity = True  # its own autoscaler serves ProvisioningRequests
+    capacity_via_autoscaler_groups = True  # the request names the autoscaler's node groups
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider
@@ -309,8 +312,7 @@ def gang_labels(spec: ProvisioningSpec, pools: Sequence[str] = ()) -> dict[str, 
     out = sch.accelerator_selector(spec.accelerator)
     if spec.spot:
         out[sch.capacity_type] = sch.spot_value
-    if spec.target.kind is TargetKind.LOCAL:
-        out[SIM_CLUSTER_LABEL] = spec.target.cluster
+    out.update(rehearsal_seam.node_selector(spec.target))
     if len(pools) == 1:
         out[sch.pool] = pools[0]
     return out

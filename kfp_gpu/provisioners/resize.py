@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client
 
-from kfp_gpu import accelerators, fanout
+from kfp_gpu import accelerators, fanout, rehearsal_seam
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
@@ -36,19 +36,19 @@ from kfp_gpu.errors import (
     ProvisioningTimeout,
     QuotaExceeded,
 )
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
 from kfp_gpu.plan.scale import plan_scale, rollback_sizes
-from kfp_gpu.providers.base import CapacityProvider, Operation, Owner, PoolRef
+from kfp_gpu.providers.base import CapacityProvider, Operation, PoolRef
 from kfp_gpu.retry import retry_transient
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
 STEP = "scale_up"
 log = logging.getLogger(__name__)
-SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 
 
 def _key(ref: PoolRef) -> str:
@@ -200,7 +200,7 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
 def node_selector(spec: ProvisioningSpec) -> str:
     """Nodes of the target cluster. The local stand-in labels its nodes with the simulated cluster name,
     so several stand-ins (tests, benchmarks) can share one control plane; real clusters need no filter."""
-    return f"{SIM_CLUSTER_LABEL}={spec.target.cluster}" if spec.target.kind is TargetKind.LOCAL else ""
+    return ",".join(f"{k}={v}" for k, v in rehearsal_seam.node_selector(spec.target).items())
 
 
 def _resize_all(provider: CapacityProvider, owner: Owner, sizes: dict[PoolRef, int], tracker: GangTracker,

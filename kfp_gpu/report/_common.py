@@ -33,6 +33,28 @@ SEGMENT_LABELS = {
     "failed": "failed \u2192 released",
 }
 
+def duration(seconds: float) -> str:
+    """A duration as people read one: ``45s`` under 2 minutes, ``12.5 min`` under 2 hours, else ``3.2 h``."""
+    if seconds < 120:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def world(tl: Timeline) -> tuple[Timeline, str]:
+    """``tl`` in the clock of the world the run happened in, and the one sentence that says so ("" on a real
+    cluster): the local rehearsal compresses time by :func:`kfp_gpu.rehearsal_seam.world_time_scale`, and every
+    time and cost it reports is in the world's clock. Raises: InvalidSpec (a malformed scale variable)."""
+    from kfp_gpu.rehearsal_seam import TIME_SCALE_ENV, world_time_scale
+
+    scale = world_time_scale()
+    if scale == 1.0:
+        return tl, ""
+    return tl.scaled(scale), (f"times and costs are in the rehearsal world's clock: one second here is {scale:g} "
+                              f"real-world seconds ({TIME_SCALE_ENV}={scale:g})")
+
+
 # Run-level event kinds the reports read (written by steps/ through ``Timeline.event``):
 JOB_START_KINDS = frozenset({"job-running"})
 JOB_END_KINDS = frozenset({"job-finished", "job-failed", "job-preempted", "job-cancelled"})

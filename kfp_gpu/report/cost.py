@@ -42,7 +42,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kfp_gpu.report._common import job_intervals, span
+from kfp_gpu.report._common import duration, job_intervals, span
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import NodeState, Timeline
 
@@ -84,15 +84,15 @@ class CostReport:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """(item, value, how it was computed) rows shared by every rendering."""
-        med = "n/a" if self.median_ready_s is None else f"{self.median_ready_s:.1f}s"
-        mx = "n/a" if self.max_ready_s is None else f"{self.max_ready_s:.1f}s"
+        med = "n/a" if self.median_ready_s is None else duration(self.median_ready_s)
+        mx = "n/a" if self.max_ready_s is None else duration(self.max_ready_s)
         util = "n/a" if self.utilisation is None else f"{self.utilisation:.0%}"
         return [
             ("base", _usd(self.base_usd),
              f"{self.gpus} GPUs x {_usd(self.price_per_gpu_hour)}/GPU-h x {self.expected_hours:g} h"),
             ("risk", _usd(self.risk_usd), f"base x jitter {self.jitter:.3f} (Ready latency median {med}, max {mx})"),
             ("penalty", _usd(self.penalty_usd),
-             f"SLA {_usd(self.sla_penalty_per_hour)}/h x expected delay {self.expected_delay_s:.1f}s"),
+             f"SLA {_usd(self.sla_penalty_per_hour)}/h x expected delay {duration(self.expected_delay_s)}"),
             ("total", _usd(self.total_usd), "base + risk + penalty"),
             ("GPU-hours provisioned", f"{self.provisioned_gpu_hours:.2f}",
              f"Ready -> released per node ({self.nodes_ready} Ready, {self.nodes_preempted} preempted); "

@@ -14,7 +14,7 @@ import os
 import statistics
 from collections import defaultdict
 
-from kfp_gpu.report._common import label, ordered_nodes, segments, span
+from kfp_gpu.report._common import duration, label, ordered_nodes, segments, span
 from kfp_gpu.report.cost import CostReport
 from kfp_gpu.timeline import NodeState, NodeTimeline, Timeline
 
@@ -55,8 +55,8 @@ def _ready_at(node: NodeTimeline, t: float, t_end: float) -> bool:
 
 
 def _axis(label_w: int, cols: int, extent: float) -> str:
-    left, right = "0s", f"{extent:.0f}s"
-    mid = f"{extent / 2:.0f}s"
+    left, right = "0s", duration(extent)
+    mid = duration(extent / 2)
     line = [" "] * cols
     for pos, text in ((0, left), (max(0, cols // 2 - len(mid) // 2), mid), (max(0, cols - len(right)), right)):
         for i, ch in enumerate(text):
@@ -90,7 +90,7 @@ def gantt(tl: Timeline, *, width: int = 100, max_rows: int = 40) -> str:
     mids = [t0 + (c + 0.5) * dt for c in range(cols)]
     out: list[str] = []
     if len(nodes) <= max_rows:
-        out.append(f"{len(nodes)} nodes, {extent:.1f}s from first request")
+        out.append(f"{len(nodes)} nodes, {duration(extent)} from first request")
         for n, text in zip(nodes, labels, strict=True):
             row = [_cell_at(n, t, t1) for t in mids]
             pre = n.at(NodeState.PREEMPTED)
@@ -101,7 +101,7 @@ def gantt(tl: Timeline, *, width: int = 100, max_rows: int = 40) -> str:
         out.append(LEGEND)
     else:
         out.append(
-            f"{len(nodes)} nodes in {len(groups)} groups, {extent:.1f}s from first request; "
+            f"{len(nodes)} nodes in {len(groups)} groups, {duration(extent)} from first request; "
             "shade = fraction of the group Ready"
         )
         for (_, members), text in zip(groups.items(), labels, strict=True):
@@ -115,8 +115,8 @@ def gantt(tl: Timeline, *, width: int = 100, max_rows: int = 40) -> str:
         pre = sum(1 for n in nodes if n.at(NodeState.PREEMPTED) is not None)
         if lat:
             out.append(
-                f"Ready {len(lat)}/{len(nodes)}; request\u2192Ready median {statistics.median(lat):.1f}s, "
-                f"max {max(lat):.1f}s; preempted {pre}"
+                f"Ready {len(lat)}/{len(nodes)}; request\u2192Ready median {duration(statistics.median(lat))}, "
+                f"max {duration(max(lat))}; preempted {pre}"
             )
     return "\n".join(_cut(line, width) for line in out)
 

@@ -19,19 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from kfp_gpu.devcluster.worldtime import TIME_SCALE as TIME_SCALE
+from kfp_gpu.devcluster.worldtime import compress as compress
+from kfp_gpu.devcluster.worldtime import expand as expand
+
 log = logging.getLogger(__name__)
 
-TIME_SCALE = 120.0  # real-world seconds per stand-in second: one real minute = 0.5 s
-
-
-def compress(real_world_s: float) -> float:
-    """Stand-in (wall-clock) seconds for ``real_world_s`` real-world seconds."""
-    return real_world_s / TIME_SCALE
-
-
-def expand(sim_s: float) -> float:
-    """Real-world seconds that ``sim_s`` stand-in seconds stand for (inverse of :func:`compress`)."""
-    return sim_s * TIME_SCALE
 
 
 class Timeline:

@@ -1,6 +1,6 @@
 """Run the stand-ins as background daemons for the local cluster (`make cluster-up` / `cluster-down`).
 
-The GKE stand-in's URL goes to ``$KFP_GPU_CACHE/cluster/sim.url`` where ``kfp_gpu.providers.for_target`` finds it
+The GKE stand-in's URL goes to ``$KFP_GPU_CACHE/cluster/sim.url`` where the product finds it (:mod:`kfp_gpu.rehearsal_seam`)
 for ``local`` targets; the AWS stand-in (kfp_gpu.sim.aws, EKS targets: ``endpoint=http://127.0.0.1:8788``) writes
 ``sim-aws.url``. The pid files let ``stop`` kill exactly the processes ``start`` created.
 """
@@ -15,23 +15,20 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kfp_gpu import rehearsal_seam
+
 
 def state_dir() -> Path:
-    return Path(os.environ.get("KFP_GPU_CACHE", Path.home() / ".cache" / "kfp-gpu")) / "cluster"
+    return rehearsal_seam.cluster_dir()
 
 
 def url_file() -> Path:
-    return state_dir() / "sim.url"
+    return rehearsal_seam.sim_url_file()
 
 
 def running_url() -> str:
-    """The daemon's URL when it answers, else ""."""
-    try:
-        url = url_file().read_text().strip()
-        with urllib.request.urlopen(f"{url}/sim/v1/requests", timeout=2):
-            return url
-    except (OSError, ValueError):
-        return ""
+    """The daemon's URL when it answers, else "" (the seam's probe: the product finds it the same way)."""
+    return rehearsal_seam.running_sim_url()
 
 
 AWS_PORT = 8788

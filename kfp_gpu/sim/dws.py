@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from kfp_gpu import rehearsal_seam
 from kfp_gpu.sim.clock import compress
 from kfp_gpu.sim.mig import NOTICE, RUNNING, Action, PoolRuntime
 from kfp_gpu.sim.state import SimState, igm_name
@@ -29,7 +30,7 @@ CLASS = "queued-provisioning.gke.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
-SIM_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
+SIM_CLUSTER_LABEL = rehearsal_seam.LOCAL_CLUSTER_LABEL
 QUEUED_TAINT = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
 FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"  # GKE: the node's resize request, i.e. its request

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, rehearsal_seam
 from kfp_gpu.sim.clock import expand
 from kfp_gpu.sim.ranks import RankWorld
 from kfp_gpu.sim.scenario import PoolSpec
@@ -67,7 +67,7 @@ class KubeBackend:
             "node.kubernetes.io/instance-type": pool.machine_type,
             "cloud.google.com/machine-family": pool.machine_type.split("-", 1)[0],
             "cloud.google.com/gke-provisioning": "spot" if pool.spot else "standard",
-            "kfp-gpu.io/sim-cluster": cluster,
+            rehearsal_seam.LOCAL_CLUSTER_LABEL: cluster,
         }
         machine = acc.gce_machine_for(pool.gpus_per_node)
         body = make_gpu_node(

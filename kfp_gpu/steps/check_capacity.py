@@ -28,9 +28,10 @@ from kfp_gpu.cluster import apierrors
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.nodes import ZONE_LABEL
 from kfp_gpu.errors import KfpGpuError, NotFound
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.preflight import NO_ANSWER, NOT_ASKED, CapacityNow, capacity_answer
-from kfp_gpu.providers.base import CapacityProvider, Owner
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.spec import CapacityType, ProvisioningSpec
 
@@ -45,7 +46,7 @@ def backend(spec: ProvisioningSpec, api: Any, provider: CapacityProvider | None)
 
     Without a cluster (``api`` None) the backend is the spec's choice, or unknown for "auto". Raises: nothing
     (detection treats an unreadable API as absent)."""
-    from kfp_gpu.provisioners import detect
+    from kfp_gpu.provisioners import capabilities, detect
 
     if api is None:
         name = spec.target.provisioner if spec.target.provisioner != "auto" else "unknown"
@@ -53,7 +54,8 @@ def backend(spec: ProvisioningSpec, api: Any, provider: CapacityProvider | None)
             "no cluster credentials"
     choice = detect(spec, api, provider)
     out = {"name": choice.name, "reason": choice.reason}
-    if choice.name == "provisioning-request" and spec.capacity is not CapacityType.FLEX_START:
+    chosen = capabilities(choice.name)
+    if chosen is not None and chosen.supports_check_capacity and spec.capacity is not CapacityType.FLEX_START:
         return out, ""
     if spec.capacity is CapacityType.FLEX_START:
         return out, "capacity='flex-start': DWS obtains the capacity later by design"

@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import lease, ledger, owned
 from kfp_gpu.cluster.nodes import unclaim
 from kfp_gpu.cluster.owners import Owners
 from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.ownership import LABEL_LEASE, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan.lease import (
     LeaseRecord,
     Verdict,
@@ -40,7 +42,7 @@ from kfp_gpu.plan.lease import (
     owners_to_check,
     run_expiry,
 )
-from kfp_gpu.providers.base import LABEL_LEASE, LABEL_RUN_ID, CapacityProvider, label_safe
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
 
 log = logging.getLogger(__name__)
@@ -194,7 +196,7 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
         ns = owned.labels(obj).get(ledger.TENANT_LABEL) or owned.meta(obj).get("namespace")  # a ledger: its gang's
         if ns:
             run.namespaces.add(str(ns))
-        raw = (owned.meta(obj).get("annotations") or {}).get(lease.A_RUN_ID)
+        raw = (owned.meta(obj).get("annotations") or {}).get(ownership.RUN_ID_RAW_ANNOTATION)
         run.run_id = run.run_id or str(raw or "")
         return run
 

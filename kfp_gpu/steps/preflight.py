@@ -90,6 +90,10 @@ def run_preflight(
     pools_by_region: dict[str, list[PoolState] | None] = {}
     unknown_by_region: dict[str, list[str]] = {}
     provisioner, capacity_now = now_f.result()
+    from kfp_gpu.provisioners import capabilities
+
+    chosen = capabilities(provisioner.get("name", ""))
+    via_groups = chosen is not None and chosen.capacity_via_autoscaler_groups
     for r in cands:
         try:
             pools_by_region[r] = pools_f[r].result()
@@ -100,7 +104,7 @@ def run_preflight(
         except Exception as exc:
             pools_by_region[r] = None
             unknown_by_region.setdefault(r, []).append(f"pools: {_msg(exc)}")
-        if provisioner.get("name") == "provisioning-request" and not matching_pools(spec, pools_by_region[r] or []):
+        if via_groups and not matching_pools(spec, pools_by_region[r] or []):
             # the autoscaler's node groups are not the cloud's pools here (a self-managed autoscaler):
             # their headroom is the autoscaler's to judge (check-capacity above, the request itself)
             pools_by_region[r] = None

@@ -40,12 +40,17 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
         "p50_node_ready_seconds": lat[len(lat) // 2] if lat else 0.0,
         "max_node_ready_seconds": lat[-1] if lat else 0.0,
     }
-    md = [f"## burst scale-up: {len(cap.nodes)}/{spec.nodes} nodes Ready in {metrics['scale_up_seconds']:.2f}s "
-          f"({backend.name})"]
+    from kfp_gpu.rehearsal_seam import world_time_scale
+    from kfp_gpu.report._common import duration, world
+
+    shown, clock_note = world(tl)  # the report in the world's clock (the rehearsal compresses time)
+    md = [f"## burst scale-up: {len(cap.nodes)}/{spec.nodes} nodes Ready in "
+          f"{duration(metrics['scale_up_seconds'] * world_time_scale())} ({backend.name})"]
     md += [f"- {p.pool} ({p.zone}): {len(p.nodes)} nodes" for p in cap.placements]
     if cap.extra.get("requests"):
         md.append(f"- ProvisioningRequest {cap.extra['requests'][-1]} ({cap.extra.get('class', '')})")
-    return StepResult(cap.to_json(), metrics, "\n".join(md), _html(spec, tl, "\n".join(md)))
+    md += [f"\n_{clock_note}_"] if clock_note else []
+    return StepResult(cap.to_json(), metrics, "\n".join(md), _html(spec, shown, "\n".join(md)))
 
 
 def _html(spec: ProvisioningSpec, tl: Timeline, md: str) -> str:

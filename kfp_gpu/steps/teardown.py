@@ -21,7 +21,8 @@ from kfp_gpu import jobkinds, provisioners
 from kfp_gpu.cluster import balloons, lease, ledger
 from kfp_gpu.cluster.nodes import list_nodes, name_of, unclaim
 from kfp_gpu.errors import KfpGpuError
-from kfp_gpu.providers.base import LABEL_RUN_ID, CapacityProvider, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
+from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.timeline import NodeState, Timeline
@@ -60,16 +61,19 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     api = api or api_client(spec.target)
     provider = provider or provisioners.provider_for(spec)
     report, timeline = release_run(spec, run_id, api, provider)
-    cost_md, metrics = _cost(spec, timeline)
+    from kfp_gpu.report._common import world
+
+    shown, clock_note = world(timeline)  # the report in the world's clock (the rehearsal compresses time)
+    cost_md, metrics = _cost(spec, shown)
     metrics.update({"objects_deleted": float(len(report.jobs) + len(report.balloons) + len(report.reservations)),
                     "pools_restored": float(len(report.pools_restored)), "teardown_errors": float(len(report.errors))})
     lines = ["## teardown" + (": nothing left to release (no-op)" if report.noop else "")]
     for key, val in report.to_dict().items():
         if val and key != "noop":
             lines.append(f"- {key}: {val}")
-    md = "\n".join(lines) + ("\n\n" + cost_md if cost_md else "")
+    md = "\n".join(lines) + ("\n\n" + cost_md if cost_md else "") + (f"\n\n_{clock_note}_" if clock_note else "")
     out = {**report.to_dict(), "timeline": timeline.to_json() if timeline.nodes else "", "cost": metrics}
-    return StepResult(json.dumps(out, sort_keys=True), metrics, md, _html(spec, timeline, md))
+    return StepResult(json.dumps(out, sort_keys=True), metrics, md, _html(spec, shown, md))
 
 
 def release_run(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provider: CapacityProvider | None,

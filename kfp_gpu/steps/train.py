@@ -39,6 +39,7 @@ from kfp_gpu.errors import (
 )
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.jobkinds import JobRequest, for_template
+from kfp_gpu.ownership import label_safe
 from kfp_gpu.plan.recovery import (
     Action,
     Cause,
@@ -51,7 +52,6 @@ from kfp_gpu.plan.recovery import (
     steps_lost,
     unclaimed,
 )
-from kfp_gpu.providers.base import label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import admission
 from kfp_gpu.steps.capacity import Capacity

@@ -14,8 +14,8 @@ from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.jobkinds import JobKind, PyTorchJobKind
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan.recovery import Budget, Usage, Verdict
-from kfp_gpu.providers.base import Owner
 from kfp_gpu.provisioners.base import Provisioner
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.capacity import Capacity
@@ -70,11 +70,12 @@ class TrainState:
 
     @property
     def provisioned_at_admission(self) -> bool:
-        """Kueue provisions the gang when it admits the job (the kueue-admission backend): no nodes to gate on or
-        pin to beforehand; the nodes the pods land on become the gang."""
-        from kfp_gpu.provisioners.kueue_admission import NAME
+        """The run's backend forms the gang when a queue admits the job (``gang_forms_at_admission``): no nodes to
+        gate on or pin to beforehand; the nodes the pods land on become the gang."""
+        from kfp_gpu.provisioners import capabilities
 
-        return self.capacity.extra.get("provisioner") == NAME
+        backend = capabilities(str(self.capacity.extra.get("provisioner", "node-pool")))
+        return backend is not None and backend.gang_forms_at_admission
 
     @property
     def running_at(self) -> float | None:

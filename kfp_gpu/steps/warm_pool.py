@@ -24,18 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client
 
-from kfp_gpu import provisioners
+from kfp_gpu import ownership, provisioners
 from kfp_gpu.cluster import balloons, ledger
+from kfp_gpu.ownership import LABEL_RUN_ID, LABEL_STEP, Owner, label_safe
 from kfp_gpu.plan.placement import candidate_zones, matching_pools
-from kfp_gpu.providers.base import (
-    LABEL_RUN_ID,
-    LABEL_STEP,
-    CapacityProvider,
-    Owner,
-    PoolState,
-    ReservationRequest,
-    label_safe,
-)
+from kfp_gpu.providers.base import CapacityProvider, PoolState, ReservationRequest
 from kfp_gpu.provisioners.base import holds_placeholders
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult
@@ -115,7 +108,7 @@ def _reserve(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provide
 def _placeholders(api: client.ApiClient, namespace: str, run_id: str) -> list[str]:
     """The warm pool's pods a backend placed itself (balloon-labelled, of this run and step). Raises: ApiException."""
     selector = (f"{LABEL_RUN_ID}={label_safe(run_id)},{LABEL_STEP}={label_safe(STEP)},"
-                f"{balloons.BALLOON_LABEL}=true")
+                f"{ownership.BALLOON_LABEL}=true")
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
     return sorted(str(p.metadata.name) for p in pods)
 

@@ -130,7 +130,7 @@ def test_missing_binary_is_one_line_naming_the_build(monkeypatch: pytest.MonkeyP
 def test_profile_lifecycle_in_its_own_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """up starts it and records the URL, a second up re-uses it, stop ends it (a private cache: the shared
     emulator other tests use is not touched)."""
-    from kfp_gpu.devcluster import boot
+    from kfp_gpu.devcluster import boot, runner
 
     real = gcs.require_binary()
     monkeypatch.setenv("KFP_GPU_CACHE", str(tmp_path))
@@ -141,16 +141,16 @@ def test_profile_lifecycle_in_its_own_state_dir(monkeypatch: pytest.MonkeyPatch,
     c.state.mkdir(parents=True)
     status: dict[str, str] = {}
     try:
-        gcs_profile.up(c, True, status, 0.0)
+        runner.up(c, gcs_profile.UNIT, True, status, 0.0)
         u = gcs_profile.url(c.state)
         assert status == {gcs_profile.NAME: "started"} and u is not None and u.startswith("http://127.0.0.1:")
         pid = gcs_profile.running_pid(c)
-        gcs_profile.up(c, True, status, 0.0)
+        runner.up(c, gcs_profile.UNIT, True, status, 0.0)
         assert status[gcs_profile.NAME] == "running" and gcs_profile.running_pid(c) == pid
         assert gcs_profile.url(c.state) == u
-        gcs_profile.up(c, False, status, 0.0)  # not wanted: left running
+        runner.up(c, gcs_profile.UNIT, False, status, 0.0)  # not wanted: left running
         assert gcs_profile.running_pid(c) == pid
     finally:
-        assert gcs_profile.stop(c)
-    assert gcs_profile.url(c.state) is None and gcs_profile.status_line(c).startswith("stopped (profile off")
-    assert not gcs_profile.stop(c)
+        assert runner.stop(c, gcs_profile.UNIT)
+    assert gcs_profile.url(c.state) is None and runner.status(c, gcs_profile.UNIT) == {"gcs": "stopped (profile off; up --gcs starts it)"}
+    assert not runner.stop(c, gcs_profile.UNIT)

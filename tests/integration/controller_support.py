@@ -22,7 +22,7 @@ from kfp_gpu.devcluster import crds
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.gang import api as gang
 from kfp_gpu.gang import client as gang_client
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu.cluster.nodes import PROTECTED_BY, SCALE_DOWN_DISABLED
+from kfp_gpu.cluster.nodes import SCALE_DOWN_DISABLED
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, PROTECTED_BY, label_safe
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer

@@ -19,7 +19,7 @@ from kfp_gpu.cluster.nodes import (
     run_taint,
 )
 from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 
 pytestmark = pytest.mark.integration
 

@@ -15,10 +15,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.errors import KfpGpuError, PermissionDenied
 from kfp_gpu.gang import api as gang
 from kfp_gpu.gang.client import OWNER_PID_ENV
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from tests.integration.controller_support import new_run, small, wait_gone
 from tests.waiting import wait_until
 
@@ -89,7 +90,7 @@ def test_the_jobs_pods_take_the_warm_pool_nodes_without_preempting_its_balloons(
     import dataclasses
 
     from kfp_gpu.cluster import pytorchjob
-    from kfp_gpu.cluster.balloons import BALLOON_LABEL
+    from kfp_gpu.ownership import BALLOON_LABEL
     from kfp_gpu.spec import WarmPool
     from tests.integration.test_train_support import job_json, running_pods
 
@@ -338,7 +339,7 @@ def test_an_unobservable_owner_keeps_its_gang_by_heartbeat_and_loses_it_when_the
     with pytest.raises(KfpGpuError, match="did not answer within 15s"):
         c.wait(lambda o: gang.is_true(o, gang.RELEASED), timeout_s=15.0)  # a step waiting 1.5 x lease_ttl_s
     assert not gang.is_true(t.gang(run) or {}, gang.RELEASED) and len(t.claimed(run)) == 2
-    last = float(((t.gang(run) or {})["metadata"].get("annotations") or {})[gang.HEARTBEAT_ANNOTATION])
+    last = float(((t.gang(run) or {})["metadata"].get("annotations") or {})[ownership.HEARTBEAT_ANNOTATION])
     took = wait_gone(t, run, timeout=60)
     silent = time.time() - last
     print(f"beats stopped -> gang released and gone {silent:.1f}s after the last beat (lease_ttl_s 10)")

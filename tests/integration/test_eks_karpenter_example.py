@@ -23,12 +23,12 @@ from kubernetes import client
 from kfp_gpu import iam
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.cluster.balloons import BALLOON_LABEL, balloon_name
+from kfp_gpu.cluster.balloons import balloon_name
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.demo import extras_for, leftovers
 from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import karpenter as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
 from pipelines.llm_finetune_karpenter import SPEC

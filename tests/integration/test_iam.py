@@ -17,7 +17,8 @@ from google.oauth2.credentials import Credentials
 
 from kfp_gpu import iam
 from kfp_gpu.errors import KfpGpuError, PermissionDenied
-from kfp_gpu.providers.base import Operation, Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import Operation, PoolRef, ReservationRequest
 from kfp_gpu.providers.eks import EksProvider
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.providers.gke import pools as gke_pools

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.nodes import claim, is_claim_taint, labels_of, read_node, run_taint, unclaim
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL
 from kfp_gpu.job import JobTemplate
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.steps.capacity import Capacity, Placement
 from tests.waiting import wait_until
 
@@ -107,7 +108,7 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
     pytorchjob.create_or_get(step_api, namespace, body)
 
     def job_nodes() -> list[str]:
-        pods = kube.core.list_namespaced_pod(namespace, label_selector=f"{pytorchjob.JOB_LABEL}={name}").items
+        pods = kube.core.list_namespaced_pod(namespace, label_selector=f"{ownership.JOB_LABEL}={name}").items
         return sorted(p.spec.node_name for p in pods if p.spec.node_name) if len(pods) == 2 else []
 
     assert wait_until("the run's pods bound", lambda: len(job_nodes()) == 2 and job_nodes(), timeout=60) == sorted(gang)

@@ -25,7 +25,7 @@ from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import JanitorLock
 from kfp_gpu.cluster.nodes import claim, read_node
 from kfp_gpu.gang import api as gang
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import janitor
 from tests.integration.conftest import NodeFactory, scoped_namespace

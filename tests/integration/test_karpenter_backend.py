@@ -21,11 +21,10 @@ from kubernetes import client
 from kfp_gpu import iam
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.cluster.balloons import BALLOON_LABEL
 from kfp_gpu.cluster.nodes import claim_taint_key
 from kfp_gpu.errors import CapacityUnavailable
+from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import karpenter as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.provisioners import GangRequest, detect
 from kfp_gpu.provisioners.karpenter import KarpenterProvisioner
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target

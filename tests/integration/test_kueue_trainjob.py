@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, trainjob
 from kfp_gpu.cluster.kueue_workload import owner_uid
@@ -62,8 +63,8 @@ def _get(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
 
 
 def _running(kube: Kube, ns: str, job: dict[str, Any]) -> list[client.V1Pod]:
-    attempt = job["metadata"]["annotations"][trainjob.ATTEMPT]
-    pods = kube.core.list_namespaced_pod(ns, label_selector=f"{trainjob.ATTEMPT}={attempt}").items
+    attempt = job["metadata"]["annotations"][ownership.ATTEMPT]
+    pods = kube.core.list_namespaced_pod(ns, label_selector=f"{ownership.ATTEMPT}={attempt}").items
     return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 

@@ -20,10 +20,11 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
@@ -76,7 +77,7 @@ class Copies(threading.Thread):
             jobs = self.kube.custom.list_namespaced_custom_object(
                 pytorchjob.GROUP, pytorchjob.VERSION, self.namespace, pytorchjob.PLURAL,
                 label_selector=self.selector)["items"]
-            pods = [p for p in core.list_namespaced_pod(self.namespace, label_selector=pytorchjob.JOB_LABEL).items
+            pods = [p for p in core.list_namespaced_pod(self.namespace, label_selector=ownership.JOB_LABEL).items
                     if p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")]
             self.max_jobs = max(self.max_jobs, len(jobs))
             # two copies of a 4-node gang would show up as more than 4 live pods at once

@@ -16,9 +16,9 @@ from kubernetes import client
 
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.devcluster import ca_profile
+from kfp_gpu.ownership import Owner
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.preflight import FOUND, NOT_FOUND
-from kfp_gpu.providers.base import Owner
 from kfp_gpu.provisioners.provreq import pod_spec
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import check_capacity

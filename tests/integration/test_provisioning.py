@@ -20,10 +20,9 @@ import pytest
 from kubernetes import client
 
 from kfp_gpu.cluster import ledger
-from kfp_gpu.cluster.balloons import BALLOON_LABEL
 from kfp_gpu.cluster.nodes import run_toleration
 from kfp_gpu.errors import CapacityUnavailable, ProvisioningTimeout
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target, WarmPool

@@ -20,8 +20,8 @@ from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.nodes import is_claim_taint
 from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.errors import CapacityUnavailable
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import provreq as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.provisioners import detect
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown

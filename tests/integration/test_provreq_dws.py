@@ -23,8 +23,8 @@ from kfp_gpu import provisioners
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import provreq as plan
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer

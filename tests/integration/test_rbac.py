@@ -32,11 +32,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu import install
+from kfp_gpu import install, ownership
 from kfp_gpu.cluster import balloons, ledger, pytorchjob
 from kfp_gpu.gang import api as gang
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan.quota import Verdict
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import janitor, scale_up, warm_pool
 from tests.integration import test_provisioning
@@ -457,7 +457,7 @@ def test_janitor_service_account_releases_a_run_and_its_orphans(env, kube, janit
     assert e.nodes(f"{LABEL_RUN_ID}={label_safe(run)}") == [], f"claims left on {nodes}"
     wait_until("the run's job deleted", lambda: pytorchjob.get(kube.api, e.ns, job) is None, timeout=30)
     wait_until("balloons deleted", lambda: kube.core.list_namespaced_pod(
-        e.ns, label_selector=f"{balloons.BALLOON_LABEL}=true").items == [], timeout=30)
+        e.ns, label_selector=f"{ownership.BALLOON_LABEL}=true").items == [], timeout=30)
     e.wait_pool("a100-80gb-spot-a", 0)
 
 

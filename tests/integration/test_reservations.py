@@ -22,7 +22,8 @@ from google.cloud import compute_v1
 from kubernetes import client
 
 from kfp_gpu.errors import CapacityUnavailable
-from kfp_gpu.providers.base import LABEL_RUN_ID, Owner, ReservationRequest, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.providers.base import ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.report.cost import RESERVATION_HELD, cost_report
 from kfp_gpu.sim import scenario as scenario_mod

@@ -32,7 +32,8 @@ from kfp_gpu.checkpoint import CheckpointStore, PreemptionGuard, spot_grace_s
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
-from kfp_gpu.providers.base import Owner, PoolRef
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer, clock, from_dict
 from kfp_gpu.sim.clock import compress, expand

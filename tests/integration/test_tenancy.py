@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu import install
+from kfp_gpu import install, ownership
 from kfp_gpu.cli import main
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import KfpGpuError
@@ -117,7 +117,7 @@ def test_install_is_idempotent(installed: Kube):
 def test_tenant_add_writes_the_tenant(installed: Kube, tenants: tuple[str, str]):
     a, b = tenants
     for ns in (a, b):
-        assert installed.core.read_namespace(ns).metadata.labels[gang.TENANT_LABEL] == "true"
+        assert installed.core.read_namespace(ns).metadata.labels[ownership.TENANT_LABEL] == "true"
         pol = installed.custom.get_cluster_custom_object(G, V, gang.POLICY_PLURAL, install.policy_name(ns))
         assert pol["spec"]["namespaces"] == [ns] and pol["spec"]["maxGpusPerGang"] == 64
     assert installed.core.read_namespace(a).metadata.labels["kfp-gpu.io/test"] == "true"  # labels kept
@@ -219,7 +219,7 @@ def test_tenant_remove_refuses_while_gangs_remain(installed: Kube, tenants: tupl
     _drop_gangs(installed, b)
     lines = install.tenant_remove(installed.api, b)
     assert f"gpupolicy/{install.policy_name(b)} deleted" in lines
-    assert gang.TENANT_LABEL not in (installed.core.read_namespace(b).metadata.labels or {})
+    assert ownership.TENANT_LABEL not in (installed.core.read_namespace(b).metadata.labels or {})
     assert status_of(lambda: client.RbacAuthorizationV1Api(installed.api).read_namespaced_role(gang.STEP_SA, b)) \
         == 404
 

@@ -19,6 +19,7 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import GangPlacementFailed
@@ -163,7 +164,7 @@ def test_sigterm_during_training_deletes_the_job(
     # nothing of the run's job remains: no PyTorchJob, no pods, no services
     assert pytorchjob.get(kube.api, namespace, job) is None
     assert job_pods(kube.core, namespace, job) == []
-    svcs = kube.core.list_namespaced_service(namespace, label_selector=f"{pytorchjob.JOB_LABEL}={job}").items
+    svcs = kube.core.list_namespaced_service(namespace, label_selector=f"{ownership.JOB_LABEL}={job}").items
     assert [s for s in svcs if s.metadata.deletion_timestamp is None] == []
     assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "cancelled"
 

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.devcluster.nodes import make_gpu_node
 from kfp_gpu.job import JobTemplate
@@ -107,7 +108,7 @@ class StepThread(threading.Thread):
 
 
 def job_pods(core: client.CoreV1Api, namespace: str, job: str) -> list[client.V1Pod]:
-    return list(core.list_namespaced_pod(namespace, label_selector=f"{pytorchjob.JOB_LABEL}={job}").items)
+    return list(core.list_namespaced_pod(namespace, label_selector=f"{ownership.JOB_LABEL}={job}").items)
 
 
 def running_pods(core: client.CoreV1Api, namespace: str, job: str, n: int) -> list[client.V1Pod]:

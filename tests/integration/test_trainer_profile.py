@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import kueue_profile, trainer_profile
+from kfp_gpu.devcluster import kueue_profile, runner, trainer_profile
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL, SIM_DURATION_ANNOTATION
 from kfp_gpu.devcluster.trainer_profile import GROUP, RUNTIME, VERSION, Profile
@@ -64,7 +64,7 @@ def test_runtime_and_webhooks_are_installed(trainer: Profile, kube: Kube) -> Non
     from kubernetes import client
 
     adm = client.AdmissionregistrationV1Api(kube.api)
-    ports = trainer_profile.ports()
+    ports = runner.env_ports(trainer_profile.PORTS)
     for name, port in (("validator.trainer.kubeflow.org", ports["trainer-webhook"]),
                        ("jobset-validating-webhook-configuration", ports["jobset-webhook"])):
         hooks = adm.read_validating_webhook_configuration(name).webhooks

@@ -26,11 +26,12 @@ import pytest
 import yaml
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import owned, trainjob
 from kfp_gpu.cluster.nodes import claim_taint_key
-from kfp_gpu.cluster.podtemplate import ENV_RESUME_PATH, ENV_RESUME_STEP, JOB_LABEL
-from kfp_gpu.providers.base import LABEL_RUN_ID
+from kfp_gpu.cluster.podtemplate import ENV_RESUME_PATH, ENV_RESUME_STEP
+from kfp_gpu.ownership import JOB_LABEL, LABEL_RUN_ID
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -69,8 +70,8 @@ def _trainjobs(custom: client.CustomObjectsApi, ns: str) -> list[dict[str, Any]]
 
 
 def _running(core: client.CoreV1Api, ns: str, job: dict[str, Any]) -> list[client.V1Pod]:
-    attempt = job["metadata"]["annotations"][trainjob.ATTEMPT]
-    pods = core.list_namespaced_pod(ns, label_selector=f"{trainjob.ATTEMPT}={attempt}").items
+    attempt = job["metadata"]["annotations"][ownership.ATTEMPT]
+    pods = core.list_namespaced_pod(ns, label_selector=f"{ownership.ATTEMPT}={attempt}").items
     return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
@@ -118,8 +119,8 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
         # attempt 2: a new TrainJob (new attempt) resuming from step 15
         def resumed() -> dict[str, Any] | None:
             jobs = [j for j in _trainjobs(custom, namespace)
-                    if j["metadata"]["annotations"][trainjob.ATTEMPT] != first["metadata"]["annotations"][
-                        trainjob.ATTEMPT]]
+                    if j["metadata"]["annotations"][ownership.ATTEMPT] != first["metadata"]["annotations"][
+                        ownership.ATTEMPT]]
             return jobs[0] if jobs else None
 
         wait_until("the resumed TrainJob", lambda: resumed() is not None, timeout=180)

@@ -24,7 +24,8 @@ from kfp_gpu.errors import (
     Scope,
     TransientCloudError,
 )
-from kfp_gpu.providers.base import Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import PoolRef, ReservationRequest
 from kfp_gpu.providers.eks import ERROR_TABLE, FAIL_FAST, EksProvider
 
 OWNER = Owner("run-1", "warm-pool", 2_000_000_000.0)

@@ -23,7 +23,8 @@ from kfp_gpu.errors import (
     NotFound,
     PermissionDenied,
 )
-from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, ReservationRequest
 from kfp_gpu.providers.eks import FAIL_FAST, EksProvider
 
 REGION = "us-east-1"

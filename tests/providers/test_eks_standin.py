@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import CapacityUnavailable, RateLimited
-from kfp_gpu.providers.base import OpStatus, Owner, PoolRef
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import OpStatus, PoolRef
 from kfp_gpu.providers.eks import EksProvider
 from kfp_gpu.sim.aws import AwsSimServer
 from kfp_gpu.sim.aws.scenario import from_dict

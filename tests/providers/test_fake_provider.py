@@ -15,7 +15,8 @@ from kfp_gpu.errors import (
     RateLimited,
     Scope,
 )
-from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, ReservationRequest
 from kfp_gpu.providers.fake import FakeProvider, region_of
 
 OWNER = Owner("run-1", "scale-up", 2_000_000_000.0)

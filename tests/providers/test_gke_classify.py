@@ -22,7 +22,8 @@ from kfp_gpu.errors import (
     Scope,
     TransientCloudError,
 )
-from kfp_gpu.providers.base import Operation, OpStatus, Owner, PoolRef
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import Operation, OpStatus, PoolRef
 from kfp_gpu.providers.gke import ERROR_SCOPES, HTTP_SCOPES, GkeProvider
 from kfp_gpu.providers.gke import classify as cl
 from kfp_gpu.retry import RetryPolicy

@@ -16,7 +16,8 @@ from kfp_gpu.errors import (
     QuotaExceeded,
     Scope,
 )
-from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.sim import SimServer

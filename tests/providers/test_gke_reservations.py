@@ -10,7 +10,8 @@ import pytest
 from google.cloud import compute_v1
 
 from kfp_gpu.errors import CapacityUnavailable, Scope
-from kfp_gpu.providers.base import Owner, PoolRef, ReservationRequest
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import PoolRef, ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, client_kwargs, running, scenario
 from tests.waiting import wait_until

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import CapacityUnavailable, NotFound, RateLimited, Scope, TransientCloudError
-from kfp_gpu.providers.base import Operation, OpStatus, Owner, PoolRef
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import Operation, OpStatus, PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.retry import RetryPolicy
 from kfp_gpu.sim import SimServer

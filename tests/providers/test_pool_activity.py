@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from kfp_gpu.providers.base import CapacityProvider, OpStatus, Owner, PoolRef, PoolState
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, PoolState
 from kfp_gpu.providers.fake import FakeProvider
 from tests.providers import test_eks_provider as eks_t
 

@@ -15,7 +15,8 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import CapacityUnavailable, Scope
-from kfp_gpu.providers.base import OpStatus, Owner, PoolRef
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import OpStatus, PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import SimServer, from_dict
 from kfp_gpu.sim.clock import compress

@@ -12,7 +12,6 @@ from kubernetes import client
 
 from kfp_gpu.cluster import nodes
 from kfp_gpu.cluster.nodes import (
-    LEGACY_RUN_TAINT_KEY,
     claim,
     claim_all,
     claim_namespace,
@@ -22,7 +21,7 @@ from kfp_gpu.cluster.nodes import (
     run_toleration,
     unclaim,
 )
-from kfp_gpu.providers.base import LABEL_RUN_ID, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, LEGACY_RUN_TAINT_KEY, label_safe
 from kfp_gpu.steps.capacity import Capacity, Placement
 
 RUN = "Llm-Finetune/2024 run #7"

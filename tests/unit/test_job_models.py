@@ -29,6 +29,7 @@ from kubernetes.client import (
     V1VolumeMount,
 )
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.job import JobTemplate
@@ -117,7 +118,7 @@ def test_the_rendered_job_keeps_the_users_pod_and_adds_kfp_gpus_placement() -> N
                                checkpoint_uri="gs://b/c", resume_step=20, run_id="run-1", gang_nodes=CAP.nodes)
     assert body["spec"]["nprocPerNode"] == "8" and body["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 3
     assert body["metadata"]["labels"] == {"project": "x", "team": "ml", "kfp-gpu.io/run-id": "run-1",
-                                          pytorchjob.JOB_LABEL: "j"}
+                                          ownership.JOB_LABEL: "j"}
     rs = body["spec"]["pytorchReplicaSpecs"]
     assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 2  # gang size, not the model's 7
     for r in rs.values():

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kfp_gpu import jobkinds
+from kfp_gpu import jobkinds, ownership
 from kfp_gpu.checkpoint.resume import Resume
 from kfp_gpu.cluster import trainjob
 from kfp_gpu.cluster.watch import Event
@@ -88,12 +88,12 @@ def test_a_trainjob_references_its_runtime_runs_the_gang_and_labels_every_pod() 
     patch = body["spec"]["runtimePatches"][0]
     assert patch["manager"] == "kfp-gpu.io/train"
     assert patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
-    attempt = body["metadata"]["annotations"][trainjob.ATTEMPT]
-    assert pod["metadata"]["labels"] == {**OWNER, "project": "x", "kfp-gpu.io/job": "j", trainjob.ATTEMPT: attempt}
+    attempt = body["metadata"]["annotations"][ownership.ATTEMPT]
+    assert pod["metadata"]["labels"] == {**OWNER, "project": "x", "kfp-gpu.io/job": "j", ownership.ATTEMPT: attempt}
     assert body["metadata"]["labels"] == {**OWNER, "project": "x", "kfp-gpu.io/job": "j"}
     assert kind.job_key(body) == kind.pod_key(pod) == attempt
     again = kind.build(_req(JobTemplate(**TPL, kind="trainjob"), resume=None))
-    assert again["metadata"]["annotations"][trainjob.ATTEMPT] != attempt  # every attempt is told apart
+    assert again["metadata"]["annotations"][ownership.ATTEMPT] != attempt  # every attempt is told apart
 
 
 def test_a_queued_trainjob_is_created_suspended_with_the_queue_label() -> None:
@@ -184,7 +184,7 @@ def _node(name: str) -> dict[str, Any]:
 
 
 def _pod(name: str, node: str, attempt: str, phase: str = "Running", **status: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {trainjob.ATTEMPT: attempt},
+    return {"metadata": {"name": name, "labels": {ownership.ATTEMPT: attempt},
                          "ownerReferences": [{"uid": "batch-job-uid"}]},  # a Job of the JobSet, not the TrainJob
             "spec": {"nodeName": node}, "status": {"phase": phase, **status}}
 
@@ -194,7 +194,7 @@ def test_the_gang_watch_follows_a_trainjob_attempt_by_its_attempt_label() -> Non
     gw = kind.watch(client.ApiClient(), "ns", "j")
     for n in CAP.nodes:
         gw.apply(Event("node", "SYNC", _node(n), 1000.0))
-    job = {"metadata": {"uid": "tj-uid", "annotations": {trainjob.ATTEMPT: "a2"}}, "spec": {}}
+    job = {"metadata": {"uid": "tj-uid", "annotations": {ownership.ATTEMPT: "a2"}}, "spec": {}}
     for i, n in enumerate(CAP.nodes):
         gw.apply(Event("pod", "ADDED", _pod(f"old{i}", n, "a1", "Failed"), 1000.0))  # the previous attempt
     gw.begin(job, CAP.nodes, 3)

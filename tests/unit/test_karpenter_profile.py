@@ -11,7 +11,7 @@ import pytest
 
 from kfp_gpu import accelerators
 from kfp_gpu.devcluster import karpenter, karpenter_profile, karpenter_types, procs
-from kfp_gpu.devcluster.boot import Ctx
+from kfp_gpu.devcluster.runner import Ctx
 from kfp_gpu.devcluster.versions import Versions
 
 AWS_NAME = re.compile(r"^\w+\.(nano|micro|small|medium|large|\d*xlarge|metal)$")  # the kwok provider's awsRegexp

@@ -81,3 +81,71 @@ def test_checkpoint_helper_needs_no_kfp():
 @pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(PKG)))
 def test_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 450, f"{path.name} is too big; split it by concern"
+
+
+# ---- the rehearsal (kfp_gpu/sim, kfp_gpu/devcluster, kfp_gpu/demo.py) and bench/ ----------------------------------
+REHEARSAL = ("sim/", "devcluster/", "demo.py")  # the rehearsal world: its own package after the split
+REHEARSAL_MODULES = ("kfp_gpu.sim", "kfp_gpu.devcluster", "kfp_gpu.demo")
+STOOD_IN = ("kfp_gpu.steps", "kfp_gpu.provisioners", "kfp_gpu.providers", "kfp_gpu.controller")
+BENCH = PKG.parent / "bench"
+
+
+def _names(path: Path) -> list[str]:
+    """Every module ``path`` imports, at any depth, with ``from X import Y`` also as ``X.Y``."""
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return out
+
+
+def _under(mod: str, roots: tuple[str, ...]) -> bool:
+    return any(mod == r or mod.startswith(r + ".") for r in roots)
+
+
+def _core_files() -> list[Path]:
+    return [p for p in _py_files() if not str(p.relative_to(PKG)).startswith(REHEARSAL)]
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(PKG)))
+def test_core_reaches_the_rehearsal_only_through_its_seam(path):
+    """Core code never imports the stand-ins, the dev cluster, the rehearsal command or the benchmarks, not even
+    lazily: it knows only kfp_gpu/rehearsal_seam.py (paths, environment names, the local node-label scheme, and
+    load() for `kfp-gpu run`, `demo` and `dev-cluster`)."""
+    bad = [m for m in _names(path) if _under(m, (*REHEARSAL_MODULES, "bench"))]
+    assert bad == [], f"{path.relative_to(PKG)} imports {bad}; go through kfp_gpu.rehearsal_seam"
+
+
+@pytest.mark.parametrize("path", sorted((PKG / "devcluster").rglob("*.py")), ids=lambda p: p.name)
+def test_the_dev_cluster_never_imports_the_standins(path):
+    """One direction inside the rehearsal: the stand-ins (sim/) drive the dev cluster's nodes, never the reverse."""
+    bad = [m for m in _names(path) if _under(m, ("kfp_gpu.sim",))]
+    assert bad == [], f"devcluster/{path.name} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(p for d in ("sim", "devcluster") for p in (PKG / d).rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PKG)))
+def test_the_rehearsal_never_reuses_what_it_stands_in_for(path):
+    """The stand-ins and the dev cluster never import the steps, backends, providers or the controller: a world
+    built from the code under test could not catch its mistakes (nor import the benchmarks)."""
+    bad = [m for m in _names(path) if _under(m, (*STOOD_IN, "bench"))]
+    assert bad == [], f"{path.relative_to(PKG)} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+def test_bench_is_the_top(path):
+    """bench/ may use anything; nothing in kfp_gpu uses it (checked above), and it never imports the tests."""
+    bad = [m for m in _names(path) if _under(m, ("tests",))]
+    assert bad == [], f"bench/{path.name} imports {bad}"
+
+
+def test_importing_the_product_loads_no_rehearsal_module():
+    code = ("import sys, kfp_gpu.cli, kfp_gpu.steps.entry, kfp_gpu.providers, kfp_gpu.provisioners, "
+            "kfp_gpu.controller.runner, kfp_gpu.cluster.kube, kfp_gpu.rehearsal_seam\n"
+            f"bad = [m for m in sys.modules if m.startswith({REHEARSAL_MODULES!r})]\n"
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kfp_gpu import install
+from kfp_gpu import install, ownership
 from kfp_gpu.cli import main
 from kfp_gpu.gang import api as gang
 from kfp_gpu.image import VERSION
@@ -187,7 +187,7 @@ def test_step_role_reaches_gangs_and_reads_pods_only():
 
 def test_tenant_objects_bind_the_step_and_the_controller():
     objs = install.tenant_objects("team-a")
-    assert by_kind(objs, "Namespace", "team-a")["metadata"]["labels"] == {gang.TENANT_LABEL: "true"}
+    assert by_kind(objs, "Namespace", "team-a")["metadata"]["labels"] == {ownership.TENANT_LABEL: "true"}
     rb = by_kind(objs, "RoleBinding", "kfp-gpu-controller")
     assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                              "name": install.TENANT_CLUSTER_ROLE}
@@ -265,7 +265,7 @@ def test_claim_admission_policy():
     binding = by_kind(OBJS, "ValidatingAdmissionPolicyBinding", "kfp-gpu-claim-tolerations")["spec"]
     assert binding == {"policyName": "kfp-gpu-claim-tolerations", "validationActions": ["Deny"]}
     match = vap["matchConstraints"]
-    assert match["namespaceSelector"] == {"matchLabels": {gang.TENANT_LABEL: "true"}}
+    assert match["namespaceSelector"] == {"matchLabels": {ownership.TENANT_LABEL: "true"}}
     assert match["resourceRules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
                                        "resources": ["pods"]}]
     cel = " ".join(v["expression"] for v in vap["variables"])

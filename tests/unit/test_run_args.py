@@ -127,3 +127,11 @@ def test_progress_lines_and_run_id_from_the_kfp_local_stream() -> None:
         "  > train-pytorchjob started", "  ✗ train-pytorchjob failed (FAILURE) in 1.2s"]
     assert p.run_id == "1234"
     assert p.finished == {"quota-preflight": "SUCCESS", "train-pytorchjob": "FAILURE"}
+
+
+def test_progress_lines_say_durations_in_the_world_s_clock() -> None:
+    log, term = io.StringIO(), io.StringIO()
+    clock = iter([10.0, 12.5]).__next__
+    p = demo.Progress(log, term, clock=clock, scale=120.0)
+    p.write("Executing task 'scale-up'\nTask 'scale-up' finished with status SUCCESS\n")
+    assert term.getvalue().splitlines() == ["  > scale-up started", "  ✓ scale-up finished in 5.0 min"]

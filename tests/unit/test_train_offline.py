@@ -9,6 +9,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.watch import Event, GangWatch, node_fact, parse_time, pod_fact, quantity
 from kfp_gpu.job import JobTemplate
@@ -37,7 +38,7 @@ def test_manifest_is_a_gang_on_the_capacity() -> None:
     rs = body["spec"]["pytorchReplicaSpecs"]
     assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 3
     pod = rs["Worker"]["template"]
-    assert pod["metadata"]["labels"][pytorchjob.JOB_LABEL] == "j"
+    assert pod["metadata"]["labels"][ownership.JOB_LABEL] == "j"
     assert pod["metadata"]["annotations"] == {"kfp-gpu.io/sim-duration": "7s"}
     spec = pod["spec"]
     assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "spot-a"}

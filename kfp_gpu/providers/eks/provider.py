@@ -28,15 +28,8 @@ from typing import Any
 
 from kfp_gpu import accelerators, fanout, iam
 from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
-from kfp_gpu.providers.base import (
-    Operation,
-    OpStatus,
-    Owner,
-    PoolActivity,
-    PoolRef,
-    PoolState,
-    QuotaAmount,
-)
+from kfp_gpu.ownership import Owner
+from kfp_gpu.providers.base import Operation, OpStatus, PoolActivity, PoolRef, PoolState, QuotaAmount
 from kfp_gpu.providers.eks import activity, launch
 from kfp_gpu.providers.eks import nodes as nodes_mod
 from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify

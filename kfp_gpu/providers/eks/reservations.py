@@ -14,16 +14,8 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import CloudError, NotFound
-from kfp_gpu.providers.base import (
-    LABEL_MANAGED,
-    LABEL_RUN_ID,
-    Operation,
-    OpStatus,
-    OwnedResource,
-    Owner,
-    ReservationRequest,
-    label_safe,
-)
+from kfp_gpu.ownership import LABEL_MANAGED, LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.providers.base import Operation, OpStatus, OwnedResource, ReservationRequest
 
 CR_STATUS = {"active": OpStatus.DONE, "pending": OpStatus.RUNNING, "failed": OpStatus.FAILED,
               "cancelled": OpStatus.DONE, "expired": OpStatus.DONE, "payment-pending": OpStatus.RUNNING}

@@ -24,11 +24,11 @@ from typing import Any, TypeVar
 from kfp_gpu import accelerators, fanout
 from kfp_gpu import retry as retry_mod
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
+from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import (
     Operation,
     OpStatus,
     OwnedResource,
-    Owner,
     PoolActivity,
     PoolRef,
     PoolState,

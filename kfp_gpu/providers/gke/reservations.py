@@ -21,14 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
-from kfp_gpu.providers.base import (
-    Operation,
-    OpStatus,
-    OwnedResource,
-    Owner,
-    ReservationRequest,
-    label_safe,
-)
+from kfp_gpu.ownership import Owner, label_safe
+from kfp_gpu.providers.base import Operation, OpStatus, OwnedResource, ReservationRequest
 from kfp_gpu.providers.gke import classify as cl
 
 if TYPE_CHECKING:

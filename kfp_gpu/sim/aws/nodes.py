@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, rehearsal_seam
 from kfp_gpu.sim.kube import KubeBackend
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def eks_node_body(inst: Instance, ng: NodegroupSpec, cluster: str, region: str, 
         "eks.amazonaws.com/capacityType": inst.capacity_type,
         "eks.amazonaws.com/nodegroup-image": AMI,
         "k8s.io/cloud-provider-aws": "kfp-gpu-sim",
-        "kfp-gpu.io/sim-cluster": cluster,
+        rehearsal_seam.LOCAL_CLUSTER_LABEL: cluster,
         **ng.labels,
     })
     body["metadata"]["labels"] = labels
@@ -72,7 +72,7 @@ class EksKubeNodes(KubeBackend):
             if exc.status != 409:
                 raise
             old = self._read(inst.dns)
-            owner = (old.metadata.labels or {}).get("kfp-gpu.io/sim-cluster") if old is not None else cluster
+            owner = (old.metadata.labels or {}).get(rehearsal_seam.LOCAL_CLUSTER_LABEL) if old is not None else cluster
             if owner != cluster:  # another stand-in's node: never take it over
                 raise RuntimeError(f"Node {inst.dns} belongs to stand-in cluster {owner!r}, not {cluster!r}") from exc
             self.delete(inst.dns)

@@ -1,0 +1,58 @@
+"""The seam the product owns towards the local rehearsal (kfp_gpu/rehearsal_seam.py): paths, environment names, the
+local target's node-label scheme, and the one-line install hint when `kfp-gpu run` finds no rehearsal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kfp_gpu import rehearsal_seam as seam
+from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.spec import Target, TargetKind
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_only_a_local_target_selects_its_nodes_by_the_standin_s_cluster_label() -> None:
+    assert seam.node_selector(Target(kind=TargetKind.LOCAL, cluster="c1")) == {"kfp-gpu.io/sim-cluster": "c1"}
+    assert seam.node_selector(Target(kind=TargetKind.GKE, project="p", cluster="c1")) == {}
+
+
+def test_paths_follow_the_cache_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(seam.CACHE_ENV, str(tmp_path))
+    assert seam.local_kubeconfig() == tmp_path / "cluster" / "kubeconfig"
+    assert seam.sim_url_file() == tmp_path / "cluster" / "sim.url"
+    assert seam.running_sim_url() == ""  # no file: no stand-in
+    (tmp_path / "cluster").mkdir()
+    seam.sim_url_file().write_text("http://127.0.0.1:9\n")  # nothing answers there
+    assert seam.running_sim_url() == ""
+
+
+def test_the_world_time_scale_is_one_on_a_real_cluster_and_named_when_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(seam.TIME_SCALE_ENV, raising=False)
+    assert seam.world_time_scale() == 1.0
+    monkeypatch.setenv(seam.TIME_SCALE_ENV, "120")
+    assert seam.world_time_scale() == 120.0
+    monkeypatch.setenv(seam.TIME_SCALE_ENV, "fast")
+    with pytest.raises(InvalidSpec, match="KFP_GPU_WORLD_TIME_SCALE='fast'"):
+        seam.world_time_scale()
+
+
+def test_the_rehearsal_s_modules_load_by_name() -> None:
+    assert seam.load("devcluster.worldtime").TIME_SCALE > 1
+
+
+def test_kfp_gpu_run_without_the_rehearsal_prints_the_one_line_install_hint() -> None:
+    code = ("import sys, kfp_gpu.rehearsal_seam as s\n"
+            "s.PACKAGE = 'kfp_gpu_rehearsal_not_installed'\n"
+            "from kfp_gpu.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    for argv in (["run", "pipelines/llm_finetune.py"], ["demo"], ["dev-cluster", "status"]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert r.returncode == 2 and r.stdout == "", (argv, r.stdout, r.stderr)
+        assert r.stderr.splitlines() == [
+            f"kfp-gpu: the local rehearsal is not installed (kfp_gpu_rehearsal_not_installed.{'devcluster.cli' if argv[0] == 'dev-cluster' else 'demo'}"
+            " is missing) (fix: pip install 'kfp-gpu[rehearsal]')"], argv
