@@ -1,0 +1,100 @@
+"""Topology decisions (kfp_gpu.plan.topology) and the spec's topology fields: pure, no cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from kfp_gpu.cluster import node_labels
+from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.plan import topology
+from kfp_gpu.plan.quota import Verdict
+from kfp_gpu.spec import ProvisioningSpec
+
+BLOCK = "cloud.google.com/gce-topology-block"
+
+
+def _nodes(layout: dict[str, int]) -> dict[str, dict[str, str]]:
+    return {f"{b}-n{i}": {BLOCK: b} for b, n in layout.items() for i in range(n)}
+
+
+def test_spec_topology_defaults_to_none_and_round_trips() -> None:
+    s = ProvisioningSpec(accelerator="h100-80gb", nodes=4)
+    assert (s.topology, s.topology_level) == ("none", "block")
+    t = s.replace(topology="required", topology_level="subblock")
+    assert ProvisioningSpec.from_json(t.to_json()) == t
+
+
+@pytest.mark.parametrize(("field", "value"), [("topology", "strict"), ("topology_level", "rack"),
+                                              ("topology", "")])
+def test_spec_refuses_a_bad_topology_value_in_one_line(field: str, value: str) -> None:
+    with pytest.raises(InvalidSpec) as ei:
+        ProvisioningSpec(accelerator="h100-80gb", nodes=4, **{field: value})
+    msg = str(ei.value)
+    assert f"{field}={value!r}" in msg and ("'required'" in msg or "'block'" in msg)
+    assert ei.value.field == field and "\n" not in ei.value.message
+
+
+def test_each_scheme_names_its_level_labels() -> None:
+    assert node_labels.GKE.topology_label("subblock") == "cloud.google.com/gce-topology-subblock"
+    assert node_labels.EKS.topology_label("block") == "topology.k8s.aws/network-node-layer-2"
+    assert node_labels.KARPENTER.topology_label("host") == "kubernetes.io/hostname"
+
+
+def test_kueue_annotations_follow_the_rule() -> None:
+    assert topology.kueue_annotations("required", BLOCK) == {"kueue.x-k8s.io/podset-required-topology": BLOCK}
+    assert topology.kueue_annotations("preferred", BLOCK) == {"kueue.x-k8s.io/podset-preferred-topology": BLOCK}
+    assert topology.kueue_annotations("none", BLOCK) == {}
+
+
+def test_choose_takes_the_tightest_domain_that_holds_the_gang() -> None:
+    nodes = _nodes({"b-big": 8, "b-small": 3, "b-tiny": 1})
+    assert topology.choose(nodes, 3, BLOCK) == ["b-small-n0", "b-small-n1", "b-small-n2"]
+    assert set(topology.choose(nodes, 5, BLOCK) or []) <= {n for n in nodes if n.startswith("b-big")}
+    assert topology.choose(nodes, 9, BLOCK) is None  # 12 nodes in all, no block of 9
+
+
+def test_choose_keeps_a_replacement_in_the_survivors_domain() -> None:
+    nodes = _nodes({"b-1": 2, "b-2": 6})
+    assert topology.choose(nodes, 2, BLOCK, within="b-2") == ["b-2-n0", "b-2-n1"]  # b-1 fits tighter; b-2 wins
+    assert topology.choose(_nodes({"b-1": 2, "b-2": 1}), 2, BLOCK, within="b-2") == ["b-1-n0", "b-1-n1"]
+
+
+def test_choose_preferred_spreads_only_when_no_domain_holds_the_gang() -> None:
+    nodes = {**_nodes({"b-1": 2, "b-2": 3}), "unlabelled": {}}
+    assert topology.choose(nodes, 3, BLOCK, topology="preferred") == ["b-2-n0", "b-2-n1", "b-2-n2"]
+    spread = topology.choose(nodes, 6, BLOCK, topology="preferred")
+    assert spread is not None and spread[:3] == ["b-2-n0", "b-2-n1", "b-2-n2"] and spread[-1] == "unlabelled"
+    assert topology.choose(nodes, 6, BLOCK, topology="required") is None
+    assert topology.choose(nodes, 7, BLOCK, topology="preferred") is None
+
+
+def test_unlabelled_nodes_are_in_no_domain() -> None:
+    assert topology.choose({"a": {}, "b": {}}, 2, BLOCK) is None
+    assert topology.choose({"a": {}, "b": {}}, 2, BLOCK, topology="none") == ["a", "b"]
+
+
+def test_survivors_domain() -> None:
+    assert topology.survivors_domain([{BLOCK: "b-1"}, {BLOCK: "b-1"}], BLOCK) == "b-1"
+    assert topology.survivors_domain([{BLOCK: "b-1"}, {BLOCK: "b-2"}], BLOCK) == ""
+    assert topology.survivors_domain([{BLOCK: "b-1"}, {}], BLOCK) == ""
+    assert topology.survivors_domain([], BLOCK) == ""
+
+
+def test_fit_refuses_a_required_gang_no_block_holds_naming_the_sizes() -> None:
+    f = topology.fit(5, {"b-1": 4, "b-2": 2}, topology="required", level="block", label=BLOCK)
+    assert f.verdict is Verdict.SHORT
+    assert "fits no single block" in f.reason and "b-1=4, b-2=2" in f.reason and "largest holds 4" in f.reason
+    assert topology.fit(4, {"b-1": 4, "b-2": 2}, topology="required", level="block", label=BLOCK).verdict \
+        is Verdict.FITS
+    assert topology.fit(5, {"b-1": 4}, topology="preferred", level="block", label=BLOCK).verdict is Verdict.FITS
+
+
+def test_fit_is_unknown_without_labelled_nodes_never_ok() -> None:
+    assert topology.fit(2, {}, topology="required", level="block", label=BLOCK).verdict is Verdict.UNKNOWN
+    assert topology.fit(2, None, topology="required", level="block", label=BLOCK).verdict is Verdict.UNKNOWN
+    assert topology.fit(2, None, topology="none", level="block", label=BLOCK).verdict is Verdict.FITS
+
+
+def test_sizes_text_caps_the_list() -> None:
+    text = topology.sizes_text({f"b-{i:02d}": i for i in range(10)})
+    assert text.startswith("b-09=9, b-08=8") and text.endswith("(+2 more)")
