@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kfp_gpu.plan.preflight import ClusterCheck
 from kfp_gpu.plan.quota import Verdict
 
 REQUIRED_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
@@ -117,3 +118,21 @@ def fit(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str
                          f"(topology='preferred'); {seen}", dict(sizes))
     return DomainFit(Verdict.SHORT, f"a gang of {need} nodes fits no single {level} (topology='required'): the "
                      f"largest holds {largest}; {seen}", dict(sizes))
+
+
+def preflight_check(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str, label: str,
+                    headroom: int | None) -> ClusterCheck:
+    """Preflight's topology row. ``sizes`` counts the Ready nodes of the gang's shape per domain; ``headroom`` is how
+    many more nodes the matching pools may still add (None = unknown). Nodes a scale-up adds land where the cloud
+    puts them, so a required gang no existing domain holds is refused only when no pool can add a node; otherwise
+    the row is UNKNOWN (never ok)."""
+    f = fit(need, sizes, topology=topology, level=level, label=label)
+    largest = max(sizes.values(), default=0) if sizes else 0
+    if f.verdict is Verdict.SHORT and headroom != 0:
+        more = "an unknown number of" if headroom is None else f"up to {headroom}"
+        return ClusterCheck(CHECK_NAME, Verdict.UNKNOWN, f"{f.reason}; {more} more node(s) may come from pool "
+                            "headroom, and where they land is the cloud's choice", float(need), float(largest))
+    fix = "" if f.verdict is not Verdict.SHORT else (
+        f"ask for at most {largest} nodes, use topology='preferred', a wider topology_level, or capacity whose "
+        f"{level} holds {need} nodes (a compact placement pool or a reservation block)")
+    return ClusterCheck(CHECK_NAME, f.verdict, f.reason, float(need), float(largest) if sizes else None, fix)

@@ -98,3 +98,16 @@ def test_fit_is_unknown_without_labelled_nodes_never_ok() -> None:
 def test_sizes_text_caps_the_list() -> None:
     text = topology.sizes_text({f"b-{i:02d}": i for i in range(10)})
     assert text.startswith("b-09=9, b-08=8") and text.endswith("(+2 more)")
+
+
+def test_preflight_refuses_only_when_no_pool_can_add_a_node() -> None:
+    sizes = {"b-1": 2, "b-2": 3}
+    short = topology.preflight_check(4, sizes, topology="required", level="block", label=BLOCK, headroom=0)
+    assert short.verdict is Verdict.SHORT and short.name == "topology"
+    assert "b-2=3, b-1=2" in short.detail and "fits no single block" in short.detail and short.remediation
+    grow = topology.preflight_check(4, sizes, topology="required", level="block", label=BLOCK, headroom=2)
+    assert grow.verdict is Verdict.UNKNOWN and "up to 2 more" in grow.detail
+    unknown = topology.preflight_check(4, sizes, topology="required", level="block", label=BLOCK, headroom=None)
+    assert unknown.verdict is Verdict.UNKNOWN
+    fits = topology.preflight_check(3, sizes, topology="required", level="block", label=BLOCK, headroom=0)
+    assert fits.verdict is Verdict.FITS and fits.free == 3 and not fits.remediation
