@@ -23,6 +23,7 @@ from kfp_gpu.plan.quota import Verdict
 
 REQUIRED_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
+GROUP_ANNOTATION = "kueue.x-k8s.io/podset-group-name"
 CHECK_NAME = "topology"
 
 
@@ -33,6 +34,16 @@ def kueue_annotations(topology: str, label: str) -> dict[str, str]:
     if topology == "preferred":
         return {PREFERRED_ANNOTATION: label}
     return {}
+
+
+def group_annotations(annotations: Mapping[str, str], group: str, pod_sets: int) -> dict[str, str]:
+    """What a job whose gang is ``pod_sets`` pod sets (a PyTorchJob's Master + Worker) adds so Kueue TAS fits them
+    into one domain together: ``kueue.x-k8s.io/podset-group-name`` (a PodSet group is Kueue's unit of topology domain
+    fitting; Kueue takes groups of exactly two pod sets, one of a single pod, under a required topology). Without it
+    each pod set gets its own domain. {} when the annotations ask no required topology or the gang is one pod set."""
+    if pod_sets != 2 or REQUIRED_ANNOTATION not in annotations:
+        return {}
+    return {GROUP_ANNOTATION: group}
 
 
 def domains(nodes: Mapping[str, Mapping[str, str]], label: str) -> dict[str, list[str]]:
@@ -136,3 +147,13 @@ def preflight_check(need: int, sizes: Mapping[str, int] | None, *, topology: str
         f"ask for at most {largest} nodes, use topology='preferred', a wider topology_level, or capacity whose "
         f"{level} holds {need} nodes (a compact placement pool or a reservation block)")
     return ClusterCheck(CHECK_NAME, f.verdict, f.reason, float(need), float(largest) if sizes else None, fix)
+
+
+def kueue_topology(name: str, levels: Sequence[str], version: str = "v1beta2") -> dict[str, object]:
+    """The Kueue ``Topology`` an admin creates for TAS: ``levels`` widest first (a scheme's block, subblock, host
+    labels), ending with ``kubernetes.io/hostname`` so Kueue assigns each pod its node
+    (https://kueue.sigs.k8s.io/docs/concepts/topology_aware_scheduling/). A ResourceFlavor names it in
+    ``spec.topologyName``."""
+    keys = list(dict.fromkeys([*levels, "kubernetes.io/hostname"]))
+    return {"apiVersion": f"kueue.x-k8s.io/{version}", "kind": "Topology", "metadata": {"name": name},
+            "spec": {"levels": [{"nodeLabel": k} for k in keys]}}

@@ -126,7 +126,7 @@ class World:
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
                  stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
                  quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None, hosts: Hosts | None = None) -> None:
-        self.hosts = hosts if hosts is not None else Hosts(scenario.topology, scenario.project)
+        self.hosts = hosts if hosts is not None else Hosts(scenario.topology, f"{scenario.project}/{scenario.cluster}")
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
         self.quota: Callable[[PoolSpec], dict[str, Any] | None] = quota or (lambda _spec: None)
         self.reservations: rsv.Book = {} if reservations is None else reservations

@@ -45,7 +45,7 @@ class SimState:
         self.timeline = timeline or Timeline()
         self.reservations: rsv.Book = {(r.zone, r.name): rsv.from_spec(scenario.project, r)
                                        for r in scenario.reservations}
-        self.hosts = Hosts(scenario.topology, scenario.project)  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
+        self.hosts = Hosts(scenario.topology, f"{scenario.project}/{scenario.cluster}")  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
         self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout, self.reservations,
                            quota=lambda spec: vmquota.creation_error(self, spec), hosts=self.hosts)
         self.pools: dict[str, PoolRuntime] = {}

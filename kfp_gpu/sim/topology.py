@@ -74,7 +74,7 @@ class Hosts:
     """The hosts of every zone: which VM runs where, and the block each compact pool is held to (lock held by the
     caller: :class:`kfp_gpu.sim.state.SimState`'s)."""
 
-    def __init__(self, spec: TopologySpec, project: str) -> None:
+    def __init__(self, spec: TopologySpec, project: str) -> None:  # project: what makes block ids unique
         self.spec, self.project = spec, project
         self.used: dict[str, dict[int, set[int]]] = {}  # site -> block -> taken host slots
         self.where: dict[str, tuple[str, int, int]] = {}  # VM name -> (site, block, slot)

@@ -111,3 +111,32 @@ def test_preflight_refuses_only_when_no_pool_can_add_a_node() -> None:
     assert unknown.verdict is Verdict.UNKNOWN
     fits = topology.preflight_check(3, sizes, topology="required", level="block", label=BLOCK, headroom=0)
     assert fits.verdict is Verdict.FITS and fits.free == 3 and not fits.remediation
+
+
+def test_a_two_pod_set_gang_is_grouped_into_one_domain_under_a_required_topology() -> None:
+    req = topology.kueue_annotations("required", BLOCK)
+    assert topology.group_annotations(req, "job", 2) == {"kueue.x-k8s.io/podset-group-name": "job"}
+    assert topology.group_annotations(req, "job", 1) == {}  # Kueue takes groups of exactly two pod sets
+    assert topology.group_annotations(topology.kueue_annotations("preferred", BLOCK), "job", 2) == {}
+
+
+def test_pytorchjob_master_and_workers_carry_the_tas_annotations_and_one_group() -> None:
+    from kfp_gpu.cluster import pytorchjob
+    from kfp_gpu.cluster.capacity import Capacity, Placement
+    from kfp_gpu.job import JobTemplate
+
+    cap = Capacity("r", (Placement("p", "us-central1-a", ("n0", "n1", "n2")),), 8, "nvidia-h100-80gb", False)
+    body = pytorchjob.manifest("job-a", capacity=cap, template=JobTemplate(name="t", image="i"), labels={},
+                               nodes=3, checkpoint_uri="", run_id="r",
+                               pod_annotations=topology.kueue_annotations("required", BLOCK), queue="q")
+    notes = [s["template"]["metadata"]["annotations"] for s in body["spec"]["pytorchReplicaSpecs"].values()]
+    assert len(notes) == 2 and all(n[topology.REQUIRED_ANNOTATION] == BLOCK for n in notes)
+    assert {n[topology.GROUP_ANNOTATION] for n in notes} == {"job-a"}
+
+
+def test_kueue_topology_levels_end_with_the_hostname() -> None:
+    obj = topology.kueue_topology("gke", node_labels.GKE.topology)
+    levels = [lv["nodeLabel"] for lv in obj["spec"]["levels"]]  # type: ignore[index]
+    assert levels == [*node_labels.GKE.topology, "kubernetes.io/hostname"]
+    aws = topology.kueue_topology("eks", node_labels.EKS.topology)["spec"]["levels"]  # type: ignore[index]
+    assert [lv["nodeLabel"] for lv in aws][-1] == "kubernetes.io/hostname" and len(aws) == 3
