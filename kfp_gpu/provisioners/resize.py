@@ -157,12 +157,13 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                 return Capacity(run_id, (), spec.gpus_per_node, accelerators.get(spec.accelerator).gke_label,
                                 spec.spot, timeline.to_json(), {"zones": list(plan.zones)}, scheme=provider.scheme,
                                 accelerator=spec.accelerator, namespace=spec.target.namespace)
-            if err is None and spec.topology == "none":  # a topology gang is claimed once a domain holds it
-                tracker.claim_early(lambda node: early.setdefault(
-                    node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
-                                                             namespace=spec.target.namespace,
-                                                             protect=NodeView.of(node).pool in protected)),
-                    plan.zones, gang - len(tracker.claimed()))
+            if err is None:
+                if spec.topology == "none":  # a topology gang is claimed once a domain holds it
+                    tracker.claim_early(lambda node: early.setdefault(
+                        node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
+                                                                 namespace=spec.target.namespace,
+                                                                 protect=NodeView.of(node).pool in protected)),
+                        plan.zones, gang - len(tracker.claimed()))
                 watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
                 err_zone, err = _wait_gang(tracker, need, plan.zones, deadline, provider, ops, watched, started)
             if err is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +19,18 @@ import yaml
 from kubernetes import client
 
 from kfp_gpu.cluster import node_labels
+from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.errors import QuotaExceeded
 from kfp_gpu.plan import topology
 from kfp_gpu.plan.kueue import GROUP, VERSION
+from kfp_gpu.plan.quota import Verdict
+from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.server import SimServer
 from kfp_gpu.sim.topology import BLOCK
-from kfp_gpu.spec import ProvisioningSpec, Target
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
+from kfp_gpu.steps.preflight import check, run_preflight
 from tests.integration import test_kueue_preflight
 from tests.integration.test_kueue_preflight import GPU, Kueue
 from tests.integration.test_train_support import ACCEL_LABEL, job_json, job_pods, make_capacity
@@ -36,14 +42,14 @@ POOL = "h100-80gb-a"
 ZONE = "us-central1-a"
 
 
-def _world(kube: Kube, topo: dict[str, int], **pool: Any) -> SimServer:
+def _world(kube: Kube, topo: dict[str, int], pool_name: str = POOL, **pool: Any) -> SimServer:
     """The default scenario under a cluster name of its own, with a ``topology:`` block and ``pool`` changes to
-    the h100 pool of us-central1-a (the only pool the tests use)."""
+    ``pool_name`` (an h100 pool of us-central1-a)."""
     data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
     data["cluster"] = f"t{uuid.uuid4().hex[:6]}"
     data["topology"] = topo
     for p in data["pools"]:
-        if p["name"] == POOL:
+        if p["name"] == pool_name:
             p.update(pool)
     server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
     server.start()
@@ -106,3 +112,65 @@ def test_topology_required_gang_is_admitted_by_kueue_tas_into_one_block(
     assert len(placed) == 3 and len(set(placed.values())) == 1, placed  # one block: the one with 3 hosts
     print(f"\nTAS: gang of 3 admitted into block {next(iter(placed.values()))} "
           f"(blocks {dict(per_block)}), GPU {GPU}")
+
+
+def _spec(sim: SimServer, namespace: str, nodes: int, pool: str, *, spot: bool = False) -> ProvisioningSpec:
+    return ProvisioningSpec(
+        accelerator="h100-80gb", nodes=nodes, capacity=CapacityType.SPOT if spot else CapacityType.ON_DEMAND,
+        topology="required", topology_level="block", zones=(ZONE,), scale_up_deadline_s=60,
+        target=Target(kind="local", cluster=sim.state.scenario.cluster, region="us-central1", endpoint=sim.url,
+                      namespace=namespace, pools=(pool,), provisioner="node-pool"))
+
+
+def test_topology_gang_no_block_can_hold_is_refused_at_preflight_naming_the_block_sizes(
+    kube: Kube, namespace: str, worlds: list[SimServer], step_api: client.ApiClient,
+) -> None:
+    # a full pool of 4 nodes in two blocks of 2 hosts: a gang of 3 fits the cluster, never one block
+    sim = _world(kube, {"block_nodes": 2, "blocks": 2}, initial_size=4, max_nodes=4)
+    worlds.append(sim)
+    spec = _spec(sim, namespace, 3, POOL)
+    res = run_preflight(spec, GkeProvider.from_target(spec.target), step_api, capacity_wait_s=1.0)
+    checks = {c.name: c for c in res.cluster_checks}
+    assert checks["gpu-capacity"].verdict is Verdict.FITS  # enough nodes: only the topology refuses it
+    assert checks["topology"].verdict is Verdict.SHORT
+    with pytest.raises(QuotaExceeded) as ei:
+        check(res)
+    msg = ei.value.message
+    assert "fits no single block" in msg and "largest holds 2" in msg and "\n" not in msg
+    blocks = sorted(set(_blocks(kube, sim.nodes(POOL)).values()))
+    assert len(blocks) == 2 and all(f"{b}=2" in msg for b in blocks), msg
+    fits = run_preflight(_spec(sim, namespace, 2, POOL), GkeProvider.from_target(spec.target), step_api,
+                         capacity_wait_s=1.0)
+    assert next(c for c in fits.cluster_checks if c.name == "topology").verdict is Verdict.FITS
+    print(f"\npreflight refused: {msg[:240]}")
+
+
+def test_topology_replacement_is_kept_in_the_survivors_block(
+    kube: Kube, namespace: str, worlds: list[SimServer], step_api: client.ApiClient,
+) -> None:
+    # 4 spot nodes in two blocks of 2; the gang takes one block, the other block's 2 nodes stay free and Ready
+    spot_pool = "h100-80gb-spot-a"
+    sim = _world(kube, {"block_nodes": 2, "blocks": 2}, pool_name=spot_pool, initial_size=4, max_nodes=4,
+                 boot={"dist": "fixed", "median_s": 60})
+    worlds.append(sim)
+    spec = _spec(sim, namespace, 2, spot_pool, spot=True)
+    run_id = f"run-topo-{namespace}"
+    from kfp_gpu.steps import replace, scale_up
+
+    cap = Capacity.from_json(scale_up.run(spec, run_id, "", api=step_api).output_json)
+    gang = list(cap.nodes)
+    where = _blocks(kube, sim.nodes(spot_pool))
+    home = {where[n] for n in gang}
+    assert len(gang) == 2 and len(home) == 1, where
+    others = [n for n, b in where.items() if b not in home]
+    victim, survivor = gang
+    uid = client.CoreV1Api(kube.api).read_node(victim).metadata.uid
+    t0 = time.monotonic()
+    sim.preempt(victim)  # GCE: the group recreates the VM under the same name, on a free host of its zone
+    merged = replace.replace(spec, run_id, step_api, cap, [victim], zone_hint=ZONE, on_demand=False, attempt=1,
+                             hook=None, lost_uids=[uid])
+    took = time.monotonic() - t0
+    now = _blocks(kube, list(merged.nodes))
+    assert survivor in merged.nodes and len(merged.nodes) == 2, merged.nodes
+    assert set(now.values()) == home and not set(merged.nodes) & set(others), (now, others)
+    print(f"\nreplacement kept in block {next(iter(home))} in {took:.2f} s (free nodes elsewhere: {others})")
