@@ -140,3 +140,15 @@ def test_kueue_topology_levels_end_with_the_hostname() -> None:
     assert levels == [*node_labels.GKE.topology, "kubernetes.io/hostname"]
     aws = topology.kueue_topology("eks", node_labels.EKS.topology)["spec"]["levels"]  # type: ignore[index]
     assert [lv["nodeLabel"] for lv in aws][-1] == "kubernetes.io/hostname" and len(aws) == 3
+
+
+def test_the_topology_example_compiles_with_the_topology_in_its_spec(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from kfp_gpu.compile import compile_pipeline, dag_edges
+
+    root = Path(__file__).resolve().parents[2]
+    out = compile_pipeline(root / "pipelines" / "llm_finetune_topology.py", tmp_path / "p.yaml")
+    assert {"quota-preflight", "burst-scale-up", "train-pytorchjob", "teardown"} <= set(dag_edges(out))
+    text = out.read_text()
+    assert 'topology":"required' in text and 'topology_level":"block' in text
