@@ -26,6 +26,7 @@ BLOCK = "cloud.google.com/gce-topology-block"
 SUBBLOCK = "cloud.google.com/gce-topology-subblock"
 HOST = "cloud.google.com/gce-topology-host"
 COMPACT = "COMPACT"
+AWS_LAYER = "topology.k8s.aws/network-node-layer-{}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,14 @@ class Hosts:
         sub = slot // (self.spec.subblock_nodes or self.spec.block_nodes)
         b = _id(self.project, zone, str(block))
         return {BLOCK: b, SUBBLOCK: _id(b, str(sub)), HOST: _id(b, "host", str(slot))}
+
+    def aws_labels(self, name: str) -> dict[str, str]:
+        """The EKS network topology labels of VM ``name`` (placed), block = layer 2, sub-block = layer 3, the site's
+        whole hierarchy = layer 1 (https://docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html)."""
+        g = self.labels(name)
+        top = _id(self.project, self.where[name][0])
+        return {AWS_LAYER.format(1): f"nn-{top}", AWS_LAYER.format(2): f"nn-{g[BLOCK]}",
+                AWS_LAYER.format(3): f"nn-{g[SUBBLOCK]}"}
 
     def release(self, name: str) -> None:
         where = self.where.pop(name, None)

@@ -103,3 +103,69 @@ def test_scenario_topology_is_validated_naming_the_field() -> None:
         from_dict_world = pools(**{"h100-80gb-a": {"placement_policy": "compact", "initial_size": 5}})
         with world(topology=TOPO, pools=from_dict_world):
             pass
+
+
+# ---- the AWS stand-in: cluster placement groups in launch templates, EKS network topology labels -------------
+def _aws(groups: list[dict[str, object]]):  # type: ignore[no-untyped-def]
+    from tests.sim.test_aws_world import _sim, scenario
+
+    return _sim(scenario(nodegroups=groups, topology={"block_nodes": 4, "subblock_nodes": 2, "blocks": 2}))
+
+
+def _layers(sim, group: str) -> list[dict[str, str]]:  # type: ignore[no-untyped-def]
+    return [{k: v for k, v in b["metadata"]["labels"].items() if k.startswith("topology.k8s.aws/")}
+            for b in sim.backend.bodies.values() if b["metadata"]["labels"]["eks.amazonaws.com/nodegroup"] == group]
+
+
+def test_aws_cluster_placement_group_keeps_its_instances_in_one_layer2_domain_and_labels_them() -> None:
+    from tests.sim.test_aws_world import advance, grow, ng
+
+    # distinct boot seeds: a group's instance ids come from its boot sampler's seed
+    groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "max_size": 8,
+               "placement_group": "train-cluster-pg", "boot": {"dist": "fixed", "median_s": 200, "seed": 1}},
+              {"name": "loose-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "max_size": 8,
+               "boot": {"dist": "fixed", "median_s": 200, "seed": 2}}]
+    with _aws(groups) as (sim, c, tl):
+        grow(c, "loose-a", 3)  # no placement group: scattered over the two layer-2 domains
+        advance(sim, tl, 300)
+        loose = _layers(sim, "loose-a")
+        assert len(loose) == 3 and len({lb["topology.k8s.aws/network-node-layer-2"] for lb in loose}) == 2
+        assert all(lb["topology.k8s.aws/network-node-layer-1"].startswith("nn-") for lb in loose)
+        grow(c, "pg-a", 2)  # the placement group's domain: the one with room for both
+        advance(sim, tl, 300)
+        pg = _layers(sim, "pg-a")
+        assert len(pg) == 2 and len({lb["topology.k8s.aws/network-node-layer-2"] for lb in pg}) == 1
+        assert not ng(c, "pg-a")["health"]["issues"]
+        # the tightest domain with room for both: the one loose-a holds 2 of 4 hosts in, now full
+        grow(c, "pg-a", 4)
+        advance(sim, tl, 300)
+        issues = ng(c, "pg-a")["health"]["issues"]
+        assert issues and "InsufficientInstanceCapacity" in issues[0]["message"], issues
+        assert "placement group train-cluster-pg" in issues[0]["message"]
+        site = "us-east-1a/p4d.24xlarge"
+        assert len(_layers(sim, "pg-a")) == 2 and sim.world.hosts.free(site, 1 - sim.world.hosts.pool_block[
+            "train-cluster-pg"]) == 3  # never outside the group's domain, though the other has 3 free hosts
+
+
+def test_aws_node_group_reports_its_launch_template_and_the_template_its_cluster_placement_group() -> None:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    from tests.sim.test_aws_world import ng
+
+    groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "placement_group": "pg-1"},
+              {"name": "plain-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a"}]
+    with _aws(groups) as (sim, c, tl):
+        lt = ng(c, "pg-a")["launchTemplate"]
+        assert "launchTemplate" not in ng(c, "plain-a")
+        with pytest.raises(ClientError) as denied:  # the controller's policy has no business reading them
+            c["ec2"].describe_placement_groups()
+        assert denied.value.response["Error"]["Code"] == "UnauthorizedOperation"
+        sim.grant("AKIAKFPGPUTOPOLOGY01", ["ec2:DescribeLaunchTemplateVersions", "ec2:DescribePlacementGroups"])
+        ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=sim.url, aws_access_key_id="AKIAKFPGPUTOPOLOGY01",
+                           aws_secret_access_key="s", config=Config(retries={"total_max_attempts": 1}))
+        [ver] = ec2.describe_launch_template_versions(LaunchTemplateName=lt["name"])["LaunchTemplateVersions"]
+        assert ver["LaunchTemplateData"]["Placement"]["GroupName"] == "pg-1"
+        [pg] = ec2.describe_placement_groups()["PlacementGroups"]
+        assert (pg["GroupName"], pg["Strategy"], pg["State"]) == ("pg-1", "cluster", "available")
