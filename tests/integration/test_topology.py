@@ -22,6 +22,7 @@ from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import QuotaExceeded
+from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan import topology
 from kfp_gpu.plan.kueue import GROUP, VERSION
 from kfp_gpu.plan.quota import Verdict
@@ -32,7 +33,7 @@ from kfp_gpu.sim.topology import BLOCK
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps.preflight import check, run_preflight
 from tests.integration import test_kueue_preflight
-from tests.integration.test_kueue_preflight import GPU, Kueue
+from tests.integration.test_kueue_preflight import Kueue
 from tests.integration.test_train_support import ACCEL_LABEL, job_json, job_pods, make_capacity
 
 pytestmark = pytest.mark.integration
@@ -72,9 +73,10 @@ def _blocks(kube: Kube, names: list[str]) -> dict[str, str]:
     return {n: core.read_node(n).metadata.labels.get(BLOCK, "") for n in names}
 
 
-def test_topology_required_gang_is_admitted_by_kueue_tas_into_one_block(
-    kube: Kube, namespace: str, kq: Kueue, worlds: list[SimServer], tmp_path: Path, step_api: client.ApiClient,
-) -> None:
+def _tas_run(kube: Kube, namespace: str, kq: Kueue, worlds: list[SimServer], tmp_path: Path,
+             step_api: client.ApiClient, job: str) -> tuple[dict[str, str], collections.Counter[str]]:
+    """A topology-required gang of 3 through a Kueue TAS queue on 5 scattered nodes (blocks of 3 + 2). Returns the
+    block of each pod's node and the world's nodes per block."""
     # 5 nodes of an unplaced pool scatter over two blocks of 4 hosts: 3 + 2
     sim = _world(kube, {"block_nodes": 4, "subblock_nodes": 2, "blocks": 2}, initial_size=5, max_nodes=5)
     worlds.append(sim)
@@ -98,20 +100,37 @@ def test_topology_required_gang_is_admitted_by_kueue_tas_into_one_block(
     run_id = f"run-tas-{namespace}"
     from kfp_gpu.steps import train
 
-    res = train.run(spec, run_id, make_capacity(run_id, POOL, names, spot=False).to_json(), job_json=job_json(2.0),
+    res = train.run(spec, run_id, make_capacity(run_id, POOL, names, spot=False).to_json(), job_json=job,
                     api=step_api)
     out = json.loads(res.output_json)
     assert out["status"] == "Succeeded", out
     pods = job_pods(client.CoreV1Api(kube.api), namespace, out["job"])
-    assert {p.metadata.annotations.get(topology.REQUIRED_ANNOTATION) for p in pods} == {BLOCK}
+    assert pods and {p.metadata.annotations.get(topology.REQUIRED_ANNOTATION) for p in pods} == {BLOCK}
     wls = kq.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "workloads")["items"]
     assignment = [ps.get("topologyAssignment") for w in wls
-                  for ps in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []]
-    assert assignment and all(assignment), wls  # Kueue's TAS placed the pod set
-    placed = _blocks(kube, [p.spec.node_name for p in pods])
+                  for ps in ((w.get("status") or {}).get("admission") or {}).get("podSetAssignments") or []
+                  if ps.get("count", 1)]
+    assert assignment and all(assignment), wls  # Kueue's TAS placed every pod set
+    return _blocks(kube, [p.spec.node_name for p in pods]), per_block
+
+
+def test_topology_required_gang_is_admitted_by_kueue_tas_into_one_block(
+    kube: Kube, namespace: str, kq: Kueue, worlds: list[SimServer], tmp_path: Path, step_api: client.ApiClient,
+) -> None:
+    placed, per_block = _tas_run(kube, namespace, kq, worlds, tmp_path, step_api, job_json(2.0))
     assert len(placed) == 3 and len(set(placed.values())) == 1, placed  # one block: the one with 3 hosts
-    print(f"\nTAS: gang of 3 admitted into block {next(iter(placed.values()))} "
-          f"(blocks {dict(per_block)}), GPU {GPU}")
+    print(f"\nTAS (PyTorchJob): gang of 3 admitted into block {next(iter(placed.values()))} (blocks {dict(per_block)})")
+
+
+def test_topology_required_trainjob_is_admitted_by_kueue_tas_into_one_block(
+    kube: Kube, trainer: Any, namespace: str, kq: Kueue, worlds: list[SimServer], tmp_path: Path,
+    step_api: client.ApiClient,
+) -> None:
+    job = JobTemplate(name="train", image="busybox", command=("true",), checkpoint_every=10, kind="trainjob",
+                      annotations={"kfp-gpu.io/sim-duration": "2s"}).to_json()
+    placed, per_block = _tas_run(kube, namespace, kq, worlds, tmp_path, step_api, job)
+    assert len(placed) == 3 and len(set(placed.values())) == 1, placed
+    print(f"\nTAS (TrainJob): gang of 3 admitted into block {next(iter(placed.values()))} (blocks {dict(per_block)})")
 
 
 def _spec(sim: SimServer, namespace: str, nodes: int, pool: str, *, spot: bool = False) -> ProvisioningSpec:
