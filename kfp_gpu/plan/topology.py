@@ -112,14 +112,16 @@ def sizes_text(sizes: Mapping[str, int]) -> str:
 def fit(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str, label: str) -> DomainFit:
     """Whether ``need`` nodes fit one ``level`` domain, given ``sizes`` (domain -> nodes of the gang's shape it holds;
     None = could not be read). ``required`` and no domain large enough is SHORT (the gang can never start);
-    ``preferred`` is FITS either way (the gang then spans domains); no labelled node at all is UNKNOWN, never FITS."""
+    ``preferred`` is FITS either way (the gang then spans domains); for ``required``, no labelled node at all is
+    UNKNOWN, never FITS."""
     if topology == "none":
         return DomainFit(Verdict.FITS, "topology not asked (topology='none')")
-    if sizes is None:
-        return DomainFit(Verdict.UNKNOWN, f"the nodes' {label} labels could not be read")
-    if not sizes:
-        return DomainFit(Verdict.UNKNOWN, f"no node of the gang's shape carries {label} yet, so whether a gang of "
-                         f"{need} fits one {level} cannot be told before the nodes exist")
+    if sizes is None or not sizes:
+        why = (f"the nodes' {label} labels could not be read" if sizes is None else f"no node of the gang's shape "
+               f"carries {label} yet, so whether a gang of {need} fits one {level} cannot be told before the nodes exist")
+        if topology == "preferred":  # the gang runs either way: nothing for preflight to refuse
+            return DomainFit(Verdict.FITS, f"{why}; topology='preferred' packs it into one {level} when one can hold it")
+        return DomainFit(Verdict.UNKNOWN, why)
     largest = max(sizes.values())
     seen = f"{level} sizes ({label}): {sizes_text(sizes)}"
     if largest >= need:

@@ -93,6 +93,8 @@ def test_fit_is_unknown_without_labelled_nodes_never_ok() -> None:
     assert topology.fit(2, {}, topology="required", level="block", label=BLOCK).verdict is Verdict.UNKNOWN
     assert topology.fit(2, None, topology="required", level="block", label=BLOCK).verdict is Verdict.UNKNOWN
     assert topology.fit(2, None, topology="none", level="block", label=BLOCK).verdict is Verdict.FITS
+    preferred = topology.fit(2, {}, topology="preferred", level="block", label=BLOCK)
+    assert preferred.verdict is Verdict.FITS and "cannot be told" in preferred.reason  # it runs either way
 
 
 def test_sizes_text_caps_the_list() -> None:
