@@ -405,10 +405,14 @@ def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], t
 
 def _timeout(spec: ProvisioningSpec, timeline: Timeline, gang: int) -> ProvisioningTimeout:
     ready = len(timeline.ready_latencies())
+    what = f"only {ready}/{gang} nodes Ready"
+    fix = ""
+    if spec.topology == "required":
+        what = f"no {spec.topology_level} held {gang} Ready nodes (topology='required'; {ready} Ready in all)"
+        fix = ", or use a compact placement pool (its nodes share one block) or topology='preferred'"
     return ProvisioningTimeout(
-        f"only {ready}/{gang} nodes Ready within scale_up_deadline_s={spec.scale_up_deadline_s:g}; "
-        "rolled back what this run added",
-        remediation="raise scale_up_deadline_s, use a warm pool or reservation, or add zones",
+        f"{what} within scale_up_deadline_s={spec.scale_up_deadline_s:g}; rolled back what this run added",
+        remediation=f"raise scale_up_deadline_s, use a warm pool or reservation, or add zones{fix}",
         timeline=timeline.to_json(),
     )
 

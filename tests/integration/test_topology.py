@@ -21,7 +21,7 @@ from kubernetes import client
 from kfp_gpu.cluster import node_labels
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.errors import QuotaExceeded
+from kfp_gpu.errors import ProvisioningTimeout, QuotaExceeded
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan import topology
 from kfp_gpu.plan.kueue import GROUP, VERSION
@@ -193,3 +193,30 @@ def test_topology_replacement_is_kept_in_the_survivors_block(
     assert survivor in merged.nodes and len(merged.nodes) == 2, merged.nodes
     assert set(now.values()) == home and not set(merged.nodes) & set(others), (now, others)
     print(f"\nreplacement kept in block {next(iter(home))} in {took:.2f} s (free nodes elsewhere: {others})")
+
+
+def test_topology_required_gang_from_a_scattering_pool_times_out_and_from_a_compact_pool_lands_in_one_block(
+    kube: Kube, namespace: str, worlds: list[SimServer], step_api: client.ApiClient,
+) -> None:
+    # two empty blocks of 2 hosts: an unplaced pool's 2 new VMs take one host in each, a compact pool's share a block
+    from kfp_gpu.steps import scale_up
+
+    fixed = {"dist": "fixed", "median_s": 120}
+    loose = _world(kube, {"block_nodes": 2, "blocks": 2}, max_nodes=2, boot=fixed)
+    worlds.append(loose)
+    spec = _spec(loose, namespace, 2, POOL).replace(scale_up_deadline_s=8.0)
+    t0 = time.monotonic()
+    with pytest.raises(ProvisioningTimeout) as ei:
+        scale_up.run(spec, f"run-loose-{namespace}", "", api=step_api)
+    waited = time.monotonic() - t0
+    assert "no block held 2 Ready nodes (topology='required'; 2 Ready in all)" in ei.value.message, ei.value.message
+    assert "compact placement pool" in ei.value.remediation
+    assert len(set(_blocks(kube, loose.nodes(POOL)).values())) in (0, 2)  # scattered (or already rolled back)
+
+    compact = _world(kube, {"block_nodes": 2, "blocks": 2}, max_nodes=2, boot=fixed, placement_policy="compact")
+    worlds.append(compact)
+    cap = Capacity.from_json(scale_up.run(_spec(compact, namespace, 2, POOL), f"run-compact-{namespace}", "",
+                                          api=step_api).output_json)
+    blocks = _blocks(kube, list(cap.nodes))
+    assert len(blocks) == 2 and len(set(blocks.values())) == 1, blocks
+    print(f"\nscattering pool: refused after {waited:.1f} s (deadline 8 s); compact pool: one block {blocks}")
