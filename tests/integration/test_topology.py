@@ -211,7 +211,6 @@ def test_topology_required_gang_from_a_scattering_pool_times_out_and_from_a_comp
     waited = time.monotonic() - t0
     assert "no block held 2 Ready nodes (topology='required'; 2 Ready in all)" in ei.value.message, ei.value.message
     assert "compact placement pool" in ei.value.remediation
-    assert len(set(_blocks(kube, loose.nodes(POOL)).values())) in (0, 2)  # scattered (or already rolled back)
 
     compact = _world(kube, {"block_nodes": 2, "blocks": 2}, max_nodes=2, boot=fixed, placement_policy="compact")
     worlds.append(compact)
