@@ -51,6 +51,7 @@ def test_example_on_dws_flex_start(kube):
 def test_example_topology_gang_under_kueue_tas(kube, kueue):
     """pipelines/llm_finetune_topology.py on the bundled ``topology`` world: the admin's Kueue objects (a Topology
     over GKE's levels, a TAS flavor for the compact pool, a ClusterQueue, the team's LocalQueue) exist first."""
+    from kfp_gpu import install
     from kfp_gpu.cluster import node_labels
     from kfp_gpu.plan import topology
     from kfp_gpu.plan.kueue import GROUP, VERSION
@@ -63,7 +64,7 @@ def test_example_topology_gang_under_kueue_tas(kube, kueue):
     next(made)
     kq = Kueue(kube.api, ns)
     try:
-        topo = topology.kueue_topology(f"gke-{kq.suffix}", node_labels.GKE.topology)
+        topo = {**install.kueue_topology("gke")[0], "metadata": {"name": f"gke-{kq.suffix}"}}  # kfp-gpu install --kueue-topology gke
         kq.custom.create_cluster_custom_object(GROUP, VERSION, "topologies", topo)
         kq.made.append(("topologies", topo["metadata"]["name"]))
         flavor = kq._cluster("resourceflavors", "ResourceFlavor", "h100-compact", {

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu.cluster import node_labels
+from kfp_gpu import install
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import ProvisioningTimeout, QuotaExceeded
@@ -84,7 +84,7 @@ def _tas_run(kube: Kube, namespace: str, kq: Kueue, worlds: list[SimServer], tmp
     per_block = collections.Counter(_blocks(kube, names).values())
     assert sorted(per_block.values()) == [2, 3], per_block
     # the admin's side: a Topology of GKE's levels, a flavor naming it (only this world's nodes), a queue
-    topo = topology.kueue_topology(f"gke-{kq.suffix}", node_labels.GKE.topology)
+    topo = {**install.kueue_topology("gke")[0], "metadata": {"name": f"gke-{kq.suffix}"}}  # kfp-gpu install --kueue-topology gke
     kq.custom.create_cluster_custom_object(GROUP, VERSION, "topologies", topo)
     kq.made.append(("topologies", topo["metadata"]["name"]))  # type: ignore[index]
     flavor = kq._cluster("resourceflavors", "ResourceFlavor", "h100-tas", {
