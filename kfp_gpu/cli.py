@@ -194,12 +194,13 @@ def cmd_install(a: argparse.Namespace) -> int:
 
     if a.dry_run:  # no cluster needed: print what would be applied
         extra = install.optional("autoscaler-status") if a.autoscaler_status else []
+        extra += install.kueue_topology(a.kueue_topology) if a.kueue_topology else []
         print(install.to_yaml(install.manifests(controller=a.controller, image=a.image) + extra), end="")
         return 0
     from kfp_gpu.cluster.kube import api_client
 
     install.apply(api_client(), controller=a.controller, image=a.image, autoscaler_status=a.autoscaler_status,
-                  log=print)
+                  log=print, topology=a.kueue_topology)
     return 0
 
 
@@ -329,6 +330,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--autoscaler-status", action="store_true",
                    help="also let the controller read a self-managed cluster-autoscaler's status ConfigMap "
                    "(provisioner detection; not needed on GKE)")
+    c.add_argument("--kueue-topology", default="", metavar="gke|eks",
+                   help="also create the Kueue Topology kfp-gpu-<cloud> over that cloud's node topology labels, for "
+                   "Topology Aware Scheduling (name it in the GPU ResourceFlavor's spec.topologyName)")
     c.set_defaults(fn=cmd_install)
     c = sub.add_parser("tenant", help="let a namespace's pipelines ask for GPUs (or stop them)")
     ts = c.add_subparsers(dest="tenant_cmd", required=True)

@@ -78,6 +78,20 @@ def optional(name: str) -> list[Obj]:
     return [d for d in yaml.safe_load_all((MANIFESTS / "optional" / f"{name}.yaml").read_text()) if d]
 
 
+def kueue_topology(scheme: str) -> list[Obj]:
+    """``kfp-gpu install --kueue-topology gke|eks``: the Kueue ``Topology`` named ``kfp-gpu-<scheme>`` whose levels are
+    that cloud's node topology labels (kfp_gpu.plan.topology.kueue_topology); a TAS ResourceFlavor names it in
+    ``spec.topologyName``. Raises: InvalidSpec (an unknown scheme)."""
+    from kfp_gpu.cluster import node_labels
+    from kfp_gpu.errors import InvalidSpec
+    from kfp_gpu.plan.topology import kueue_topology as build
+
+    if scheme not in ("gke", "eks"):
+        raise InvalidSpec("--kueue-topology", scheme, "allowed: 'gke', 'eks'",
+                          remediation="gke for GKE's gce-topology-* labels, eks for EKS's network-node-layer-* labels")
+    return [build(f"kfp-gpu-{scheme}", node_labels.get(scheme).topology)]
+
+
 def _valid_image(image: str) -> str:
     from kfp_gpu.image import validate_image
 
@@ -228,7 +242,7 @@ def _check_limit(key: str, value: Any) -> Any:
 # ---- applying -----------------------------------------------------------------------------------------------
 
 def apply(api: client.ApiClient | None, *, dry_run: bool = False, controller: bool = True, image: str = "",
-          autoscaler_status: bool = False, log: Log | None = None) -> list[str]:
+          autoscaler_status: bool = False, log: Log | None = None, topology: str = "") -> list[str]:
     """Server-side apply the control plane; one line per object (also passed to ``log`` as it goes).
     ``autoscaler_status``: also the optional read of a self-managed cluster-autoscaler's status ConfigMap
     (``manifests/optional/autoscaler-status.yaml``).
@@ -238,6 +252,7 @@ def apply(api: client.ApiClient | None, *, dry_run: bool = False, controller: bo
     the object and the fix; InvalidSpec (a bad ``image``).
     """
     objs = manifests(controller=controller, image=image) + (optional("autoscaler-status") if autoscaler_status else [])
+    objs += kueue_topology(topology) if topology else []  # ``topology``: --kueue-topology (Kueue must be installed)
     if dry_run or api is None:
         return _emit([f"{kubeapply.describe(o)} (dry run: not applied)" for o in objs], log)
     first = [o for o in objs if o["kind"] in ("Namespace", "CustomResourceDefinition")]

@@ -39,6 +39,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
     "ClusterKopfPeering": ("clusterkopfpeerings", False),
     gang.KIND: (gang.PLURAL, True), gang.POLICY_KIND: (gang.POLICY_PLURAL, False),
+    "Topology": ("topologies", False),  # Kueue's (kfp-gpu install --kueue-topology)
 }
 
 

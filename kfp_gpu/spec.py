@@ -30,6 +30,8 @@ PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission", 
 _TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
                             r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
 MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
+TOPOLOGIES = ("none", "preferred", "required")  # ProvisioningSpec.topology
+TOPOLOGY_LEVELS = ("block", "subblock", "host")  # ProvisioningSpec.topology_level, widest first
 
 
 class CapacityType(str, enum.Enum):
@@ -187,6 +189,12 @@ LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, sti
 class ProvisioningSpec:
     """What a run provisions. Every field is validated here, at decoration time (one-line InvalidSpec).
 
+    ``topology`` keeps the gang inside one network domain of ``topology_level`` (GKE: the
+    ``cloud.google.com/gce-topology-block``/``-subblock``/``-host`` node labels; EKS: the
+    ``topology.k8s.aws/network-node-layer-N`` labels, block = the layer above the instance's switch): ``"required"``
+    never runs it across domains (preflight refuses a gang no domain can hold), ``"preferred"`` packs it into one when
+    it can, ``"none"`` (the default) ignores topology.
+
     ``reservation`` (``capacity="reservation"``): the reservation the gang consumes. On GKE the Compute
     reservation's name, which the node pool's SPECIFIC reservation affinity names; on EKS the EC2 Capacity
     Reservation id (``cr-...``) or Capacity Reservation group ARN that the node group's launch template targets
@@ -200,6 +208,8 @@ class ProvisioningSpec:
     target: Target = field(default_factory=Target)
     zones: tuple[str, ...] = ()  # candidate zones, priority order; empty = every zone of the region
     reservation: str = ""  # capacity=reservation: GKE reservation name; EKS cr-... id or group ARN (class docstring)
+    topology: str = "none"  # "none" | "preferred" | "required": keep the gang in one topology_level domain
+    topology_level: str = "block"  # "block" | "subblock" | "host" (kfp_gpu.plan.topology: the node labels)
     scale_up_deadline_s: float = 900.0
     max_run_duration_s: float = 0.0  # capacity=flex-start: DWS maxRunDurationSeconds (0 = GKE's default, 7 days)
     allow_zone_spread: bool = False
@@ -227,6 +237,11 @@ class ProvisioningSpec:
             raise InvalidSpec("max_run_duration_s", self.max_run_duration_s,
                               "only applies to capacity='flex-start' (DWS maxRunDurationSeconds)",
                               remediation="drop max_run_duration_s or use capacity='flex-start'")
+        for name, allowed in (("topology", TOPOLOGIES), ("topology_level", TOPOLOGY_LEVELS)):
+            if getattr(self, name) not in allowed:
+                raise InvalidSpec(name, getattr(self, name), f"allowed: {', '.join(repr(v) for v in allowed)}",
+                                  remediation="topology='required' or 'preferred' with topology_level='block', "
+                                  "'subblock' or 'host'; topology='none' ignores the level")
         _check_range("lease_ttl_s", self.lease_ttl_s, LEASE_TTL_MIN_S, 30 * 86400.0, (int, float))
         if self.capacity is CapacityType.SPOT and self.reservation:
             raise InvalidSpec(

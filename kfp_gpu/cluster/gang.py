@@ -8,16 +8,22 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kfp_gpu.cluster.nodes import Node, NodeView
 from kfp_gpu.ownership import label_safe
+from kfp_gpu.plan import topology as topo
 from kfp_gpu.plan.scale import PoolObservation
 from kfp_gpu.providers.base import PoolState
 from kfp_gpu.timeline import NodeState, Timeline
 
 
 class GangTracker:
-    """Thread-safe: the watch thread calls ``on_event``; the step thread waits on ``cond``."""
+    """Thread-safe: the watch thread calls ``on_event``; the step thread waits on ``cond``.
+
+    ``domain_label``/``topology`` (the spec's topology, :mod:`kfp_gpu.plan.topology`): with ``"required"`` the gang
+    counts as Ready only when one domain of that label (the run's own nodes' domain, once it holds some) has enough
+    claimable nodes; with ``"required"`` or ``"preferred"`` :meth:`pick` chooses the nodes to claim by domain."""
 
     def __init__(self, run_id: str, pools: Iterable[str], timeline: Timeline, gpus_per_node: int,
-                 spot: bool, exclude: Iterable[str] = ()) -> None:
+                 spot: bool, exclude: Iterable[str] = (), *, domain_label: str = "", topology: str = "none") -> None:
+        self.domain_label, self.topology = domain_label, topology if domain_label else "none"
         self.run_label = label_safe(run_id)
         # Node uids already given up (preempted) though the API may still show them. By uid, not name: a
         # managed instance group recreates a VM under the same name, and that fresh Node is a valid replacement
@@ -131,7 +137,32 @@ class GangTracker:
 
     def ready_count_locked(self, zones: Iterable[str]) -> int:
         """Like ready_count, for callers already holding ``cond``."""
-        return len(self._claimable(set(zones)))
+        ok = self._claimable(set(zones))
+        if self.topology != "required":
+            return len(ok)
+        within = self._ours_domain(ok)
+        counts = topo.domains({n.name: self._labels(n.name) for n in ok}, self.domain_label)
+        return len(counts.get(within, ())) if within else max((len(v) for v in counts.values()), default=0)
+
+    def _labels(self, name: str) -> dict[str, str]:
+        return dict(((self._raw.get(name) or {}).get("metadata") or {}).get("labels") or {})
+
+    def _ours_domain(self, views: Iterable[NodeView]) -> str:
+        return topo.survivors_domain([self._labels(n.name) for n in views if n.run_id == self.run_label],
+                                     self.domain_label)
+
+    def pick(self, zones: Iterable[str], mine: Sequence[str], more: int) -> list[str] | None:
+        """``more`` unclaimed claimable nodes in ``zones`` to add to ``mine`` (the run's nodes), in one domain with
+        them (:func:`kfp_gpu.plan.topology.choose`); None when the topology rule cannot be met now."""
+        with self.cond:
+            ok = [n for n in self._claimable(set(zones)) if n.name not in mine]
+            within = topo.survivors_domain([self._labels(n) for n in mine], self.domain_label)
+        cands = {n.name: self._labels(n.name) for n in ok}
+        if self.topology == "required" and mine:
+            if not within:
+                return None
+            cands = {n: lb for n, lb in cands.items() if lb.get(self.domain_label) == within}
+        return topo.choose(cands, more, self.domain_label, within=within, topology=self.topology)
 
     def claimed(self) -> list[NodeView]:
         with self.cond:
@@ -140,7 +171,8 @@ class GangTracker:
                           key=lambda n: n.name)
 
     def ready_count(self, zones: Iterable[str]) -> int:
-        return len(self.claimable(zones))
+        with self.cond:
+            return self.ready_count_locked(zones)
 
 
 def _created_at(node: Node, default: float) -> float:

@@ -16,6 +16,14 @@ obtained.
   https://karpenter.sh/docs/concepts/scheduling/#well-known-labels
 
 All schemes share ``topology.kubernetes.io/zone`` and ``node.kubernetes.io/instance-type``.
+
+Network topology (``Scheme.topology``: the label of each level, block -> subblock -> host):
+
+- GKE labels nodes ``cloud.google.com/gce-topology-block``, ``-subblock`` and ``-host`` (the VM's physical
+  placement) https://cloud.google.com/ai-hypercomputer/docs/workloads/schedule-gke-workloads-tas
+- EKS labels nodes ``topology.k8s.aws/network-node-layer-1`` (top) to ``-3`` (the bottom layer, the nodes closest to
+  each other) https://docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html ; kfp-gpu's block is layer 2,
+  its subblock layer 3, and a host is the node itself (``kubernetes.io/hostname``: one instance per host).
 """
 
 from __future__ import annotations
@@ -38,6 +46,11 @@ class Scheme:
     spot_value: str
     on_demand_value: str
     accelerator: str = ""  # a label whose value names the accelerator; "" = select by instance type
+    topology: tuple[str, str, str] = ("", "", "")  # the label of a block, a subblock, a host (module docstring)
+
+    def topology_label(self, level: str) -> str:
+        """The node label whose value names the node's ``level`` domain ("block", "subblock" or "host")."""
+        return self.topology[("block", "subblock", "host").index(level)]
 
     def accelerator_selector(self, accelerator: str) -> dict[str, str]:
         """A nodeSelector for the accelerator when one label names it (GKE), else {} (see
@@ -61,10 +74,16 @@ class Scheme:
         return self.spot_value if spot else self.on_demand_value
 
 
+HOSTNAME = "kubernetes.io/hostname"
+GKE_TOPOLOGY = ("cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock",
+                "cloud.google.com/gce-topology-host")
+AWS_TOPOLOGY = ("topology.k8s.aws/network-node-layer-2", "topology.k8s.aws/network-node-layer-3", HOSTNAME)
 GKE = Scheme("gke", "cloud.google.com/gke-nodepool", "cloud.google.com/gke-spot", "true", "false",
-             accelerator="cloud.google.com/gke-accelerator")
-EKS = Scheme("eks", "eks.amazonaws.com/nodegroup", "eks.amazonaws.com/capacityType", "SPOT", "ON_DEMAND")
-KARPENTER = Scheme("karpenter", "karpenter.sh/nodepool", "karpenter.sh/capacity-type", "spot", "on-demand")
+             accelerator="cloud.google.com/gke-accelerator", topology=GKE_TOPOLOGY)
+EKS = Scheme("eks", "eks.amazonaws.com/nodegroup", "eks.amazonaws.com/capacityType", "SPOT", "ON_DEMAND",
+             topology=AWS_TOPOLOGY)
+KARPENTER = Scheme("karpenter", "karpenter.sh/nodepool", "karpenter.sh/capacity-type", "spot", "on-demand",
+                   topology=AWS_TOPOLOGY)
 SCHEMES: dict[str, Scheme] = {s.name: s for s in (GKE, EKS, KARPENTER)}
 POOL_KEYS: tuple[str, ...] = tuple(s.pool for s in SCHEMES.values())
 

@@ -37,6 +37,7 @@ from kfp_gpu.cluster.podtemplate import (  # noqa: F401 - re-exported: the names
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import JOB_LABEL, RESUME_STEP_ANNOTATION, RUN_ID_RAW_ANNOTATION, label_safe
+from kfp_gpu.plan import topology
 from kfp_gpu.plan.kueue import QUEUE_LABEL
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "pytorchjobs", "PyTorchJob"
@@ -79,9 +80,10 @@ def manifest(
     job_labels = {**dict(template.labels), **labels, JOB_LABEL: name}
     env = podtemplate.container_env(template, podtemplate.own_env(
         checkpoint_uri=checkpoint_uri, resume=resume, run_id=run_id, dataset_uri=dataset_uri))
+    grouped = {**(pod_annotations or {}), **topology.group_annotations(pod_annotations or {}, name, min(nodes, 2))}
     pod = podtemplate.pod_template(
         template, capacity, container=CONTAINER, labels=job_labels, env=env,
-        args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=pod_annotations,
+        args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=grouped,
         local=local)
 
     def replica(count: int) -> dict[str, Any]:

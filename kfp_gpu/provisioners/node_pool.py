@@ -109,7 +109,9 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
     fallback), the lost instances' slots (``lost_where``: node -> (pool, zone)) are given up first
     (:func:`release_slots`), so the instance group does not bring back a node nobody will use.
 
-    ``keep`` (survivor -> (pool, zone)) is the run's gang without the lost nodes (see :func:`provision`).
+    ``keep`` (survivor -> (pool, zone)) is the run's gang without the lost nodes (see :func:`provision`). A
+    ``topology="required"`` gang is replaced from the survivors' pools and zone only (a compact placement pool keeps
+    its block), and its nodes are claimed in the survivors' domain (:meth:`kfp_gpu.cluster.gang.GangTracker.pick`).
 
     Returns the run's whole capacity (survivors + replacements). Raises: as :func:`provision`.
     """
@@ -117,6 +119,9 @@ def reprovision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, prov
         spec = on_demand_spec(spec, provider.pools(spec.target.region, sizes=False))
         release_slots(provider, spec.target.region, lost_where or {}, Owner.for_step(run_id, f"recovery-{attempt}",
                                                                                      spec.lease_ttl_s))
+    if spec.topology == "required" and keep and not on_demand:  # the survivors' pools and zone: their domain
+        spec = spec.replace(target=dataclasses.replace(spec.target, pools=tuple(dict.fromkeys(p for p, _ in keep.values()))),
+                            zones=tuple(dict.fromkeys(z for _, z in keep.values())))
     if zone_hint and zone_hint in spec.zones:
         spec = spec.replace(zones=(zone_hint, *[z for z in spec.zones if z != zone_hint]))
     owner = Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s)

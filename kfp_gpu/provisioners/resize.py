@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu import accelerators, fanout, rehearsal_seam
-from kfp_gpu.cluster import ledger
+from kfp_gpu.cluster import ledger, node_labels
 from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.cluster.gang import GangTracker
 from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, claim_all, list_nodes, name_of
@@ -103,7 +103,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
     if led.get("rolled_back") and time.time() >= deadline:  # a KFP retry of a step that already timed out
         raise _timeout(spec, timeline, gang_size or spec.nodes)
     tracker = GangTracker(run_id, {s.ref.pool for s in states}, timeline, spec.gpus_per_node, spec.spot,
-                          exclude=exclude)
+                          exclude=exclude, topology=spec.topology,
+                          domain_label=node_labels.get(provider.scheme).topology_label(spec.topology_level))
     for key in warm.get("targets", {}):  # nodes the warm pool requested were requested then, not when seen
         pool, zone = key.split("|", 1)
         tracker.mark_requested(pool, zone, float(warm.get("started", time.time())))
@@ -157,11 +158,12 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                                 spec.spot, timeline.to_json(), {"zones": list(plan.zones)}, scheme=provider.scheme,
                                 accelerator=spec.accelerator, namespace=spec.target.namespace)
             if err is None:
-                tracker.claim_early(lambda node: early.setdefault(
-                    node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
-                                                             namespace=spec.target.namespace,
-                                                             protect=NodeView.of(node).pool in protected)),
-                    plan.zones, gang - len(tracker.claimed()))
+                if spec.topology == "none":  # a topology gang is claimed once a domain holds it
+                    tracker.claim_early(lambda node: early.setdefault(
+                        node["metadata"]["name"], claimer.submit(claim, api, node, run_id, owner.lease_expires,
+                                                                 namespace=spec.target.namespace,
+                                                                 protect=NodeView.of(node).pool in protected)),
+                        plan.zones, gang - len(tracker.claimed()))
                 watched = [st.ref for st in states if st.ref.zone in plan.zones] if extra is not None else []
                 err_zone, err = _wait_gang(tracker, need, plan.zones, deadline, provider, ops, watched, started)
             if err is None:
@@ -358,6 +360,8 @@ def _claim(api: client.ApiClient, spec: ProvisioningSpec, run_id: str, owner: Ow
                               + [n for n, f in list(early.items()) if f.result()]))
     by_name = {name_of(n): n for n in list_nodes(api, node_selector(spec))[0]} if len(mine) < gang else {}
     free = [v.name for v in tracker.claimable(zones) if v.name not in mine and v.name in by_name]
+    if tracker.topology != "none" and len(mine) < gang:  # the nodes of one domain, the run's own nodes' first
+        free = [n for n in tracker.pick(zones, mine, gang - len(mine)) or [] if n in by_name]
     while len(mine) < gang and free:  # claim the missing ones concurrently; lost races take the next free
         batch, free = free[: gang - len(mine)], free[gang - len(mine):]
         won = claim_all(api, [by_name[n] for n in batch], run_id, owner.lease_expires, namespace=spec.target.namespace,
@@ -401,10 +405,14 @@ def _rollback(provider: CapacityProvider, owner: Owner, found: dict[str, int], t
 
 def _timeout(spec: ProvisioningSpec, timeline: Timeline, gang: int) -> ProvisioningTimeout:
     ready = len(timeline.ready_latencies())
+    what = f"only {ready}/{gang} nodes Ready"
+    fix = ""
+    if spec.topology == "required":
+        what = f"no {spec.topology_level} held {gang} Ready nodes (topology='required'; {ready} Ready in all)"
+        fix = ", or use a compact placement pool (its nodes share one block) or topology='preferred'"
     return ProvisioningTimeout(
-        f"only {ready}/{gang} nodes Ready within scale_up_deadline_s={spec.scale_up_deadline_s:g}; "
-        "rolled back what this run added",
-        remediation="raise scale_up_deadline_s, use a warm pool or reservation, or add zones",
+        f"{what} within scale_up_deadline_s={spec.scale_up_deadline_s:g}; rolled back what this run added",
+        remediation=f"raise scale_up_deadline_s, use a warm pool or reservation, or add zones{fix}",
         timeline=timeline.to_json(),
     )
 

@@ -51,10 +51,11 @@ class KubeBackend:
         self.extras: Callable[[str, str], tuple[dict[str, str], list[dict[str, str]]]] | None = None
 
     def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None, *, gpus_ready: bool = True) -> None:
+               sampled_s: float | None = None, *, gpus_ready: bool = True,
+               labels: dict[str, str] | None = None) -> None:
         """Register one Node for ``pool`` (a VM that has booted). ``gpus_ready=False`` registers it
-        with ``nvidia.com/gpu`` 0 until :meth:`gpus_ready`. An existing Node of that name is adopted,
-        unless it is a shut-down incarnation still being deleted (then it is replaced).
+        with ``nvidia.com/gpu`` 0 until :meth:`gpus_ready`; ``labels`` are its host's topology labels. An existing
+        Node of that name is adopted, unless it is a shut-down incarnation still being deleted (then it is replaced).
 
         Raises: kubernetes.client.ApiException for anything but 409 Conflict.
         """
@@ -64,6 +65,7 @@ class KubeBackend:
 
         acc = accelerators.get(pool.accelerator)
         labels = {
+            **(labels or {}),
             "node.kubernetes.io/instance-type": pool.machine_type,
             "cloud.google.com/machine-family": pool.machine_type.split("-", 1)[0],
             "cloud.google.com/gke-provisioning": "spot" if pool.spot else "standard",

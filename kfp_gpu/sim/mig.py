@@ -21,6 +21,7 @@ from kfp_gpu.sim import reservations as rsv
 from kfp_gpu.sim import shapes
 from kfp_gpu.sim.clock import Timeline, compress
 from kfp_gpu.sim.scenario import PoolSpec, Scenario
+from kfp_gpu.sim.topology import Hosts, site
 
 log = logging.getLogger(__name__)
 Action = tuple[str, Callable[[], None]]  # (node name, backend call): calls for one node run in order
@@ -35,7 +36,8 @@ CREATING, BOOTING, RUNNING, NOTICE, DELETING = "creating", "booting", "running",
 
 class NodeBackend(Protocol):
     def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None, *, gpus_ready: bool = True) -> None: ...
+               sampled_s: float | None = None, *, gpus_ready: bool = True,
+               labels: dict[str, str] | None = None) -> None: ...
 
     def delete(self, name: str) -> None: ...
 
@@ -56,14 +58,17 @@ class MemoryBackend:
         self.killed: list[str] = []
         self.gpus: dict[str, int] = {}
         self.boot_samples: dict[str, float | None] = {}
+        self.labels: dict[str, dict[str, str]] = {}  # the topology labels each node registered with
 
     @property
     def preempted(self) -> list[str]:
         return self.noticed
 
     def create(self, pool: PoolSpec, cluster: str, name: str, boot_delay_s: float,
-               sampled_s: float | None = None, *, gpus_ready: bool = True) -> None:
+               sampled_s: float | None = None, *, gpus_ready: bool = True,
+               labels: dict[str, str] | None = None) -> None:
         self.created.append(name)
+        self.labels[name] = dict(labels or {})
         self.boot_samples[name] = sampled_s
         self.gpus[name] = pool.gpus_per_node if gpus_ready else 0
 
@@ -91,6 +96,7 @@ class Instance:
     node: bool = False  # its Kubernetes Node exists
     deadline: float = 0.0  # timeline time a preempted VM's Node goes away
     reservation: tuple[str, str] | None = None  # (zone, name) of the reservation it consumes (or will)
+    labels: dict[str, str] = field(default_factory=dict)  # its host's topology labels (kfp_gpu.sim.topology)
 
 
 @dataclass
@@ -119,7 +125,8 @@ class World:
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
                  stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
-                 quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None) -> None:
+                 quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None, hosts: Hosts | None = None) -> None:
+        self.hosts = hosts if hosts is not None else Hosts(scenario.topology, f"{scenario.project}/{scenario.cluster}")
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
         self.quota: Callable[[PoolSpec], dict[str, Any] | None] = quota or (lambda _spec: None)
         self.reservations: rsv.Book = {} if reservations is None else reservations
@@ -222,6 +229,7 @@ class World:
     def drop(self, p: PoolRuntime, inst: Instance) -> list[Action]:
         had_node, inst.node = inst.node, False
         p.instances.pop(inst.name, None)
+        self.hosts.release(inst.name)
         rsv.release(self.reservations, inst)
         inst.gen += 1
         return [(inst.name, lambda: self.backend.delete(inst.name))] if had_node else []
@@ -244,6 +252,13 @@ class World:
             item = rsv.exhausted_item(p.spec)
         else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
             item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator)
+        if item is None:  # a host for it: a compact pool's VMs only in the pool's block (docs/sim.md, "Topology")
+            labels = self.hosts.place(site(p.spec.zone, p.spec.machine_type), p.spec.name, inst.name, p.spec.placement == "COMPACT",
+                                      need=p.count(CREATING))
+            if labels is None:
+                item = shapes.stockout_item(p.spec.zone, self.sc.project, False)
+            else:
+                inst.labels = labels
         if item is not None:  # the MIG records the error and keeps retrying (targetSize unchanged)
             p.errors.append({
                 "instanceActionDetails": {"action": "RECREATING" if inst.recreate else "CREATING",
@@ -266,8 +281,9 @@ class World:
         inst.state, inst.recreate, inst.node = RUNNING, False, True
         total = round(self.tl.now() - inst.requested_at, 4)
         self.later(self.plugin_s, lambda: self._gpus(p, inst, gen))
+        labels = dict(inst.labels)
         return [(inst.name, lambda: self.backend.create(p.spec, self.sc.cluster, inst.name, 0.0, sampled_s=total,
-                                                        gpus_ready=False))]
+                                                        gpus_ready=False, labels=labels))]
 
     def _gpus(self, p: PoolRuntime, inst: Instance, gen: int) -> list[Action]:
         if not self._current(p, inst, gen) or inst.state != RUNNING:
@@ -296,6 +312,7 @@ class World:
             return []
         actions: list[Action] = [(inst.name, lambda: self.backend.delete(inst.name))]
         inst.node = False
+        self.hosts.release(inst.name)  # the repaired VM gets a host anew
         if self.sc.world.cloud == "gcp":  # the MIG repairs the VM under the same name
             inst.state, inst.recreate, inst.requested_at = CREATING, True, self.tl.now()
             inst.gen += 1

@@ -22,6 +22,7 @@ import yaml
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
+from kfp_gpu.sim.topology import TopologySpec, parse_placement, parse_topology
 from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
     BootLatency,
@@ -57,6 +58,7 @@ class PoolSpec:
     autoscaling: Autoscaling = field(default_factory=Autoscaling)
     reservation_affinity: ReservationAffinity = field(default_factory=ReservationAffinity)
     queued_provisioning: bool = False  # GKE queuedProvisioning.enabled (flex-start, DWS): ProvisioningRequests only
+    placement: str = ""  # GKE placementPolicy.type: "COMPACT" keeps the pool's VMs in one block (kfp_gpu.sim.topology)
 
     @property
     def region(self) -> str:
@@ -152,6 +154,7 @@ class Scenario:
     dws: DwsSpec = field(default_factory=DwsSpec)  # queued provisioning (kfp_gpu.sim.dwsspec)
     provisioning_revocations: tuple[Revocation, ...] = ()
     reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
+    topology: TopologySpec = field(default_factory=TopologySpec)  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -194,7 +197,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
-        "dws", "provisioning_revocations",
+        "dws", "provisioning_revocations", "topology",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -260,6 +263,7 @@ def from_dict(data: Any) -> Scenario:
         provisioning_revocations=parse_revocations(d.get("provisioning_revocations"),
                                                    {p.name: p.queued_provisioning for p in pools}),
         reservations=parse_reservations(d.get("reservations"), zones),
+        topology=parse_topology(d.get("topology")),
     )
     _check_quota_usage(sc)
     return sc
@@ -312,7 +316,7 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     p = _obj(data, f, {
         "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
         "machine_type", "boot", "autoscaling", "reservation_affinity",
-        "queued_provisioning",
+        "queued_provisioning", "placement_policy",
     })
     name = str(p.get("name", ""))
     if not _NAME_RE.match(name):
@@ -345,6 +349,7 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
         name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
         str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
         autoscaling, parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"), queued,
+        parse_placement(p.get("placement_policy"), f"{f}.placement_policy"),
     )
 
 

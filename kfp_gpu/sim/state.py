@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.sim import reservations as rsv
 from kfp_gpu.sim import shapes, vmquota
 from kfp_gpu.sim.clock import Timeline, compress, expand
@@ -27,6 +28,7 @@ from kfp_gpu.sim.mig import NodeBackend as NodeBackend
 from kfp_gpu.sim.mig import PoolRuntime as PoolRuntime
 from kfp_gpu.sim.scenario import RegionSpec, Scenario
 from kfp_gpu.sim.shapes import SimHttpError
+from kfp_gpu.sim.topology import COMPACT, Hosts, site
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,9 @@ class SimState:
         self.timeline = timeline or Timeline()
         self.reservations: rsv.Book = {(r.zone, r.name): rsv.from_spec(scenario.project, r)
                                        for r in scenario.reservations}
+        self.hosts = Hosts(scenario.topology, f"{scenario.project}/{scenario.cluster}")  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
         self.world = World(scenario, self.timeline, self.lock, self.backend, self.stockout, self.reservations,
-                           quota=lambda spec: vmquota.creation_error(self, spec))
+                           quota=lambda spec: vmquota.creation_error(self, spec), hosts=self.hosts)
         self.pools: dict[str, PoolRuntime] = {}
         self.gke_ops: dict[str, dict[str, Any]] = {}
         self.compute_ops: dict[str, dict[str, Any]] = {}
@@ -63,7 +66,13 @@ class SimState:
                 rt.instances[name] = Instance(name, RUNNING, 0.0, node=True)
                 rsv.earmark(self.reservations, p, rt.instances[name])
                 rsv.created(self.reservations, rt.instances[name])
-                self.backend.create(p, scenario.cluster, name, 0.0, gpus_ready=True)
+                labels = self.hosts.place(site(p.zone, p.machine_type), p.name, name, p.placement == COMPACT, need=p.initial_size)
+                if labels is None:
+                    raise InvalidSpec(f"pools.{p.name}.initial_size", p.initial_size, "more VMs than the scenario's "
+                                      "topology has hosts for (a compact pool's VMs share one block)",
+                                      remediation="raise topology.block_nodes or topology.blocks, or lower initial_size")
+                rt.instances[name].labels = labels
+                self.backend.create(p, scenario.cluster, name, 0.0, gpus_ready=True, labels=labels)
             rt.target = len(rt.instances)
 
     # ---- time, faults, log ------------------------------------------------------------------
@@ -218,6 +227,9 @@ class SimState:
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
             if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
                 item = self.stockout(p.spec.zone, p.spec.accelerator)
+                room = self.hosts.room(site(p.spec.zone, p.spec.machine_type), p.spec.name, p.spec.placement == COMPACT, count - len(p.instances))
+                if item is None and room is not None and room < count - len(p.instances):  # a full compact block
+                    item = shapes.stockout_item(p.spec.zone, project, False)
                 if item is not None:  # no stock at all right now: GKE fails the operation at once
                     self.gke_ops[op["name"]] = op
                     shapes.fail_container_operation(op, 503, [item])
@@ -340,7 +352,8 @@ class SimState:
         affinity = rsv.affinity_json(p.spec)
         if affinity is not None:
             config["reservationAffinity"] = affinity
-        return {
+        extra: dict[str, Any] = {"placementPolicy": {"type": p.spec.placement}} if p.spec.placement else {}
+        return {**extra,
             "name": p.spec.name,
             "config": config,
             "initialNodeCount": p.spec.initial_size,

@@ -28,7 +28,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kfp_gpu import accelerators, fanout
+from kfp_gpu.cluster import node_labels
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, QuotaExceeded
+from kfp_gpu.plan import topology
 from kfp_gpu.plan.placement import candidate_zones, matching_pools, plan_placements
 from kfp_gpu.plan.preflight import NOT_ASKED, CapacityNow, ClusterCheck, PreflightResult
 from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs, reservation_free, reserved_nodes
@@ -114,6 +116,8 @@ def run_preflight(
     cluster = [f.result() for f in kube_f.values()]
     if kube_api is not None:
         cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+        if spec.topology != "none":
+            cluster.insert(1, _topology_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
     if ckpt_f is not None:
         cluster.append(ckpt_f.result())
     placements = plan_placements(spec, checks_by_region, pools_by_region,
@@ -304,12 +308,14 @@ def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
     return labels.get("cloud.google.com/gke-accelerator") == acc.gke_label
 
 
-def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, int]]:
-    """(Ready schedulable matching GPU nodes, node count per pool label) from one raw Node list."""
+def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(Ready schedulable matching GPU nodes, node count per pool label, those nodes per ``spec.topology_level``
+    domain) from one raw Node list."""
     from kfp_gpu.cluster.nodes import NodeView, labels_of, list_nodes
     from kfp_gpu.plan.readiness import is_ready
 
-    count, per_pool = 0, dict[str, int]()
+    label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
+    count, per_pool, per_domain = 0, dict[str, int](), dict[str, int]()
     for node in list_nodes(api)[0]:
         view = NodeView.of(node)
         if view.pool:
@@ -317,23 +323,42 @@ def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, i
         unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
         if is_ready(node, gpus=spec.gpus_per_node) and not unschedulable and _node_matches(spec, labels_of(node)):
             count += 1
-    return count, per_pool
+            domain = labels_of(node).get(label, "")
+            if domain:
+                per_domain[domain] = per_domain.get(domain, 0) + 1
+    return count, per_pool, per_domain
 
 
-def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int]]],
+def _headroom(spec: ProvisioningSpec, pools: list[PoolState], per_pool: dict[str, int]) -> int:
+    """Nodes the matching pools may still add. Pool sizes are read without the per-pool size calls (one round
+    trip): a pool's current size is the number of its nodes the cluster shows."""
+    return sum(max(0, p.max_size - (p.size if p.size >= 0 else per_pool.get(p.ref.pool, 0)))
+               for p in matching_pools(spec, pools))
+
+
+def _topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int], dict[str, int]]],
+                    pools: list[PoolState] | None) -> ClusterCheck:
+    """Whether the gang fits one ``spec.topology_level`` domain (:func:`kfp_gpu.plan.topology.preflight_check`)."""
+    label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
+    try:
+        _, per_pool, per_domain = nodes_f.result()
+    except Exception as exc:
+        return _api_error(topology.CHECK_NAME, exc, "Nodes")
+    return topology.preflight_check(spec.nodes, per_domain, topology=spec.topology, level=spec.topology_level,
+                                    label=label, headroom=None if pools is None else _headroom(spec, pools, per_pool))
+
+
+def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int], dict[str, int]]],
                     pools: list[PoolState] | None) -> ClusterCheck:
     name = "gpu-capacity"
     try:
-        ready, per_pool = nodes_f.result()
+        ready, per_pool, _ = nodes_f.result()
     except Exception as exc:
         return _api_error(name, exc, "Nodes")
     if pools is None:
         return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); pool headroom unknown",
                             spec.nodes, ready)
-    # Pool sizes are read without the per-pool size calls (one round trip): a pool's current size is the
-    # number of its nodes the cluster shows.
-    headroom = sum(max(0, p.max_size - (p.size if p.size >= 0 else per_pool.get(p.ref.pool, 0)))
-                   for p in matching_pools(spec, pools))
+    headroom = _headroom(spec, pools, per_pool)
     reach = ready + headroom
     verdict = Verdict.FITS if reach >= spec.nodes else Verdict.SHORT
     return ClusterCheck(

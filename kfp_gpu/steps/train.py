@@ -40,6 +40,7 @@ from kfp_gpu.errors import (
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.jobkinds import JobRequest, for_template
 from kfp_gpu.ownership import label_safe
+from kfp_gpu.plan import topology
 from kfp_gpu.plan.recovery import (
     Action,
     Cause,
@@ -122,6 +123,13 @@ def run(
     return _result(st, status, time.time() - started)
 
 
+def _tas(st: TrainState) -> dict[str, str]:
+    """Kueue Topology Aware Scheduling's pod set annotations for the spec's topology, when Kueue gates the job."""
+    if not st.queue:
+        return {}
+    return topology.kueue_annotations(st.spec.topology, st.capacity.labels.topology_label(st.spec.topology_level))
+
+
 def _supervise(
     st: TrainState, template: JobTemplate, dataset_uri: str, reprovision: Reprovision | None,
     admission_s: float, placement_s: float, gate_s: float, cleanup_s: float, annotations: dict[str, str],
@@ -145,7 +153,7 @@ def _supervise(
             body = kind.build(JobRequest(
                 st.job, template, st.capacity, st.owner.labels(), spec.nodes, st.run_id,
                 checkpoint_uri=spec.checkpoint_uri, resume=ck, dataset_uri=dataset_uri,
-                pod_annotations={**annotations, **st.backend.pod_annotations(st.capacity)},
+                pod_annotations={**annotations, **_tas(st), **st.backend.pod_annotations(st.capacity)},
                 local=spec.target.rehearsal, queue=st.queue,
             ))
             if not st.provisioned_at_admission:

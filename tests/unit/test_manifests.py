@@ -291,6 +291,17 @@ def test_install_dry_run_without_controller_and_with_an_image(capsys):
     assert "image: reg.example.com/ml/kfp-gpu:9.9" in capsys.readouterr().out
 
 
+def test_install_kueue_topology_adds_a_topology_over_the_cloud_s_labels(capsys):
+    assert main(["install", "--dry-run", "--kueue-topology", "gke"]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert len(docs) == len(OBJS) + 1 and (docs[-1]["kind"], docs[-1]["metadata"]["name"]) == ("Topology", "kfp-gpu-gke")
+    assert docs[-1]["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    assert [lv["nodeLabel"] for lv in docs[-1]["spec"]["levels"]] == [
+        "cloud.google.com/gce-topology-block", "cloud.google.com/gce-topology-subblock",
+        "cloud.google.com/gce-topology-host", "kubernetes.io/hostname"]
+    assert install.apply(None, dry_run=True, topology="eks")[-1] == "topology/kfp-gpu-eks (dry run: not applied)"
+
+
 def test_apply_dry_run_needs_no_cluster():
     lines = install.apply(None, dry_run=True)
     assert len(lines) == len(OBJS) and all(line.endswith("(dry run: not applied)") for line in lines)
@@ -314,6 +325,7 @@ def test_tenant_add_dry_run_prints_the_policy_with_the_flags(capsys):
     (["tenant", "add", "ml", "--dry-run", "--accelerators", "tpu"], "invalid --accelerators='tpu'"),
     (["tenant", "add", "ml", "--dry-run", "--max-gpus", "-1"], "invalid --max-gpus-per-namespace=-1"),
     (["install", "--dry-run", "--image", "kfp-gpu"], "invalid --image='kfp-gpu'"),
+    (["install", "--dry-run", "--kueue-topology", "aks"], "invalid --kueue-topology='aks'"),
 ])
 def test_bad_input_is_one_line_with_the_fix(capsys, argv, needle):
     assert main(argv) == 2

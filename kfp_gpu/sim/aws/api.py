@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
+import zlib
 from datetime import datetime, timezone
 from typing import Any
 
 from kfp_gpu.sim.aws import wire
+from kfp_gpu.sim.aws.scenario import NodegroupSpec
 from kfp_gpu.sim.aws.world import AwsError, AwsWorld, Group, Instance, iso
 
 CA_TAG = "k8s.io/cluster-autoscaler/enabled"
@@ -79,8 +81,37 @@ def _nodegroup(w: AwsWorld, grp: Group) -> dict[str, Any]:
         "nodeRole": f"arn:aws:iam::{w.sc.account}:role/eks-node", "labels": dict(g.labels),
         "taints": [dict(t) for t in g.taints], "resources": {"autoScalingGroups": [{"name": grp.asg}]},
         "diskSize": 20, "health": {"issues": [dict(i) for i in grp.issues]}, "updateConfig": {"maxUnavailable": 1},
-        "tags": {},
+        "tags": {}, **({"launchTemplate": _template_ref(g)} if g.placement_group else {}),
     }
+
+
+def _template_ref(g: NodegroupSpec) -> dict[str, str]:
+    """The launch template a node group with a placement group was created from (EKS: ``launchTemplate``)."""
+    return {"name": f"{g.name}-lt", "version": "1", "id": f"lt-{zlib.crc32(g.name.encode()):017x}"}
+
+
+def _launch_templates(w: AwsWorld, q: dict[str, str]) -> wire.Answer:
+    """DescribeLaunchTemplateVersions of a node group's template: its instance type and ``Placement.GroupName``."""
+    want = {q.get("LaunchTemplateName", ""), q.get("LaunchTemplateId", "")} - {""}
+    out = []
+    for g in w.sc.nodegroups:
+        ref = _template_ref(g)
+        if g.placement_group and want & {ref["name"], ref["id"]}:
+            out.append({"launchTemplateId": ref["id"], "launchTemplateName": ref["name"], "versionNumber": 1,
+                        "defaultVersion": True, "launchTemplateData": {
+                            "instanceType": g.instance_type, "placement": {"groupName": g.placement_group}}})
+    if not out:
+        raise AwsError("InvalidLaunchTemplateName.NotFoundException",
+                       f"At least one of the launch templates specified in the request does not exist: {sorted(want)}")
+    return wire.ec2_ok("DescribeLaunchTemplateVersions", {"launchTemplateVersionSet": out})
+
+
+def _placement_groups(w: AwsWorld) -> wire.Answer:
+    """DescribePlacementGroups: the node groups' cluster placement groups (strategy ``cluster``, available)."""
+    names = sorted({g.placement_group for g in w.sc.nodegroups if g.placement_group})
+    return wire.ec2_ok("DescribePlacementGroups", {"placementGroupSet": [
+        {"groupName": n, "strategy": "cluster", "state": "available",
+         "groupId": f"pg-{zlib.crc32(n.encode()):017x}"} for n in names]})
 
 
 # ---- Auto Scaling (query) -------------------------------------------------------------------------
@@ -147,6 +178,10 @@ def ec2(w: AwsWorld, q: dict[str, str]) -> wire.Answer:
         return wire.ec2_ok(action, {"subnetSet": [{"subnetId": s, "availabilityZone": z, "vpcId": "vpc-0kfpgpu",
                                                    "state": "available"} for s, z in known.items()
                                                   if not ids or s in ids]})
+    if action == "DescribeLaunchTemplateVersions":
+        return _launch_templates(w, q)
+    if action == "DescribePlacementGroups":
+        return _placement_groups(w)
     if action == "DescribeCapacityBlockOfferings":
         return wire.ec2_ok(action, {"capacityBlockOfferingSet": []})
     if action in ("DescribeCapacityReservations", "CreateCapacityReservation", "CancelCapacityReservation"):

@@ -42,6 +42,7 @@ def eks_node_body(inst: Instance, ng: NodegroupSpec, cluster: str, region: str, 
         "eks.amazonaws.com/nodegroup-image": AMI,
         "k8s.io/cloud-provider-aws": "kfp-gpu-sim",
         rehearsal_seam.LOCAL_CLUSTER_LABEL: cluster,
+        **inst.labels,  # topology.k8s.aws/network-node-layer-N (docs/sim.md, section 14)
         **ng.labels,
     })
     body["metadata"]["labels"] = labels

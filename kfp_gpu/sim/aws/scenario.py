@@ -12,6 +12,7 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.sim.topology import TopologySpec, parse_topology
 from kfp_gpu.sim.worldspec import BootLatency
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}  # EKS API taint shape
@@ -40,6 +41,7 @@ class NodegroupSpec:
     labels: dict[str, str] = field(default_factory=dict)
     autoscaler_tag: bool = False  # k8s.io/cluster-autoscaler/enabled on its ASG
     boot: BootLatency | None = None  # None: lognormal, median 240 s (p4d/p5 class), sigma 0.45, floor 90 s
+    placement_group: str = ""  # its launch template's Placement.GroupName: a cluster placement group
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,7 @@ class AwsScenario:
     device_plugin_s: float = 60.0  # Node registered -> nvidia.com/gpu allocatable
     notice_s: float = 120.0  # Spot interruption notice -> termination
     api_latency_ms: float = 0.0
+    topology: TopologySpec = TopologySpec()  # the network's layer-2 / layer-3 sizes (kfp_gpu.sim.topology)
 
     def nodegroup(self, name: str) -> NodegroupSpec | None:
         return next((g for g in self.nodegroups if g.name == name), None)
@@ -144,6 +147,7 @@ def from_dict(raw: dict[str, Any]) -> AwsScenario:
     ints = tuple(Interruption(**_build(Interruption, s, f"interruptions[{i}]"))
                  for i, s in enumerate(raw.pop("interruptions", [])))
     throttle = Throttle(**_build(Throttle, raw.pop("throttle", {}), "throttle"))
+    raw["topology"] = parse_topology(raw.get("topology"))
     for k in ("update_s", "launch_retry_s", "terminate_s", "device_plugin_s", "notice_s", "api_latency_ms"):
         if k in raw and float(raw[k]) < 0:
             raise InvalidSpec(k, raw[k], "must be >= 0")

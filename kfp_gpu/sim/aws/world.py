@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from kfp_gpu import accelerators
 from kfp_gpu.sim.aws.scenario import AwsScenario, NodegroupSpec, instance_shapes
 from kfp_gpu.sim.clock import TIME_SCALE, Timeline, compress
+from kfp_gpu.sim.topology import Hosts, site
 from kfp_gpu.sim.worldspec import BootLatency
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Instance:
     state: str = "pending"  # EC2: pending | running | shutting-down | terminated
     lifecycle: str = "Pending"  # ASG: Pending | InService | Terminating
     notice_deadline: float | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # its network topology labels (kfp_gpu.sim.topology)
 
     @property
     def provider_id(self) -> str:
@@ -102,6 +104,7 @@ class AwsWorld:
         self.instances: dict[str, Instance] = {}
         self.quota_requests: list[dict[str, Any]] = []
         self.reservations: dict[str, dict[str, Any]] = {}
+        self.hosts = Hosts(scenario.topology, f"{scenario.account}/{scenario.cluster}")
         self.ips = itertools.count(10)
         # the VPC's second octet comes from the cluster name: stand-ins sharing one API server name nodes apart
         self.octet = zlib.crc32(scenario.cluster.encode()) % 250 + 1
@@ -255,6 +258,15 @@ class AwsWorld:
                    f"requested ({g.zone}). Our system will be working on provisioning additional capacity. You can "
                    f"currently get {g.instance_type} capacity by not specifying an Availability Zone in your request "
                    f"or choosing {', '.join(others)}.")
+        iid = "i-" + uuid.UUID(int=grp.rng.getrandbits(128)).hex[:17] if not err else ""
+        if not err and self.sc.topology.enabled:  # a host; a cluster placement group's instances share one block
+            domain = g.placement_group or g.name
+            want = grp.desired - sum(1 for i in self.instances.values() if i.nodegroup == g.name and i.live)
+            if self.hosts.place(site(g.zone, g.instance_type), domain, iid, bool(g.placement_group), want) is None:
+                err_code = "InsufficientInstanceCapacity"
+                err = (f"We currently do not have sufficient {g.instance_type} capacity in the Availability Zone you "
+                       f"requested ({g.zone}) for placement group {g.placement_group}. Our system will be working "
+                       "on provisioning additional capacity.")
         if err:
             self._activity(grp, "Launching a new EC2 instance.  Status Reason: " + err + " Launching EC2 instance "
                            "failed.", "an instance was started in response to a difference between desired and "
@@ -269,8 +281,9 @@ class AwsWorld:
         ip = f"10.{self.octet}.{zi * 32 + n // 250}.{n % 250 + 4}"
         dns = f"ip-{ip.replace('.', '-')}." + ("ec2.internal" if self.sc.region == "us-east-1"
                                                else f"{self.sc.region}.compute.internal")
-        iid = "i-" + uuid.UUID(int=grp.rng.getrandbits(128)).hex[:17]
         inst = Instance(iid, g.name, g.zone, g.instance_type, g.capacity_type, ip, dns, self.now())
+        if self.sc.topology.enabled:
+            inst.labels = self.hosts.aws_labels(iid)
         self.instances[iid] = inst
         self._activity(grp, f"Launching a new EC2 instance: {iid}", "an instance was started in response to a "
                        "difference between desired and actual capacity, increasing the capacity", "Successful")
@@ -296,6 +309,7 @@ class AwsWorld:
 
         def gone() -> None:
             inst.state, inst.lifecycle = "terminated", "Terminated"
+            self.hosts.release(inst.id)
             act["StatusCode"] = "Successful"
             self._node(lambda: self.backend.delete(inst.dns))  # type: ignore[union-attr]
         self._later(self.sc.terminate_s if was_running else 1.0, gone)
