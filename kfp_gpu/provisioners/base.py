@@ -38,6 +38,9 @@ kueue-admission backends):
   tolerate its NodePool's taint, *are* the warm pool). The warm-pool step then creates no generic balloons
   (:mod:`kfp_gpu.cluster.balloons`): they would not fit the backend's nodes and could make the platform launch
   other capacity for them.
+* **all_or_nothing: bool** (attribute; False on :class:`NothingExtra`): True when the platform grants the whole gang
+  at once or nothing (a ProvisioningRequest's atomic and queued-provisioning classes). A backend whose own way adds
+  nodes one at a time (a GKE ComputeClass's flexStart rule) hands a multi-node flex-start gang to such a backend.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class Provisioner(Protocol):
 
     name: str
     holds_placeholders: bool
+    all_or_nothing: bool
 
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
 
@@ -113,6 +117,7 @@ class NothingExtra:
     balloons are the generic ones (``holds_placeholders = False``)."""
 
     holds_placeholders: bool = False
+    all_or_nothing: bool = False
 
     def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
         return capacity

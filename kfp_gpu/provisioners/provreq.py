@@ -68,6 +68,7 @@ class ProvisioningRequestProvisioner:
 
     name = NAME
     holds_placeholders = False  # the warm pool's generic balloons are what the autoscaler scales up for
+    all_or_nothing = True  # atomic scale-up and queued provisioning grant the whole request or nothing
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider
