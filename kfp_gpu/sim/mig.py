@@ -118,7 +118,7 @@ class World:
     """The MIG mechanics shared by every pool: timeline, lock, backend and scenario timing."""
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
-                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
+                 stockout: Callable[..., dict[str, Any] | None], reservations: rsv.Book | None = None,
                  quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None) -> None:
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
         self.quota: Callable[[PoolSpec], dict[str, Any] | None] = quota or (lambda _spec: None)
@@ -243,7 +243,7 @@ class World:
         elif p.spec.reservation_affinity.effective == "specific" and not p.spec.spot:
             item = rsv.exhausted_item(p.spec)
         else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
-            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator)
+            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
         if item is not None:  # the MIG records the error and keeps retrying (targetSize unchanged)
             p.errors.append({
                 "instanceActionDetails": {"action": "RECREATING" if inst.recreate else "CREATING",
@@ -309,3 +309,4 @@ class World:
 
 
 IMPENDING_AWS = "aws-node-termination-handler/spot-itn"
+

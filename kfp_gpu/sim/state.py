@@ -177,13 +177,13 @@ class SimState:
             used = self.family_usage(region, family or "")
         return shapes.quota_exceeded(m, where, limit, used, extra)
 
-    def stockout(self, zone: str, accelerator: str, need: int = 1) -> dict[str, Any] | None:
+    def stockout(self, zone: str, accelerator: str, need: int = 1, model: str = "") -> dict[str, Any] | None:
         """The stockout error item when ``zone`` has no room for ``need`` more VMs of ``accelerator`` now (windows
         are in real-world seconds since the world started; a window with ``capacity`` k has room for k VMs of the
         accelerator in the zone, counting the created ones), else None."""
         t = expand(self.elapsed())
         for s in self.scenario.stockouts:
-            if s.zone == zone and s.active(t, accelerator):
+            if s.zone == zone and s.active(t, accelerator, model):
                 if s.capacity is not None and self._created_in(zone, s.accelerator) + need <= s.capacity:
                     continue
                 return shapes.stockout_item(zone, self.scenario.project, s.with_details)
@@ -217,7 +217,7 @@ class SimState:
                 raise shapes.operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
             if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
-                item = self.stockout(p.spec.zone, p.spec.accelerator)
+                item = self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
                 if item is not None:  # no stock at all right now: GKE fails the operation at once
                     self.gke_ops[op["name"]] = op
                     shapes.fail_container_operation(op, 503, [item])
@@ -431,3 +431,4 @@ class SimState:
 
 def igm_name(cluster: str, p: PoolRuntime) -> str:
     return f"gke-{cluster}-{p.spec.name}-grp"
+
