@@ -140,8 +140,8 @@ class ComputeClassProvisioner(NothingExtra):
                 free = [(v, n) for v, n in views if not v.going and not v.deleting and v.uid not in excluded
                         and v.name not in mine and v.name not in keep and v.run_id in ("", label_safe(run_id))]
                 batch = free[: max(0, count - len(mine))]
-                won = claim_all(self.api, [n for _, n in batch], run_id, owner.lease_expires,
-                                namespace=spec.target.namespace)
+                won = claim_all(self.api, [n for _, n in batch], run_id, owner.lease_expires,  # GKE's autoscaler
+                                namespace=spec.target.namespace, protect=lambda _n: True)  # keeps them till release
                 seen = time.time()
                 for (v, n), ok in zip(batch, won, strict=True):
                     if ok:

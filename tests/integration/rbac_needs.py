@@ -27,6 +27,7 @@ Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
 _TR = "trainer.kubeflow.org"
 _KS = "karpenter.sh"
+_CC = "cloud.google.com"
 _GG = gang.GROUP
 _GANGS, _GSTATUS, _POLICIES = gang.PLURAL, f"{gang.PLURAL}/status", gang.POLICY_PLURAL
 _KOPF = "kopf.dev"
@@ -113,6 +114,11 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
     (_KS, "nodeclaims", "list"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
     (_KS, "nodeclaims", "watch"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
     (_KS, "nodeclaims", "delete"): (CLUSTER, "karpenter: the NodeClaims of a blocked zone"),
+    (_CC, "computeclasses", "get"): (CLUSTER, "compute-class: the ComputeClass target.compute_class names"),
+    (_CC, "computeclasses", "list"): (CLUSTER, "compute-class: teardown finds the run's ComputeClass"),
+    (_CC, "computeclasses", "create"): (CLUSTER, "compute-class: the ComputeClass made from the run's capacity chain"),
+    (_CC, "computeclasses", "patch"): (CLUSTER, "compute-class: a retried step converges on its class"),
+    (_CC, "computeclasses", "delete"): (CLUSTER, "compute-class: teardown"),
     ("karpenter.k8s.aws", "ec2nodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (AWS)"),
     ("karpenter.kwok.sh", "kwoknodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (kwok)"),
 }
@@ -200,14 +206,15 @@ CODE_CALLS: dict[str, set[Need]] = {
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
     "list_namespaced_pod_template": {("", "podtemplates", "list")},
     "get_cluster_custom_object": {(_TR, "clustertrainingruntimes", "get"), ("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get"),
-                                  (_KS, "nodepools", "get")},
+                                  (_KS, "nodepools", "get"), (_CC, "computeclasses", "get")},
     "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list"), (_KS, "nodepools", "list"),
                                    (_KS, "nodeclaims", "list"), (_KS, "nodeclaims", "watch"),
                                    ("karpenter.k8s.aws", "ec2nodeclasses", "list"),
-                                   ("karpenter.kwok.sh", "kwoknodeclasses", "list")},
-    "create_cluster_custom_object": {(_KS, "nodepools", "create")},
-    "patch_cluster_custom_object": {(_KS, "nodepools", "patch")},
-    "delete_cluster_custom_object": {(_KS, "nodepools", "delete"), (_KS, "nodeclaims", "delete")},
+                                   ("karpenter.kwok.sh", "kwoknodeclasses", "list"), (_CC, "computeclasses", "list")},
+    "create_cluster_custom_object": {(_KS, "nodepools", "create"), (_CC, "computeclasses", "create")},
+    "patch_cluster_custom_object": {(_KS, "nodepools", "patch"), (_CC, "computeclasses", "patch")},
+    "delete_cluster_custom_object": {(_KS, "nodepools", "delete"), (_KS, "nodeclaims", "delete"),
+                                     (_CC, "computeclasses", "delete")},
     "list_namespaced_event": {("", "events", "list"), ("", "events", "watch")},
     "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
     "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
