@@ -236,6 +236,11 @@ class Side:
                                                   namespace=self.ns, pools=(self.a["pool"],),
                                                   tolerations=(ca_profile.TAINT, ca_profile.BENCH_TAINT),
                                                   provisioner=backend))
+        if backend == "compute-class":  # the run's ComputeClass: on-demand first, then Spot (the world has no spot room)
+            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.ON_DEMAND,
+                                    fallback=("spot",), zones=(self.a["zone"],), scale_up_deadline_s=deadline_s,
+                                    target=Target(kind="local", cluster=self.a["cluster"], region=REGION,
+                                                  endpoint=self.a["url"], namespace=self.ns, provisioner=backend))
         if backend == "karpenter":
             return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
                                     zones=(KARPENTER_ZONE,), scale_up_deadline_s=deadline_s,

@@ -83,3 +83,10 @@ def install(api: client.ApiClient, timeout_s: float = 30.0) -> None:
             return
         time.sleep(0.2)
     raise TimeoutError(f"CRD {NAME} not Established after {timeout_s:g}s")
+
+
+if __name__ == "__main__":  # python -m kfp_gpu.devcluster.computeclass_crd: install it in the running dev cluster
+    from .client import connect
+
+    install(connect().api)
+    print(f"{NAME} installed")

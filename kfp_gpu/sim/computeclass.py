@@ -37,7 +37,7 @@ from kfp_gpu.sim.clock import compress
 from kfp_gpu.sim.mig import CREATING, RUNNING, Action, PoolRuntime
 from kfp_gpu.sim.scenario import PoolSpec
 from kfp_gpu.sim.state import SimState
-from kfp_gpu.sim.worldspec import Autoscaling, ReservationAffinity
+from kfp_gpu.sim.worldspec import Autoscaling, BootLatency, ReservationAffinity
 
 log = logging.getLogger(__name__)
 
@@ -312,6 +312,8 @@ class ComputeClassWorld:
         if acc is None:
             return None
         cap = capacity_of(rule)
+        # the same machine in the same zone boots as the world's pools of it do (their boot model and seed)
+        like = next((p for p in self.state.scenario.pools if p.zone == zone and p.accelerator == acc), None)
         names = tuple(str(s.get("name", "")) for s in (rule.get("reservations") or {}).get("specific") or [])
         spec = PoolSpec(name=name, zone=zone, accelerator=acc, gpus_per_node=int(gpu.get("count", 8)),
                         spot=cap == "spot", max_nodes=NAP_MAX_NODES,
@@ -319,7 +321,8 @@ class ComputeClassWorld:
                         autoscaling=Autoscaling(enabled=True, max_nodes=NAP_MAX_NODES),
                         reservation_affinity=ReservationAffinity("specific", names) if cap == "reservation"
                         else ReservationAffinity("none"),
-                        flex_start=cap == "flex-start", compute_class=k.name, class_rule=i)
+                        flex_start=cap == "flex-start", compute_class=k.name, class_rule=i,
+                        boot=like.boot if like is not None else BootLatency())
         rt = PoolRuntime(spec, rng=spec.boot.sampler())
         self.state.pools[name] = rt
         return rt

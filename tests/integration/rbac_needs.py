@@ -166,6 +166,8 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "podtemplates", "delete"): (CLUSTER, "the PodTemplates of a released run"),
     (_KS, "nodepools", "list"): (CLUSTER, "the NodePools of a released run"),
     (_KS, "nodepools", "delete"): (CLUSTER, "the NodePools of a released run"),
+    (_CC, "computeclasses", "list"): (CLUSTER, "the ComputeClasses of a released run"),
+    (_CC, "computeclasses", "delete"): (CLUSTER, "the ComputeClasses of a released run"),
     ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),

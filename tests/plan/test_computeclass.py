@@ -154,3 +154,40 @@ def test_errors_name_the_class_and_the_rules() -> None:
     b = cc.blocked(name="c1", message="stockout", rules=["spot", "on-demand"])
     assert isinstance(t, ProvisioningTimeout) and "c1" in str(t) and "spot > on-demand" in str(t)
     assert isinstance(b, CapacityUnavailable) and "stockout" in str(b)
+
+
+# ---- the backend hands a multi-node flex-start rung to an all-or-nothing backend ------------------------------
+class _Atomic:
+    """A stand-in backend object (no Kubernetes client involved): what the compute-class backend reads of it is the
+    contract, ``all_or_nothing`` and ``acquire``."""
+
+    name = "atomic"
+    holds_placeholders = False
+
+    def __init__(self, all_or_nothing: bool) -> None:
+        self.all_or_nothing = all_or_nothing
+        self.asked: list[ProvisioningSpec] = []
+
+    def acquire(self, spec: ProvisioningSpec, run_id: str, request: object) -> object:
+        from kfp_gpu.cluster.capacity import Capacity, Placement
+
+        self.asked.append(spec)
+        return Capacity(run_id, (Placement("dws-a", "us-central1-a", ("n1", "n2")),), 8, "nvidia-h100-80gb", False)
+
+
+def test_multi_node_flex_start_is_acquired_through_the_all_or_nothing_backend() -> None:
+    from kubernetes import client
+
+    from kfp_gpu.provisioners.base import GangRequest
+    from kfp_gpu.provisioners.compute_class import ComputeClassProvisioner
+
+    atomic = _Atomic(all_or_nothing=True)
+    backend = ComputeClassProvisioner(client.ApiClient(), queued=atomic)  # type: ignore[arg-type]
+    spec = chain_spec(capacity="flex-start", reservation="", fallback=("spot", "on-demand"), nodes=2,
+                      max_run_duration_s=3600.0, scale_up_deadline_s=600)
+    cap = backend.acquire(spec, "run-1", GangRequest())
+    assert cap.nodes == ("n1", "n2")
+    (asked,) = atomic.asked
+    assert asked.capacity.value == "flex-start" and asked.fallback == () and asked.nodes == 2
+    assert asked.target.provisioner == "provisioning-request" and asked.max_run_duration_s == 3600.0
+    assert asked.scale_up_deadline_s == 300  # half the deadline: the class's rungs get the rest
