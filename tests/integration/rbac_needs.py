@@ -233,7 +233,8 @@ ADMIN_MODULES = {
 # Functions that hold client calls but never run as the controller, a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
-OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
+OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools"),
+               (_CC, "computeclasses")}  # owned.py's Kind table
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
 RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {

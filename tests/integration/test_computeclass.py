@@ -51,10 +51,12 @@ def world(kube: Kube, computeclass_api: None, request: pytest.FixtureRequest) ->
     cluster = f"c{uuid.uuid4().hex[:6]}"
     data = copy.deepcopy(default_dict())
     data["cluster"] = cluster
-    data["pools"] = []
+    data["pools"] = [{"name": "a100-dws-a", "zone": ZONE, "accelerator": "a100-80gb", "max_nodes": 4,
+                      "queued_provisioning": {"enabled": True}, "autoscaling": {"enabled": True},
+                      "boot": {"dist": "fixed", "median_s": 60}}] if opts.get("dws_pool") else []
     data["reservations"] = [{"name": "res-a", "zone": ZONE, "accelerator": "a100-80gb", "count": 2, "in_use": 2,
                              "specific": True}]
-    data["dws"] = {"queue": {"dist": "fixed", "median_s": opts.get("queue_s", 120)}}
+    data["dws"] = {"accept_s": 10, "queue": {"dist": "fixed", "median_s": opts.get("queue_s", 120)}}
     data["stockouts"] = opts.get("stockouts", [])
     server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
     server.start()
@@ -155,3 +157,46 @@ def test_computeclass_active_migration_returns_to_the_preferred_rule(kube, names
     finally:
         teardown.run(spec, run, "", api=step_api)
 
+
+
+@pytest.mark.world(dws_pool=True, queue_s=60)
+def test_computeclass_multi_node_flex_start_goes_through_queued_provisioning(kube, namespace, step_api, world):
+    """A ComputeClass flexStart rule adds nodes one at a time: a gang of 2 gets flex-start all at once from a
+    queued-provisioning ProvisioningRequest instead, and the class keeps only the other rungs."""
+    from kfp_gpu.plan import provreq
+
+    spec = _spec(world, namespace, "flex-start", ("spot", "on-demand"), nodes=2, max_run_duration_s=3600.0)
+    run, cap, took = _acquire(step_api, spec)
+    try:
+        assert cap.extra["class"] == provreq.QUEUED and cap.pools == ("a100-dws-a",) and len(cap.nodes) == 2, cap
+        assert api_cc.get_class(kube.api, plan.class_name(run)) is None  # the class was not needed
+        print(f"[computeclass] 2-node flex-start through queued provisioning in {took:.2f}s")
+    finally:
+        teardown.run(spec, run, "", api=step_api)
+
+
+def test_computeclass_through_the_gang_api(kube, computeclass_api, tenant):
+    """As a pipeline runs it: the tenant's steps write the GpuGang; the controller (its own ServiceAccount, the only
+    one that may write the cluster-scoped class) creates the ComputeClass and claims what GKE brings."""
+    from tests.integration.controller_support import new_run
+
+    t = tenant(stockouts=[{"zone": ZONE, "window": "always", "provisioning": "spot"}])
+    spec = ProvisioningSpec("a100-80gb", 2, capacity="spot", fallback=("on-demand",), zones=(ZONE,),
+                            scale_up_deadline_s=25, target=Target(kind="local", cluster=t.cluster, region="us-central1",
+                                                                  endpoint=t.sim.url, namespace=t.ns))
+    run = new_run()
+    for step in ("preflight", "warm_pool", "scale_up"):
+        try:
+            t.step(step, spec, run)
+        except Exception as exc:
+            raise AssertionError(f"{step}: {exc}\ncontroller log:\n{t.controller_log()}") from exc
+    st = (t.gang(run) or {}).get("status") or {}
+    assert st.get("phase") == "Ready" and st.get("ready") == "2/2" and st.get("backend") == "compute-class", st
+    cls = api_cc.get_class(kube.api, plan.class_name(run))
+    assert cls is not None and [plan.capacity_of(r) for r in cls["spec"]["priorities"]] == ["spot", "on-demand"]
+    core = client.CoreV1Api(kube.api)
+    labels = [core.read_node(n).metadata.labels for n in st["gangNodes"]]
+    assert all(lab[plan.CLASS_LABEL] == plan.class_name(run) and "cloud.google.com/gke-spot" not in lab
+               for lab in labels), labels
+    t.step("teardown", spec, run)
+    assert api_cc.get_class(kube.api, plan.class_name(run)) is None and t.claimed(run) == []
