@@ -288,34 +288,13 @@ class ProvisioningSpec:
             )
 
     def _check_fallback(self) -> None:
-        """The capacity chain: known types, no repeats, only where a backend follows it (GKE's ComputeClass)."""
+        """The capacity chain (:func:`kfp_gpu.spec_chain.check`). Raises: InvalidSpec."""
+        from kfp_gpu import spec_chain
+
         object.__setattr__(self, "fallback", tuple(self.fallback))
-        allowed = ", ".join(repr(e.value) for e in CapacityType)
-        for v in self.fallback:
-            if v not in {e.value for e in CapacityType}:
-                raise InvalidSpec("fallback", v, f"allowed: {allowed}")
-        chain = [self.capacity.value, *self.fallback]
-        if len(set(chain)) != len(chain):
-            raise InvalidSpec("fallback", list(self.fallback), f"repeats a capacity type of the chain {chain}",
-                              remediation="list each capacity type once, after capacity (e.g. capacity='reservation', "
-                              "fallback=['flex-start', 'spot', 'on-demand'])")
-        if self.fallback and self.target.provisioner not in ("auto", "compute-class"):
-            raise InvalidSpec("fallback", list(self.fallback), f"only the compute-class backend follows a capacity "
-                              f"chain, not target.provisioner={self.target.provisioner!r}",
-                              remediation="set target.provisioner='compute-class' (or 'auto'), or drop fallback")
-        if self.fallback and self.target.kind is TargetKind.EKS:
-            raise InvalidSpec("fallback", list(self.fallback), "a capacity chain needs a GKE ComputeClass; EKS has "
-                              "none", remediation="drop fallback (Karpenter's NodePool tries spot then on-demand "
-                              "with capacity='spot' and recovery.on_demand_after)")
-        if CapacityType.RESERVATION.value in self.fallback and not self.reservation:
-            raise InvalidSpec("reservation", self.reservation, "fallback lists 'reservation' but names none",
-                              remediation="set reservation='my-reservation' or drop 'reservation' from fallback")
-        if self.fallback and self.reservation and CapacityType.RESERVATION.value not in chain:
-            raise InvalidSpec("reservation", self.reservation, f"no rule of the chain {chain} consumes a reservation",
-                              remediation="add 'reservation' to capacity or fallback, or drop reservation=")
-        if self.active_migration and not self.fallback:
-            raise InvalidSpec("active_migration", True, "needs a capacity chain to migrate back along",
-                              remediation="set fallback=[...] (compute-class backend) or active_migration=False")
+        spec_chain.check(self.capacity.value, self.fallback, provisioner=self.target.provisioner,
+                         eks=self.target.kind is TargetKind.EKS, reservation=self.reservation,
+                         active_migration=self.active_migration)
 
     @property
     def chain(self) -> tuple[CapacityType, ...]:
