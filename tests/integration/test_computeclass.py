@@ -200,3 +200,24 @@ def test_computeclass_through_the_gang_api(kube, computeclass_api, tenant):
                for lab in labels), labels
     t.step("teardown", spec, run)
     assert api_cc.get_class(kube.api, plan.class_name(run)) is None and t.claimed(run) == []
+
+
+@pytest.mark.world(stockouts=[{"zone": ZONE, "window": "always", "provisioning": "spot"}])
+def test_computeclass_job_runs_on_the_class_nodes(kube, namespace, step_api, world, tmp_path):
+    """The train step's pods select the class and tolerate its taint (the stand-in adds no toleration: GKE's webhook
+    would), and run on the nodes the class brought."""
+    import json
+
+    from tests.integration.test_train_support import StepThread, job_json
+
+    spec = _spec(world, namespace, "spot", ("on-demand",), nodes=2, checkpoint_uri=str(tmp_path / "ckpt"))
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(2.0), api=step_api)
+    th.start()
+    try:
+        out = json.loads(th.outcome(120).output_json)
+    finally:
+        teardown.run(spec, run, "", api=step_api)
+    assert out["status"] == "Succeeded" and out["preemptions"] == 0, out
+    assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(Capacity.from_json(cap_json).nodes)
