@@ -77,11 +77,13 @@ class ComputeClassProvisioner(NothingExtra):
         name = spec.target.compute_class or plan.class_name(run_id)
         owner = Owner.for_step(run_id, request.step, request.lease_ttl_s or spec.lease_ttl_s)
         self._ensure_class(spec, run_id, name, rungs, owner)
-        names = api_k.placeholder_names(name, request.step, 0, count)
-        apierrors.call(functools.partial(api_k.create_placeholders, self.api, spec.target.namespace, names,
-                                         labels=owner.labels(), nodepool="", gpus_per_node=spec.gpus_per_node,
-                                         tolerations=_tolerations(spec, name), selector={plan.CLASS_LABEL: name}),
-                       f"create ComputeClass {name}'s placeholder pods")
+        held = 0 if keep else self._held(spec, run_id, name)
+        names = api_k.placeholder_names(name, request.step, 0, max(0, count - held))
+        if names:
+            apierrors.call(functools.partial(api_k.create_placeholders, self.api, spec.target.namespace, names,
+                                             labels=owner.labels(), nodepool="", gpus_per_node=spec.gpus_per_node,
+                                             tolerations=_tolerations(spec, name), selector={plan.CLASS_LABEL: name}),
+                           f"create ComputeClass {name}'s placeholder pods")
         timeline = Timeline(run_id)
         if not request.wait:  # the warm pool: GKE scales up for the placeholders; scale-up claims the nodes later
             return self._capacity(spec, run_id, {}, timeline, name)
@@ -91,6 +93,21 @@ class ComputeClassProvisioner(NothingExtra):
 
         delete_balloons(self.api, spec.target.namespace, run_id)  # the warm pool's placeholders too
         return self._capacity(spec, run_id, {**keep, **mine}, timeline, name)
+
+    def _held(self, spec: ProvisioningSpec, run_id: str, name: str) -> int:
+        """What the warm pool already holds for the run: its placeholders (pending or on a node), or the class's
+        Ready unclaimed nodes, whichever is more (a placeholder on a Ready node is both). Raises: KfpGpuError."""
+        from kfp_gpu.cluster.balloons import BALLOON_LABEL
+        from kfp_gpu.cluster.nodes import list_nodes
+
+        sel = f"{BALLOON_LABEL}=true,{LABEL_RUN_ID}={label_safe(run_id)}"
+        pods = apierrors.call(functools.partial(client.CoreV1Api(self.api).list_namespaced_pod,
+                                                spec.target.namespace, label_selector=sel),
+                              f"list the run's placeholder pods in {spec.target.namespace}")
+        nodes, _ = apierrors.call(functools.partial(list_nodes, self.api, f"{plan.CLASS_LABEL}={name}"),
+                                  f"list ComputeClass {name}'s nodes")
+        free = [n for n in nodes if is_ready(n, gpus=spec.gpus_per_node) and not NodeView.of(n).run_id]
+        return max(len(pods.items), len(free))
 
     def _queued_flex(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity | None:
         """The flex-start rung through the all-or-nothing backend; None when it gave up (the class goes on)."""

@@ -221,3 +221,26 @@ def test_computeclass_job_runs_on_the_class_nodes(kube, namespace, step_api, wor
         teardown.run(spec, run, "", api=step_api)
     assert out["status"] == "Succeeded" and out["preemptions"] == 0, out
     assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(Capacity.from_json(cap_json).nodes)
+
+
+def test_computeclass_warm_pool_placeholders_are_the_gang(kube, namespace, step_api, world):
+    """The warm pool's placeholders select the class (holds_placeholders): GKE scales up for them, and the scale-up
+    claims those nodes without asking for more."""
+    from kfp_gpu.spec import WarmPool
+    from kfp_gpu.steps import warm_pool
+
+    spec = _spec(world, namespace, "spot", ("on-demand",), nodes=2, warm_pool=WarmPool(nodes=2))
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    name = plan.class_name(run)
+    core = client.CoreV1Api(kube.api)
+    try:
+        warm_pool.run(spec, run, "", api=step_api)
+        wait_until("the warm pool's 2 class nodes", lambda: len(core.list_node(
+            label_selector=f"{plan.CLASS_LABEL}={name}").items) == 2, timeout=15)
+        warm = {n.metadata.name for n in core.list_node(label_selector=f"{plan.CLASS_LABEL}={name}").items}
+        cap = Capacity.from_json(scale_up.run(spec, run, "", api=step_api).output_json)
+        assert set(cap.nodes) == warm, (cap.nodes, warm)
+        time.sleep(1.0)  # a few autoscaler scans (10 s each = 0.08 s here): nothing more was asked for
+        assert len(world.cc.snapshot()[name]["nodes"]) == 2, world.cc.snapshot()[name]
+    finally:
+        teardown.run(spec, run, "", api=step_api)
