@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kfp_gpu import accelerators
-from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, ProvisioningTimeout, Scope
+from kfp_gpu.errors import InvalidSpec, ProvisioningTimeout
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, TargetKind
 
 GROUP, VERSION, PLURAL, KIND = "cloud.google.com", "v1", "computeclasses", "ComputeClass"
@@ -140,7 +140,6 @@ class Verdict(str, enum.Enum):
     WAIT = "Wait"
     READY = "Ready"
     TIMEOUT = "Timeout"
-    BLOCKED = "Blocked"
 
 
 @dataclass(frozen=True)
@@ -149,16 +148,14 @@ class Assessment:
     message: str = ""
 
 
-def assess(*, ready: int, wanted: int, now: float, deadline: float, refused: str = "") -> Assessment:
-    """A gang GKE is bringing for the class: READY at ``wanted`` Ready nodes; BLOCKED when GKE refused every rule
-    (``refused``: its last scale-up refusal, e.g. a FailedScaleUp/NotTriggerScaleUp event) and nothing is
-    coming; TIMEOUT past ``deadline``; else WAIT."""
+def assess(*, ready: int, wanted: int, now: float, deadline: float) -> Assessment:
+    """A gang GKE is bringing for the class: READY at ``wanted`` Ready nodes; TIMEOUT past ``deadline``; else WAIT.
+    There is no earlier give-up: GKE's autoscaler backs a refused rule off and asks again, so a class whose every rule
+    is short now may still get the nodes before the deadline."""
     if ready >= wanted:
         return Assessment(Verdict.READY)
     if now >= deadline:
         return Assessment(Verdict.TIMEOUT, f"{ready}/{wanted} nodes Ready at the deadline")
-    if refused and ready == 0:
-        return Assessment(Verdict.BLOCKED, refused)
     return Assessment(Verdict.WAIT)
 
 
@@ -167,8 +164,3 @@ def timed_out(*, ready: int, wanted: int, name: str, deadline_s: float, rules: S
         f"ComputeClass {name}: {ready}/{wanted} nodes Ready after {deadline_s:g}s (rules {' > '.join(rules)})",
         remediation="raise scale_up_deadline_s, add a rung to fallback, or widen zones")
 
-
-def blocked(*, name: str, message: str, rules: Sequence[str]) -> CapacityUnavailable:
-    return CapacityUnavailable(f"ComputeClass {name}: GKE could not scale up on any rule ({' > '.join(rules)}): "
-                               f"{message}", scope=Scope.REGION,
-                               remediation="add a rung to fallback (e.g. 'on-demand'), widen zones, or retry later")

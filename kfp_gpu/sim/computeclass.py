@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -351,7 +351,3 @@ class ComputeClassWorld:
                              "backoff": dict(k.backoff), "migrating": dict(k.migrating)}
                     for k in self.classes.values()}
 
-
-def rules_of(spec: Mapping[str, Any]) -> Sequence[str]:
-    """The capacity types of a class's rules, in order (for logs and tests)."""
-    return [capacity_of(r) for r in spec.get("priorities") or []]

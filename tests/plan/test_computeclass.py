@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, ProvisioningTimeout
+from kfp_gpu.errors import InvalidSpec, ProvisioningTimeout
 from kfp_gpu.plan import computeclass as cc
 from kfp_gpu.spec import ProvisioningSpec, Target, TargetKind
 
@@ -144,16 +144,9 @@ def test_assess_waits_then_is_ready_or_times_out() -> None:
     assert out.verdict is cc.Verdict.TIMEOUT and "1/2" in out.message
 
 
-def test_assess_blocks_only_when_gke_refused_and_nothing_came() -> None:
-    assert cc.assess(ready=0, wanted=2, now=1.0, deadline=9.0, refused="no rule fits").verdict is cc.Verdict.BLOCKED
-    assert cc.assess(ready=1, wanted=2, now=1.0, deadline=9.0, refused="no rule fits").verdict is cc.Verdict.WAIT
-
-
-def test_errors_name_the_class_and_the_rules() -> None:
+def test_the_timeout_names_the_class_and_the_rules() -> None:
     t = cc.timed_out(ready=1, wanted=2, name="c1", deadline_s=60, rules=["spot", "on-demand"])
-    b = cc.blocked(name="c1", message="stockout", rules=["spot", "on-demand"])
     assert isinstance(t, ProvisioningTimeout) and "c1" in str(t) and "spot > on-demand" in str(t)
-    assert isinstance(b, CapacityUnavailable) and "stockout" in str(b)
 
 
 # ---- the backend hands a multi-node flex-start rung to an all-or-nothing backend ------------------------------
