@@ -67,13 +67,13 @@ def world(kube: Kube, computeclass_api: None, request: pytest.FixtureRequest) ->
         core.delete_node(n.metadata.name)
 
 
-def _spec(sim: SimServer, ns: str, capacity: str, fallback: tuple[str, ...], nodes: int = 1,
+def _spec(sim: SimServer, ns: str, capacity: str, fallback: tuple[str, ...], nodes: int = 1, deadline: float = 25,
           **more: Any) -> ProvisioningSpec:
     return ProvisioningSpec("a100-80gb", nodes, capacity=capacity, fallback=fallback, zones=(ZONE,),
                             reservation="res-a" if "reservation" in (capacity, *fallback) else "",
                             target=Target(kind="local", cluster=sim.state.scenario.cluster, region="us-central1",
                                           endpoint=sim.url, namespace=ns),
-                            scale_up_deadline_s=25, **more)
+                            scale_up_deadline_s=deadline, **more)
 
 
 def _node_labels(api: client.ApiClient, cap: Capacity) -> list[dict[str, str]]:
@@ -242,5 +242,27 @@ def test_computeclass_warm_pool_placeholders_are_the_gang(kube, namespace, step_
         assert set(cap.nodes) == warm, (cap.nodes, warm)
         time.sleep(1.0)  # a few autoscaler scans (10 s each = 0.08 s here): nothing more was asked for
         assert len(world.cc.snapshot()[name]["nodes"]) == 2, world.cc.snapshot()[name]
+    finally:
+        teardown.run(spec, run, "", api=step_api)
+
+
+@pytest.mark.world(dws_pool=True, queue_s=36000)
+def test_computeclass_multi_node_flex_start_not_obtained_falls_to_the_class(kube, namespace, step_api, world):
+    """The queued-provisioning request gets half the deadline; when DWS has not provisioned by then, the request is
+    withdrawn and the class (without its flex-start rule) takes the other rungs."""
+    from kfp_gpu.plan import provreq
+
+    spec = _spec(world, namespace, "flex-start", ("spot",), nodes=2, deadline=16, max_run_duration_s=3600.0)
+    run, cap, took = _acquire(step_api, spec)
+    try:
+        labels = _node_labels(kube.api, cap)
+        assert len(labels) == 2 and all(lab.get("cloud.google.com/gke-spot") == "true" for lab in labels), labels
+        cls = api_cc.get_class(kube.api, plan.class_name(run))
+        assert cls is not None and [plan.capacity_of(r) for r in cls["spec"]["priorities"]] == ["spot"]
+        reqs = client.CustomObjectsApi(kube.api).list_namespaced_custom_object(
+            provreq.GROUP, provreq.VERSION, namespace, provreq.PLURAL)["items"]
+        assert reqs == [], reqs  # the queued request was withdrawn
+        assert 8.0 <= took < 16.0, took  # waited its half (8 s) for DWS, then the class
+        print(f"[computeclass] DWS not obtained in 8 s -> 2 spot nodes from the class in {took:.2f}s")
     finally:
         teardown.run(spec, run, "", api=step_api)
