@@ -202,11 +202,13 @@ class ComputeClassProvisioner(NothingExtra):
         out = Released()
         selector = f"{LABEL_RUN_ID}={label_safe(run_id)}"
         try:
-            from kfp_gpu.cluster.balloons import delete_balloons
+            classes = api_cc.list_classes(self.api, selector)
+            if classes or spec.target.compute_class:  # the run used this backend: its placeholders go first
+                from kfp_gpu.cluster.balloons import delete_balloons
 
-            out.objects += [f"pod {spec.target.namespace}/{n}"
-                            for n in delete_balloons(self.api, spec.target.namespace, run_id)]
-            for c in api_cc.list_classes(self.api, selector):
+                out.objects += [f"pod {spec.target.namespace}/{n}"
+                                for n in delete_balloons(self.api, spec.target.namespace, run_id)]
+            for c in classes:
                 name = str(c["metadata"]["name"])
                 if api_cc.delete_class(self.api, name):
                     out.objects.append(f"computeclass {name}")
