@@ -6,8 +6,10 @@ its own way and starts the gang (N pods x 8 GPUs); the harness's watch sees the 
 holds the job :data:`JOB_S`, says ``release`` (job end) and watches the side's nodes go, up to a cap.
 
 Where a side's nodes come from:
-* ``naive``, ``sequential``, ``ours_node_pool``: a fresh stand-in process per side-run (same scenario and seed,
-  so the same boot samples, in creation order).
+* ``naive``, ``sequential``, ``ours_node_pool``, ``ours_compute_class``: a fresh stand-in process per side-run (same
+  scenario and seed, so the same boot samples, in creation order). ``ours_compute_class``'s nodes come from the
+  stand-in's node auto-provisioning for the run's ComputeClass (kfp_gpu/sim/computeclass.py): its pools boot with the
+  scenario pool's model and seed of the same zone.
 * ``cluster_autoscaler``: the bench's own cluster-autoscaler process (same binary and flags as the dev cluster's
   CA profile, kfp_gpu/devcluster/ca_profile.py FLAGS, minus the ProvisioningRequest ones: two CAs serving the same
   requests would fight over their status), node group ``bench-ca`` (max 600).
@@ -50,8 +52,8 @@ from kfp_gpu.devcluster.nodes import (
 from kfp_gpu.sim.clock import TIME_SCALE, compress
 
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
-         "ours_provisioning_request", "ours_karpenter")  # run in this order; shared node groups are apart
-STANDIN_SIDES = ("naive", "sequential", "ours_node_pool")
+         "ours_provisioning_request", "ours_karpenter", "ours_compute_class")  # run in this order; shared node groups are apart
+STANDIN_SIDES = ("naive", "sequential", "ours_node_pool", "ours_compute_class")
 CA_POOL = "bench-ca"
 PROFILE_POOL = "ca-a100-bench"  # kfp_gpu.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
 PROFILE_MAX = 512
@@ -376,6 +378,10 @@ class Harness:
             args["step_kubeconfig"] = self.step_kubeconfig
         sim: StandIn | None = None
         selector: Callable[[NodeRec], bool] = lambda rec: False  # noqa: E731
+        if side == "ours_compute_class":  # GKE serves the CRD; the stand-in serves classes where it is installed
+            from kfp_gpu.devcluster import computeclass_crd
+
+            computeclass_crd.install(self.api)
         if side in STANDIN_SIDES:
             sim = StandIn(scenario(uid("bw"), seed, dry_zones=dry_zones), Path(_kubeconfig())).start()
             cl = sim.cluster

@@ -236,6 +236,11 @@ class Side:
                                                   namespace=self.ns, pools=(self.a["pool"],),
                                                   tolerations=(ca_profile.TAINT, ca_profile.BENCH_TAINT),
                                                   provisioner=backend))
+        if backend == "compute-class":  # the run's ComputeClass: on-demand first, then Spot (the world has no spot room)
+            return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.ON_DEMAND,
+                                    fallback=("spot",), zones=(self.a["zone"],), scale_up_deadline_s=deadline_s,
+                                    target=Target(kind="local", cluster=self.a["cluster"], region=REGION,
+                                                  endpoint=self.a["url"], namespace=self.ns, provisioner=backend))
         if backend == "karpenter":
             return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
                                     zones=(KARPENTER_ZONE,), scale_up_deadline_s=deadline_s,
@@ -252,10 +257,13 @@ class Side:
         cap = ours.capacity_of(self.api, self.ns, self.run_id)  # the gang's status, as admin
         self.extra["profile_abs"] = {**_profile(cap.timeline_json, returned),
                                      **_controller_profile(self.api, self.ns, self.run_id)}
+        from kfp_gpu.cluster.capacity import parse_toleration
         from kfp_gpu.cluster.nodes import run_toleration
 
         claim = run_toleration(self.run_id, self.ns)  # ours' gang nodes carry the run's claim taint
-        self.gang([_gang_pod(self.tag, i, node=nd, tolerations=[claim]) for i, nd in enumerate(cap.nodes)])
+        # and the taints the capacity names (a ComputeClass's, a Karpenter NodePool's), as the train step's pods do
+        more = [parse_toleration(str(t)) for t in cap.extra.get("tolerations") or []]
+        self.gang([_gang_pod(self.tag, i, node=nd, tolerations=[claim, *more]) for i, nd in enumerate(cap.nodes)])
 
     def release_ours(self) -> None:
         from bench import ours

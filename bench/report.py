@@ -17,7 +17,7 @@ from bench.common import RESULTS, ROOT
 from kfp_gpu.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
-OURS = ("ours_node_pool", "ours_provisioning_request", "ours_karpenter")
+OURS = ("ours_node_pool", "ours_provisioning_request", "ours_karpenter", "ours_compute_class")
 ABOVE_WORLD_TARGETS = ((512, 0.5), (4096, 2.0))  # total - world_nodes_ready, seconds
 PEERS = ("naive", "sequential", "cluster_autoscaler", "cluster_autoscaler_provreq", "karpenter")
 
@@ -261,11 +261,13 @@ still differs between sides (stated, not hidden):
 
 OURS_IN_PROCESS = """| ours_node_pool | `kfp_gpu.steps.scale_up.run` (provisioner `node-pool`) against the stand-in, gang pinned to the returned nodes, `teardown.run` after |
 | ours_provisioning_request | the same step, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-bench`) |
-| ours_karpenter | the same step, provisioner `karpenter`, against the dev cluster's Karpenter |"""
+| ours_karpenter | the same step, provisioner `karpenter`, against the dev cluster's Karpenter |
+| ours_compute_class | the same step, provisioner `compute-class` (a ComputeClass on-demand > spot), against the stand-in's node auto-provisioning |"""
 
 OURS_THROUGH_GANG = """| ours_node_pool | the product as a pipeline runs it (`bench/ours.py`): one kfp-gpu controller serves the bench namespace (a tenant); the side's steps are `kfp_gpu.gang.client.request` calls with the tenant's `kfp-gpu` token. Before t0, preflight (creates the run's GpuGang) and warm_pool (none); from `go`, burst_scale_up (provisioner `node-pool`, against the stand-in) until the gang's Provisioned condition, then the gang pinned to the nodes the controller recorded; teardown through the gang after. API requests: the step's own (gang writes and watch), not the controller's |
 | ours_provisioning_request | the same, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-bench`) |
-| ours_karpenter | the same, provisioner `karpenter`, against the dev cluster's Karpenter |"""
+| ours_karpenter | the same, provisioner `karpenter`, against the dev cluster's Karpenter |
+| ours_compute_class | the same, provisioner `compute-class`: the controller creates the run's ComputeClass (on-demand > spot) and the stand-in's node auto-provisioning brings the gang for its placeholders |"""
 
 
 def _plugin(w: dict[str, Any]) -> str:

@@ -210,7 +210,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
 
     gangs = owned.Kind("gpugang", f"/apis/{gang_api.API_VERSION}", gang_api.PLURAL, True, LABEL_RUN_ID)
     kinds = (owned.LEDGER, owned.BALLOON, owned.NODE, *owned.JOBS, owned.LEASE, owned.PROVREQ, owned.PODTEMPLATE,
-             owned.NODEPOOL, gangs)
+             *owned.CLUSTER_SCOPED, gangs)
     deadline = time.monotonic() + timeout_s
     while True:
         found: dict[str, list[str]] = {}

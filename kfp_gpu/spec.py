@@ -26,7 +26,9 @@ _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-e
 _GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
 _AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
 AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
-PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission", "karpenter")  # Target.provisioner
+PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission", "karpenter",
+                "compute-class")  # Target.provisioner
+_CLASS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")  # a ComputeClass name is also a label value
 _TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
                             r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
 MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
@@ -63,7 +65,10 @@ class Target:
     ``"node-pool"`` resizes the pools directly (dedicated pools); ``"provisioning-request"`` asks the cluster's
     own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"kueue-admission"``
     lets Kueue's ProvisioningRequest AdmissionCheck provision the gang when it admits the job; ``"karpenter"``
-    creates a NodePool scoped to the run and lets Karpenter (karpenter.sh/v1) launch the gang; ``"auto"`` (the
+    creates a NodePool scoped to the run and lets Karpenter (karpenter.sh/v1) launch the gang; ``"compute-class"``
+    (GKE) has the controller create a custom ComputeClass (cloud.google.com/v1) from the capacity chain
+    (``capacity`` then ``fallback``) and lets GKE's node auto-provisioning bring the gang (docs/computeclass.md);
+    ``"auto"`` (the
     default) detects what the cluster offers at preflight, and the report says which and why.
 
     ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
@@ -86,6 +91,7 @@ class Target:
     provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" | "kueue-admission" | "karpenter"
     tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
     queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
+    compute_class: str = ""  # compute-class backend: use this existing ComputeClass; "" = create one for the run
 
     @property
     def rehearsal(self) -> bool:
@@ -137,6 +143,16 @@ class Target:
             raise InvalidSpec("target.queue", self.queue, "must be a Kueue LocalQueue name (lowercase letters, digits, "
                               "'-' and '.', at most 63 characters, starting and ending alphanumeric)",
                               remediation="set target.queue to the LocalQueue's metadata.name, or '' to auto-detect")
+        if self.compute_class and not _CLASS_RE.match(self.compute_class):
+            raise InvalidSpec("target.compute_class", self.compute_class, "must be a ComputeClass name (lowercase "
+                              "letters, digits, '-' and '.', at most 63 characters)",
+                              remediation="set target.compute_class to the ComputeClass's metadata.name, or '' to "
+                              "let the controller create one for the run")
+        if self.compute_class and self.provisioner not in ("auto", "compute-class"):
+            raise InvalidSpec("target.compute_class", self.compute_class, f"only the compute-class backend selects "
+                              f"a ComputeClass, not target.provisioner={self.provisioner!r}",
+                              remediation="set target.provisioner='compute-class' (or 'auto'), or drop "
+                              "target.compute_class")
 
 
 @dataclass(frozen=True)
@@ -194,6 +210,11 @@ class ProvisioningSpec:
     ``topology.k8s.aws/network-node-layer-N`` labels, block = the layer above the instance's switch): ``"required"``
     never runs it across domains (preflight refuses a gang no domain can hold), ``"preferred"`` packs it into one when
     it can, ``"none"`` (the default) ignores topology.
+    ``fallback`` (the ``compute-class`` backend): the capacity types GKE tries after ``capacity``, in order, e.g.
+    ``capacity="reservation", fallback=("flex-start", "spot", "on-demand")``; each becomes one rule of the run's
+    ComputeClass ``priorities``. ``active_migration`` sets the class's ``activeMigration.optimizeRulePriority``:
+    GKE replaces nodes of a lower rule with nodes of a preferred one once it has capacity again (each move costs
+    the gang a rank: only for jobs that checkpoint).
 
     ``reservation`` (``capacity="reservation"``): the reservation the gang consumes. On GKE the Compute
     reservation's name, which the node pool's SPECIFIC reservation affinity names; on EKS the EC2 Capacity
@@ -210,6 +231,8 @@ class ProvisioningSpec:
     reservation: str = ""  # capacity=reservation: GKE reservation name; EKS cr-... id or group ARN (class docstring)
     topology: str = "none"  # "none" | "preferred" | "required": keep the gang in one topology_level domain
     topology_level: str = "block"  # "block" | "subblock" | "host" (kfp_gpu.plan.topology: the node labels)
+    fallback: tuple[str, ...] = ()  # capacity types tried after ``capacity``, in order (compute-class backend)
+    active_migration: bool = False  # compute-class: GKE moves nodes back to a preferred rule when it frees up
     scale_up_deadline_s: float = 900.0
     max_run_duration_s: float = 0.0  # capacity=flex-start: DWS maxRunDurationSeconds (0 = GKE's default, 7 days)
     allow_zone_spread: bool = False
@@ -226,6 +249,7 @@ class ProvisioningSpec:
         _check_range("gpus_per_node", self.gpus_per_node, 1, 16, int)
         _coerce_enum(self, "capacity", CapacityType, "capacity")
         object.__setattr__(self, "zones", tuple(self.zones))
+        self._check_fallback()
         if self.target.kind is TargetKind.EKS:
             acc.aws_instance_for(self.gpus_per_node)
         else:
@@ -233,7 +257,7 @@ class ProvisioningSpec:
         self._check_zones()
         _check_range("scale_up_deadline_s", self.scale_up_deadline_s, 0.001, 86400.0, (int, float))
         _check_range("max_run_duration_s", self.max_run_duration_s, 0.0, MAX_RUN_DURATION_S, (int, float))
-        if self.max_run_duration_s and self.capacity is not CapacityType.FLEX_START:
+        if self.max_run_duration_s and CapacityType.FLEX_START not in self.chain:
             raise InvalidSpec("max_run_duration_s", self.max_run_duration_s,
                               "only applies to capacity='flex-start' (DWS maxRunDurationSeconds)",
                               remediation="drop max_run_duration_s or use capacity='flex-start'")
@@ -243,7 +267,7 @@ class ProvisioningSpec:
                                   remediation="topology='required' or 'preferred' with topology_level='block', "
                                   "'subblock' or 'host'; topology='none' ignores the level")
         _check_range("lease_ttl_s", self.lease_ttl_s, LEASE_TTL_MIN_S, 30 * 86400.0, (int, float))
-        if self.capacity is CapacityType.SPOT and self.reservation:
+        if self.capacity is CapacityType.SPOT and self.reservation and not self.fallback:
             raise InvalidSpec(
                 "reservation", self.reservation, "spot capacity cannot consume a reservation",
                 remediation="drop reservation= or use capacity='reservation'",
@@ -276,6 +300,20 @@ class ProvisioningSpec:
             raise InvalidSpec(
                 "checkpoint_uri", self.checkpoint_uri, "must start with gs://, s3://, file:// or /",
             )
+
+    def _check_fallback(self) -> None:
+        """The capacity chain (:func:`kfp_gpu.spec_chain.check`). Raises: InvalidSpec."""
+        from kfp_gpu import spec_chain
+
+        object.__setattr__(self, "fallback", tuple(self.fallback))
+        spec_chain.check(self.capacity.value, self.fallback, provisioner=self.target.provisioner,
+                         eks=self.target.kind is TargetKind.EKS, reservation=self.reservation,
+                         active_migration=self.active_migration)
+
+    @property
+    def chain(self) -> tuple[CapacityType, ...]:
+        """The capacity types in the order they are tried: ``capacity``, then ``fallback``."""
+        return (self.capacity, *(CapacityType(v) for v in self.fallback))
 
     def _check_zones(self) -> None:
         zone_re = _AWS_ZONE_RE if self.target.kind is TargetKind.EKS else _GCP_ZONE_RE

@@ -66,6 +66,12 @@ class Capacity:
         ``extra["zones"]``), so the autoscaler provisions where the spec says. Schemes without an accelerator label
         (EKS, Karpenter) select the accelerator by instance type: :meth:`node_requirements`."""
         sch = self.labels
+        fixed = {str(k): str(v) for k, v in (self.extra.get("node_selector") or {}).items()}  # e.g. a ComputeClass
+        if fixed:
+            return {**fixed, **self._node_selector(sch)}
+        return self._node_selector(sch)
+
+    def _node_selector(self, sch: node_labels.Scheme) -> dict[str, str]:
         if len(self.pools) == 1:
             return {sch.pool: self.pools[0]}
         if not self.placements and len(self.extra.get("pools") or []) == 1:

@@ -174,8 +174,9 @@ def _event_time(event: Mapping[str, Any]) -> float:
 
 def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str], *, labels: Mapping[str, str],
                         nodepool: str, gpus_per_node: int, tolerations: Sequence[Mapping[str, str]],
-                        one_zone: bool = False) -> None:
-    """One whole-node GPU pod per name, selecting ``nodepool`` (existing ones are kept). ``one_zone``: the pods
+                        one_zone: bool = False, selector: Mapping[str, str] | None = None) -> None:
+    """One whole-node GPU pod per name, selecting ``nodepool`` (or the node labels ``selector``; existing ones are
+    kept). ``one_zone``: the pods
     require each other's zone (pod affinity), so Karpenter launches the whole gang in one zone when the NodePool
     allows several. Raises: ApiException."""
     ensure_priority_class(api)
@@ -190,7 +191,8 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {**labels, **group, BALLOON_LABEL: "true"}},
             "spec": {"priorityClassName": PRIORITY_CLASS, "terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {plan.NODEPOOL_LABEL: nodepool}, "tolerations": [dict(t) for t in tolerations],
+                     "nodeSelector": dict(selector) if selector else {plan.NODEPOOL_LABEL: nodepool},
+                     "tolerations": [dict(t) for t in tolerations],
                      "containers": [{"name": "placeholder", "image": PAUSE_IMAGE,
                                      "resources": {"requests": {GPU: gpus}, "limits": {GPU: gpus}}}]}}
         if affinity is not None:

@@ -54,6 +54,8 @@ LEASE = Kind("lease", "/apis/coordination.k8s.io/v1", "leases", True, f"{RUN_LEA
 PROVREQ = Kind("provisioningrequest", "/apis/autoscaling.x-k8s.io/v1", "provisioningrequests", True, LABEL_RUN_ID)
 PODTEMPLATE = Kind("podtemplate", "/api/v1", "podtemplates", True, LABEL_RUN_ID)
 NODEPOOL = Kind("nodepool", "/apis/karpenter.sh/v1", "nodepools", False, LABEL_RUN_ID)  # the karpenter backend's
+COMPUTECLASS = Kind("computeclass", "/apis/cloud.google.com/v1", "computeclasses", False, LABEL_RUN_ID)  # compute-class
+CLUSTER_SCOPED = (NODEPOOL, COMPUTECLASS)  # a backend's cluster-scoped objects, tied to a namespace by annotation
 LABELLED = (LEDGER, BALLOON, NODE, *JOBS)  # kinds whose kfp-gpu.io/lease-expires label is a lease
 
 

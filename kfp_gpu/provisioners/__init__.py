@@ -4,6 +4,8 @@
 * ``provisioning-request`` (:mod:`.provreq`): the cluster's autoscaler provisions the gang for an
   ``autoscaling.x-k8s.io/v1`` ProvisioningRequest (cluster-autoscaler's atomic scale-up, GKE's DWS).
 * ``karpenter`` (:mod:`.karpenter`): Karpenter launches the gang for a NodePool scoped to the run.
+* ``compute-class`` (:mod:`.compute_class`): GKE's node auto-provisioning brings the gang for a custom ComputeClass
+  made from the spec's capacity chain (or named by ``target.compute_class``).
 
 :func:`select` picks one for a run (the spec's ``target.provisioner``, or detection for ``"auto"``, see
 :func:`detect`); a capacity remembers its backend, so later steps use the same one. :func:`backends` lists
@@ -21,6 +23,7 @@ from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.provreq import BackendChoice, choose_backend
 from kfp_gpu.providers.base import CapacityProvider
 from kfp_gpu.provisioners.base import GangRequest, Provisioner, Released
+from kfp_gpu.provisioners.compute_class import ComputeClassProvisioner
 from kfp_gpu.provisioners.karpenter import KarpenterProvisioner
 from kfp_gpu.provisioners.kueue_admission import KueueAdmissionProvisioner
 from kfp_gpu.provisioners.node_pool import NodePoolProvisioner
@@ -31,7 +34,7 @@ __all__ = ["GangRequest", "Provisioner", "Released", "backends", "capabilities",
 
 _CLASSES: dict[str, type[Provisioner]] = {
     cls.name: cls for cls in (NodePoolProvisioner, ProvisioningRequestProvisioner, KueueAdmissionProvisioner,
-                              KarpenterProvisioner)}
+                              KarpenterProvisioner, ComputeClassProvisioner)}
 
 
 def capabilities(name: str) -> type[Provisioner] | None:
@@ -54,6 +57,9 @@ def detect(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProv
     check = _kueue_provisioning(spec, api)
     if check is not None:
         return check
+    cclass = _compute_class(spec, api)
+    if cclass is not None:
+        return cclass
     karpenter = _karpenter(spec, api, provider)
     if karpenter is not None:
         return karpenter
@@ -97,6 +103,24 @@ def _kueue_provisioning(spec: ProvisioningSpec, api: client.ApiClient) -> Backen
         return None
     return BackendChoice("kueue-admission", f"LocalQueue {lq.name} -> ClusterQueue {lq.cluster_queue} has the "
                          f"ProvisioningRequest AdmissionCheck {check}: Kueue provisions the gang when it admits the job")
+
+
+def _compute_class(spec: ProvisioningSpec, api: client.ApiClient) -> BackendChoice | None:
+    """compute-class where the cluster serves cloud.google.com/v1 ComputeClasses and the spec asks for a capacity
+    chain (``fallback``) or names a class (``target.compute_class``). Raises: nothing."""
+    from kfp_gpu.cluster import computeclass as api_cc
+
+    if spec.target.kind is TargetKind.EKS or not (spec.fallback or spec.target.compute_class):
+        return None
+    try:
+        if not api_cc.crd_served(api):
+            return None
+    except client.ApiException:
+        return None
+    why = (f"names the ComputeClass {spec.target.compute_class}" if spec.target.compute_class else
+           f"asks for the chain {' > '.join(c.value for c in spec.chain)}")
+    return BackendChoice("compute-class", f"the cluster serves cloud.google.com/v1 ComputeClasses and the spec {why}: "
+                         "GKE's node auto-provisioning walks the class's priorities")
 
 
 def _karpenter(spec: ProvisioningSpec, api: client.ApiClient, provider: CapacityProvider | None
@@ -169,7 +193,7 @@ def backends(api: client.ApiClient, provider: CapacityProvider | None) -> list[P
     provider nothing can have been resized, so the node-pool backend is left out."""
     out: list[Provisioner] = [] if provider is None else [_make("node-pool", api, provider)]
     return [*out, _make("provisioning-request", api, provider), _make("kueue-admission", api, provider),
-            _make("karpenter", api, provider)]
+            _make("karpenter", api, provider), _make("compute-class", api, provider)]
 
 
 def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -> Provisioner:
@@ -177,6 +201,8 @@ def _make(name: str, api: client.ApiClient, provider: CapacityProvider | None) -
         return KueueAdmissionProvisioner(api)
     if name == "karpenter":
         return KarpenterProvisioner(api)
+    if name == "compute-class":  # a multi-node flex-start rung goes through the all-or-nothing queued backend
+        return ComputeClassProvisioner(api, queued=ProvisioningRequestProvisioner(api, provider))
     if name == "provisioning-request":
         return ProvisioningRequestProvisioner(api, provider)
     return NodePoolProvisioner(api, provider)

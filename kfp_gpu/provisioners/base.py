@@ -52,6 +52,9 @@ making one):
 * **capacity_via_autoscaler_groups: bool**: the gang's nodes come from the autoscaler's node groups, which need
   not be the cloud's pools (a self-managed autoscaler): preflight leaves a region's pool headroom to the autoscaler
   to judge when no cloud pool matches the target, instead of reporting "no pools".
+* **all_or_nothing: bool** (attribute; False on :class:`NothingExtra`): True when the platform grants the whole gang
+  at once or nothing (a ProvisioningRequest's atomic and queued-provisioning classes). A backend whose own way adds
+  nodes one at a time (a GKE ComputeClass's flexStart rule) hands a multi-node flex-start gang to such a backend.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class Provisioner(Protocol):
     gang_forms_at_admission: bool
     supports_check_capacity: bool
     capacity_via_autoscaler_groups: bool
+    all_or_nothing: bool
 
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
 
@@ -133,6 +137,7 @@ class NothingExtra:
     gang_forms_at_admission: bool = False
     supports_check_capacity: bool = False
     capacity_via_autoscaler_groups: bool = False
+    all_or_nothing: bool = False
 
     def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
         return capacity

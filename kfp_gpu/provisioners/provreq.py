@@ -71,6 +71,7 @@ class ProvisioningRequestProvisioner:
     gang_forms_at_admission = False  # the request provisions the gang before the job
     supports_check_capacity = True  # its own autoscaler serves ProvisioningRequests
     capacity_via_autoscaler_groups = True  # the request names the autoscaler's node groups
+    all_or_nothing = True  # atomic scale-up and queued provisioning grant the whole request or nothing
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider

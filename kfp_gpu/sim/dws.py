@@ -186,7 +186,8 @@ class DwsWorld:
 
     def node_extras(self, pool: str, node: str) -> tuple[dict[str, str], list[dict[str, str]]]:
         """Labels and taints GKE puts on a node of a queued pool (none for other pools)."""
-        spec = self.state.scenario.pool(pool) if pool in self.state.pools else None
+        rt = self.state.pools.get(pool)  # a pool node auto-provisioning created is not in the scenario
+        spec = rt.spec if rt is not None else None
         if spec is None or not spec.queued_provisioning:
             return {}, []
         labels = {FLEX_START_LABEL: "true"}

@@ -124,7 +124,7 @@ class World:
     """The MIG mechanics shared by every pool: timeline, lock, backend and scenario timing."""
 
     def __init__(self, scenario: Scenario, timeline: Timeline, lock: threading.RLock, backend: NodeBackend,
-                 stockout: Callable[[str, str], dict[str, Any] | None], reservations: rsv.Book | None = None,
+                 stockout: Callable[..., dict[str, Any] | None], reservations: rsv.Book | None = None,
                  quota: Callable[[PoolSpec], dict[str, Any] | None] | None = None, hosts: Hosts | None = None) -> None:
         self.hosts = hosts if hosts is not None else Hosts(scenario.topology, f"{scenario.project}/{scenario.cluster}")
         self.sc, self.tl, self.lock, self.backend, self.stockout = scenario, timeline, lock, backend, stockout
@@ -251,7 +251,7 @@ class World:
         elif p.spec.reservation_affinity.effective == "specific" and not p.spec.spot:
             item = rsv.exhausted_item(p.spec)
         else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
-            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator)
+            item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
         if item is None:  # a host for it: a compact pool's VMs only in the pool's block (docs/sim.md, "Topology")
             labels = self.hosts.place(site(p.spec.zone, p.spec.machine_type), p.spec.name, inst.name, p.spec.placement == "COMPACT",
                                       need=p.count(CREATING))
@@ -326,3 +326,4 @@ class World:
 
 
 IMPENDING_AWS = "aws-node-termination-handler/spot-itn"
+

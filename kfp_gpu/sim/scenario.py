@@ -40,6 +40,7 @@ from kfp_gpu.sim.worldspec import listing as _list
 from kfp_gpu.sim.worldspec import num as _num
 from kfp_gpu.sim.worldspec import obj as _obj
 
+PROVISIONING_MODELS = ("spot", "standard", "flex-start")  # Compute Engine provisioning models a stockout can hit
 _ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 
@@ -59,6 +60,16 @@ class PoolSpec:
     reservation_affinity: ReservationAffinity = field(default_factory=ReservationAffinity)
     queued_provisioning: bool = False  # GKE queuedProvisioning.enabled (flex-start, DWS): ProvisioningRequests only
     placement: str = ""  # GKE placementPolicy.type: "COMPACT" keeps the pool's VMs in one block (kfp_gpu.sim.topology)
+    flex_start: bool = False  # flex-start VMs without queued provisioning (a ComputeClass flexStart rule's pools)
+    compute_class: str = ""  # the ComputeClass whose rule node auto-provisioning created this pool for (kfp_gpu.sim.computeclass)
+    class_rule: int = -1  # that rule's index in the class's priorities
+
+    @property
+    def provisioning_model(self) -> str:
+        """The Compute Engine provisioning model of the pool's VMs: spot, flex-start or standard."""
+        if self.spot:
+            return "spot"
+        return "flex-start" if self.queued_provisioning or self.flex_start else "standard"
 
     @property
     def region(self) -> str:
@@ -95,9 +106,12 @@ class Stockout:
     accelerator: str = ""  # empty = every accelerator
     with_details: bool = False  # use ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS
     capacity: int | None = None  # room for this many VMs (of the accelerator) in the zone; None = none at all
+    provisioning: str = ""  # only VMs of this provisioning model: spot | standard | flex-start; "" = every model
 
-    def active(self, t: float, accelerator: str) -> bool:
+    def active(self, t: float, accelerator: str, model: str = "") -> bool:
         if self.accelerator and self.accelerator != accelerator:
+            return False
+        if self.provisioning and model and self.provisioning != model:
             return False
         return self.start_s <= t and (self.end_s is None or t < self.end_s)
 
@@ -212,7 +226,8 @@ def from_dict(data: Any) -> Scenario:
     stockouts = []
     for i, s in enumerate(_list(d.get("stockouts", []), "stockouts")):
         f = f"stockouts[{i}]"
-        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details", "capacity"})
+        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details", "capacity",
+                         "provisioning"})
         zone = str(so.get("zone", ""))
         if zone not in zones:
             raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; known: {sorted(zones)}")
@@ -228,7 +243,11 @@ def from_dict(data: Any) -> Scenario:
         cap = so.get("capacity")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
             raise InvalidSpec(f"{f}.capacity", cap, "must be a whole number of VMs >= 0 (omit it for no room at all)")
-        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False)), cap))
+        model = str(so.get("provisioning", ""))
+        if model not in ("", *PROVISIONING_MODELS):
+            raise InvalidSpec(f"{f}.provisioning", model, f"allowed: {', '.join(PROVISIONING_MODELS)} (omit it for "
+                              "every provisioning model)")
+        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False)), cap, model))
     faults = []
     for i, x in enumerate(_list(d.get("faults", []), "faults")):
         f = f"faults[{i}]"

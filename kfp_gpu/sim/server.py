@@ -26,6 +26,7 @@ from kfp_gpu.sim import routes
 from kfp_gpu.sim import scenario as scenario_mod
 from kfp_gpu.sim.api import ApiGate, backend_error, project_of
 from kfp_gpu.sim.clock import compress
+from kfp_gpu.sim.computeclass import ComputeClassWorld
 from kfp_gpu.sim.dws import DwsWorld, Key
 from kfp_gpu.sim.dws_pools import refuse_set_size, render
 from kfp_gpu.sim.gcp_iam import Principals
@@ -139,6 +140,8 @@ class SimServer:
         self.dws_status: dict[Key, dict[str, Any]] = {}  # last status per request (any backend)
         self.dws = DwsWorld(self.state, self._publish)
         self._dws_controller: Any = None
+        self.cc = ComputeClassWorld(self.state)  # GKE custom ComputeClasses (kfp_gpu.sim.computeclass)
+        self._cc_controller: Any = None
         self.principals = Principals()  # bearer token -> role (kfp_gpu.sim.gcp_iam)
 
     @property
@@ -157,6 +160,7 @@ class SimServer:
         self._threads.append(t)
         self._schedule_preemptions()
         self._start_dws()
+        self._start_cc()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
                  self.scenario.cluster)
         return self.url
@@ -165,6 +169,8 @@ class SimServer:
         self._stop.set()
         if self._dws_controller is not None:
             self._dws_controller.stop()
+        if self._cc_controller is not None:
+            self._cc_controller.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -217,6 +223,7 @@ class SimServer:
         self.gate = ApiGate(self.scenario.api)
         self._request_ids.clear()
         self.dws = DwsWorld(self.state, self._publish)
+        self.cc = self.cc.moved_to(self.state)
         self.dws_status.clear()
         self._schedule_revocations()
 
@@ -315,10 +322,33 @@ class SimServer:
             return
         from kfp_gpu.sim.dws_controller import DwsController
 
-        self.backend.extras = lambda pool, node: self.dws.node_extras(pool, node)  # type: ignore[union-attr]
+        self.backend.extras = self._node_extras  # type: ignore[union-attr]
         self._dws_controller = DwsController(lambda: self.dws, api_client).start()
 
     def _schedule_revocations(self) -> None:
         for ev in self.scenario.provisioning_revocations:
             world, pool = self.dws, ev.pool
             self.state.timeline.at(compress(ev.at_s), lambda w=world, p=pool: w.revoke_pool(p))  # type: ignore[misc]
+
+    # ---- ComputeClasses (kfp_gpu.sim.computeclass) ------------------------------------------------------
+    def _node_extras(self, pool: str, node: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+        """Labels and taints GKE adds to a node at registration: queued provisioning's, then a ComputeClass's."""
+        labels, taints = self.dws.node_extras(pool, node)
+        more_labels, more_taints = self.cc.node_extras(pool, node)
+        return {**labels, **more_labels}, [*taints, *more_taints]
+
+    def _start_cc(self) -> None:
+        """Serve ComputeClasses when the cluster has the API (installed at test time: kfp_gpu.devcluster.computeclass_crd)."""
+        api_client = getattr(self.backend, "api_client", None)
+        if api_client is None:  # nodes in memory: tests drive self.cc directly
+            return
+        from kubernetes import client
+
+        from kfp_gpu.sim.computeclass_controller import ComputeClassController
+
+        try:
+            client.ApiextensionsV1Api(api_client).read_custom_resource_definition("computeclasses.cloud.google.com")
+        except client.ApiException:
+            return
+        self.backend.extras = self._node_extras  # type: ignore[union-attr]
+        self._cc_controller = ComputeClassController(lambda: self.cc, api_client).start()

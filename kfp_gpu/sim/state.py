@@ -186,13 +186,13 @@ class SimState:
             used = self.family_usage(region, family or "")
         return shapes.quota_exceeded(m, where, limit, used, extra)
 
-    def stockout(self, zone: str, accelerator: str, need: int = 1) -> dict[str, Any] | None:
+    def stockout(self, zone: str, accelerator: str, need: int = 1, model: str = "") -> dict[str, Any] | None:
         """The stockout error item when ``zone`` has no room for ``need`` more VMs of ``accelerator`` now (windows
         are in real-world seconds since the world started; a window with ``capacity`` k has room for k VMs of the
         accelerator in the zone, counting the created ones), else None."""
         t = expand(self.elapsed())
         for s in self.scenario.stockouts:
-            if s.zone == zone and s.active(t, accelerator):
+            if s.zone == zone and s.active(t, accelerator, model):
                 if s.capacity is not None and self._created_in(zone, s.accelerator) + need <= s.capacity:
                     continue
                 return shapes.stockout_item(zone, self.scenario.project, s.with_details)
@@ -226,7 +226,7 @@ class SimState:
                 raise shapes.operation_in_progress(p.running_op, name)
             op = shapes.container_operation(project, location, "SET_NODE_POOL_SIZE", target)
             if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
-                item = self.stockout(p.spec.zone, p.spec.accelerator)
+                item = self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
                 room = self.hosts.room(site(p.spec.zone, p.spec.machine_type), p.spec.name, p.spec.placement == COMPACT, count - len(p.instances))
                 if item is None and room is not None and room < count - len(p.instances):  # a full compact block
                     item = shapes.stockout_item(p.spec.zone, project, False)
@@ -444,3 +444,4 @@ class SimState:
 
 def igm_name(cluster: str, p: PoolRuntime) -> str:
     return f"gke-{cluster}-{p.spec.name}-grp"
+

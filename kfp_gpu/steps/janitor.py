@@ -221,12 +221,13 @@ def _gather(api: client.ApiClient, scope: str | None, only: set[str]) -> dict[st
         run = run_of(obj)
         if run is not None:
             run.objects.append((owned.NODE, obj))
-    for obj in owned.list_objects(api, owned.NODEPOOL, None, LABEL_RUN_ID):  # cluster-scoped, like Nodes
-        if scope is not None and owned.node_namespace(obj) != scope:
-            continue
-        run = run_of(obj)
-        if run is not None:
-            run.objects.append((owned.NODEPOOL, obj))
+    for kind in owned.CLUSTER_SCOPED:  # NodePools, ComputeClasses: cluster-scoped, like Nodes
+        for obj in owned.list_objects(api, kind, None, LABEL_RUN_ID):
+            if scope is not None and owned.node_namespace(obj) != scope:
+                continue
+            run = run_of(obj)
+            if run is not None:
+                run.objects.append((kind, obj))
     for run in found.values():
         run.run_id = run.run_id or run.label
     return found
@@ -248,9 +249,9 @@ def _release(api: client.ApiClient, run: _Run, scope: str | None, provider: Capa
                                                                      owned.BALLOON, owned.LEDGER)):
             if owned.delete(api, kind, obj):
                 rep.orphans.append(owned.ident(kind, obj))
-    for _, obj in owned.run_objects(api, None, run.run_id, (owned.NODEPOOL,)):  # Karpenter removes its nodes
-        if (scope is None or owned.node_namespace(obj) in ("", scope)) and owned.delete(api, owned.NODEPOOL, obj):
-            rep.orphans.append(owned.ident(owned.NODEPOOL, obj))
+    for kind, obj in owned.run_objects(api, None, run.run_id, owned.CLUSTER_SCOPED):  # Karpenter / GKE remove the nodes
+        if (scope is None or owned.node_namespace(obj) in ("", scope)) and owned.delete(api, kind, obj):
+            rep.orphans.append(owned.ident(kind, obj))
     for _, obj in owned.run_objects(api, None, run.run_id, (owned.NODE,)):
         if scope is None or owned.node_namespace(obj) in ("", scope):
             if unclaim(api, str(owned.meta(obj).get("name"))):

@@ -27,6 +27,7 @@ Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
 _TR = "trainer.kubeflow.org"
 _KS = "karpenter.sh"
+_CC = "cloud.google.com"
 _GG = gang.GROUP
 _GANGS, _GSTATUS, _POLICIES = gang.PLURAL, f"{gang.PLURAL}/status", gang.POLICY_PLURAL
 _KOPF = "kopf.dev"
@@ -113,6 +114,11 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
     (_KS, "nodeclaims", "list"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
     (_KS, "nodeclaims", "watch"): (CLUSTER, "karpenter: the NodePool's NodeClaims (launch, ICE)"),
     (_KS, "nodeclaims", "delete"): (CLUSTER, "karpenter: the NodeClaims of a blocked zone"),
+    (_CC, "computeclasses", "get"): (CLUSTER, "compute-class: the ComputeClass target.compute_class names"),
+    (_CC, "computeclasses", "list"): (CLUSTER, "compute-class: teardown finds the run's ComputeClass"),
+    (_CC, "computeclasses", "create"): (CLUSTER, "compute-class: the ComputeClass made from the run's capacity chain"),
+    (_CC, "computeclasses", "patch"): (CLUSTER, "compute-class: a retried step converges on its class"),
+    (_CC, "computeclasses", "delete"): (CLUSTER, "compute-class: teardown"),
     ("karpenter.k8s.aws", "ec2nodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (AWS)"),
     ("karpenter.kwok.sh", "kwoknodeclasses", "list"): (CLUSTER, "karpenter: the NodePool's node class (kwok)"),
 }
@@ -160,6 +166,8 @@ JANITOR_NEEDS: dict[Need, tuple[str, str]] = {
     ("", "podtemplates", "delete"): (CLUSTER, "the PodTemplates of a released run"),
     (_KS, "nodepools", "list"): (CLUSTER, "the NodePools of a released run"),
     (_KS, "nodepools", "delete"): (CLUSTER, "the NodePools of a released run"),
+    (_CC, "computeclasses", "list"): (CLUSTER, "the ComputeClasses of a released run"),
+    (_CC, "computeclasses", "delete"): (CLUSTER, "the ComputeClasses of a released run"),
     ("coordination.k8s.io", "leases", "get"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "create"): (NS, "the janitor's lock"),
     ("coordination.k8s.io", "leases", "update"): (NS, "the janitor's lock"),
@@ -200,14 +208,15 @@ CODE_CALLS: dict[str, set[Need]] = {
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
     "list_namespaced_pod_template": {("", "podtemplates", "list")},
     "get_cluster_custom_object": {(_TR, "clustertrainingruntimes", "get"), ("kueue.x-k8s.io", "clusterqueues", "get"), ("kueue.x-k8s.io", "admissionchecks", "get"),
-                                  (_KS, "nodepools", "get")},
+                                  (_KS, "nodepools", "get"), (_CC, "computeclasses", "get")},
     "list_cluster_custom_object": {("kueue.x-k8s.io", "resourceflavors", "list"), (_KS, "nodepools", "list"),
                                    (_KS, "nodeclaims", "list"), (_KS, "nodeclaims", "watch"),
                                    ("karpenter.k8s.aws", "ec2nodeclasses", "list"),
-                                   ("karpenter.kwok.sh", "kwoknodeclasses", "list")},
-    "create_cluster_custom_object": {(_KS, "nodepools", "create")},
-    "patch_cluster_custom_object": {(_KS, "nodepools", "patch")},
-    "delete_cluster_custom_object": {(_KS, "nodepools", "delete"), (_KS, "nodeclaims", "delete")},
+                                   ("karpenter.kwok.sh", "kwoknodeclasses", "list"), (_CC, "computeclasses", "list")},
+    "create_cluster_custom_object": {(_KS, "nodepools", "create"), (_CC, "computeclasses", "create")},
+    "patch_cluster_custom_object": {(_KS, "nodepools", "patch"), (_CC, "computeclasses", "patch")},
+    "delete_cluster_custom_object": {(_KS, "nodepools", "delete"), (_KS, "nodeclaims", "delete"),
+                                     (_CC, "computeclasses", "delete")},
     "list_namespaced_event": {("", "events", "list"), ("", "events", "watch")},
     "read_custom_resource_definition": {("apiextensions.k8s.io", "customresourcedefinitions", "get")},
     "create_priority_class": {("scheduling.k8s.io", "priorityclasses", "create")},
@@ -224,7 +233,8 @@ ADMIN_MODULES = {
 # Functions that hold client calls but never run as the controller, a step or the janitor.
 ADMIN_ONLY = {("cluster/identity.py", "record_local"): "the dev cluster's boot writes its identity, as admin"}
 _REQS, _TEMPLATES = (_PR, "provisioningrequests"), ("", "podtemplates")
-OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools")}  # owned.py's Kind table
+OWNED_KINDS = {("", _CMS), ("", _PODS), ("", _NODES), _JOBS, _TJOBS, _LEASES, _REQS, _TEMPLATES, (_KS, "nodepools"),
+               (_CC, "computeclasses")}  # owned.py's Kind table
 # Raw requests (api.call_api / owned.request): (module, function, HTTP method) -> permissions. Discovery
 # (GET /apis/<group>/<version>) needs none: every authenticated user may read it.
 RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {

@@ -134,6 +134,7 @@ def test_step_identity_has_no_cluster_scoped_rights(installed: Kube, tenants: tu
     me = step_identity(installed, a, tmp_path)
     assert not me.can("patch", "nodes") and not me.can("create", "priorityclasses", "scheduling.k8s.io")
     assert not me.can("create", "nodepools", "karpenter.sh")
+    assert not me.can("create", "computeclasses", "cloud.google.com")  # the compute-class backend's: the controller's
     assert not me.can("create", "pods", namespace=a) and not me.can("list", "configmaps", namespace=a)
     core = client.CoreV1Api(me.api)
     assert status_of(lambda: core.patch_node("any-node", {"metadata": {"labels": {"x": "y"}}})) == 403

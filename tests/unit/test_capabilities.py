@@ -16,17 +16,19 @@ from kfp_gpu.spec import ProvisioningSpec, Target
 from kfp_gpu.steps import check_capacity
 
 PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
-CAPS = ("holds_placeholders", "gang_forms_at_admission", "supports_check_capacity", "capacity_via_autoscaler_groups")
+CAPS = ("holds_placeholders", "gang_forms_at_admission", "supports_check_capacity", "capacity_via_autoscaler_groups",
+        "all_or_nothing")
 
 
 def test_each_backend_s_capabilities() -> None:
     api = client.ApiClient()  # never called: the attributes are read
     got = {b.name: tuple(getattr(b, c) for c in CAPS) for b in backends(api, FakeProvider())}
     assert got == {
-        "node-pool": (False, False, False, False),
-        "provisioning-request": (False, False, True, True),
-        "kueue-admission": (False, True, False, False),
-        "karpenter": (True, False, False, False),
+        "node-pool": (False, False, False, False, False),
+        "provisioning-request": (False, False, True, True, True),
+        "kueue-admission": (False, True, False, False, False),
+        "karpenter": (True, False, False, False, False),
+        "compute-class": (True, False, False, False, False),
     }
 
 
@@ -44,7 +46,7 @@ def test_a_backend_that_supports_check_capacity_is_asked_directly() -> None:
     assert chosen["name"] == "provisioning-request" and why_not == ""
 
 
-NAMES = ("node-pool", "provisioning-request", "kueue-admission", "karpenter")
+NAMES = ("node-pool", "provisioning-request", "kueue-admission", "karpenter", "compute-class")
 _ALT = "|".join(NAMES)
 COMPARE = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({_ALT})["']|["']({_ALT})["']\s*(==|!=)""")
 

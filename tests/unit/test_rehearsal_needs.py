@@ -46,10 +46,19 @@ def test_every_extra_named_is_a_registered_component() -> None:
     assert [e.name for e in chosen] == ["gcs", "karpenter"]
 
 
-def test_only_the_karpenter_backend_holds_its_own_placeholders() -> None:
+def test_only_the_karpenter_and_compute_class_backends_hold_their_own_placeholders() -> None:
     api = client.ApiClient()  # never called: the attribute is read from the backend objects
     got = {b.name: holds_placeholders(b) for b in backends(api, FakeProvider())}
-    assert got == {"node-pool": False, "provisioning-request": False, "kueue-admission": False, "karpenter": True}
+    assert got == {"node-pool": False, "provisioning-request": False, "kueue-admission": False, "karpenter": True,
+                   "compute-class": True}
+
+
+def test_only_the_provisioning_request_backend_is_all_or_nothing() -> None:
+    """The contract attribute the compute-class backend reads to hand a multi-node flex-start gang over."""
+    api = client.ApiClient()
+    got = {b.name: b.all_or_nothing for b in backends(api, FakeProvider())}
+    assert got == {"node-pool": False, "provisioning-request": True, "kueue-admission": False, "karpenter": False,
+                   "compute-class": False}
 
 
 @pytest.mark.parametrize("kind,endpoint,want", [
@@ -80,3 +89,16 @@ def test_the_karpenter_example_compiles_with_the_pipeline_s_steps(tmp_path: Path
     edges = dag_edges(out)
     assert {"quota-preflight", "reserve-warm-pool", "burst-scale-up", "train-pytorchjob", "teardown"} <= set(edges)
     assert 'provisioner":"karpenter' in out.read_text()  # the spec compiled into the steps' spec_json
+
+
+def test_the_computeclass_example_compiles_with_its_chain(tmp_path: Path) -> None:
+    from kfp_gpu.compile import compile_pipeline, dag_edges
+    from kfp_gpu.plan import computeclass as cc
+    from pipelines.llm_finetune_computeclass import SPEC as CC_EXAMPLE
+
+    out = compile_pipeline(ROOT / "pipelines" / "llm_finetune_computeclass.py", tmp_path / "p.yaml")
+    assert {"quota-preflight", "burst-scale-up", "train-pytorchjob", "teardown"} <= set(dag_edges(out))
+    text = out.read_text()
+    assert 'provisioner":"compute-class' in text and 'fallback":["flex-start","spot","on-demand"]' in text
+    cc.check(CC_EXAMPLE)  # nothing GKE refuses
+    assert cc.split(CC_EXAMPLE, class_atomic=False) == (True, ["reservation", "spot", "on-demand"])
