@@ -164,6 +164,53 @@ class Recovery:
         _check_range("recovery.app_failure_retries", self.app_failure_retries, 0, 10, int)
 
 
+HEALTH_MIDRUN = ("replace", "report")
+
+
+@dataclass(frozen=True)
+class Health:
+    """The GPU health gate before launch and the mid-run reaction to GPU-health node conditions (docs/health.md).
+
+    ``probe``: run one probe pod per gang node (new or replacement) before the job starts: ``nvidia-smi`` device
+    count vs allocatable, ``dcgmi diag -r <dcgm_level>``, and with ``nccl`` a short all-reduce across the gang.
+    Bad nodes are released and replaced; the gate gives up after ``max_rounds`` rounds or ``timeout_s`` (each
+    round's probes get ``probe_timeout_s``). ``image``: the probe image ("" = the one ``kfp-gpu`` ships,
+    images/gpu-probe). ``conditions``: more Node condition types that mean a GPU fault when "True" (besides the
+    ones kfp-gpu knows, kfp_gpu/plan/health.py). ``midrun``: "replace" swaps a node that gets such a condition at
+    the next checkpoint (within ``midrun_max_wait_s``); "report" only records it.
+    """
+
+    probe: bool = False
+    dcgm_level: int = 1
+    nccl: bool = False
+    timeout_s: float = 300.0
+    probe_timeout_s: float = 120.0
+    max_rounds: int = 3
+    image: str = ""
+    conditions: tuple[str, ...] = ()
+    midrun: str = "replace"
+    midrun_max_wait_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.probe, bool):
+            raise InvalidSpec("health.probe", self.probe, "must be true or false")
+        if not isinstance(self.nccl, bool):
+            raise InvalidSpec("health.nccl", self.nccl, "must be true or false")
+        _check_range("health.dcgm_level", self.dcgm_level, 1, 4, int)
+        _check_range("health.timeout_s", self.timeout_s, 1.0, 86400.0, (int, float))
+        _check_range("health.probe_timeout_s", self.probe_timeout_s, 1.0, 86400.0, (int, float))
+        _check_range("health.max_rounds", self.max_rounds, 1, 100, int)
+        _check_range("health.midrun_max_wait_s", self.midrun_max_wait_s, 0.0, 7 * 86400.0, (int, float))
+        if self.midrun not in HEALTH_MIDRUN:
+            raise InvalidSpec("health.midrun", self.midrun, f"allowed: {', '.join(map(repr, HEALTH_MIDRUN))}")
+        if not isinstance(self.image, str):
+            raise InvalidSpec("health.image", self.image, "must be an image reference string")
+        object.__setattr__(self, "conditions", tuple(self.conditions))
+        for c in self.conditions:
+            if not isinstance(c, str) or not c:
+                raise InvalidSpec("health.conditions", c, "must be Node condition type names")
+
+
 @dataclass(frozen=True)
 class CostInputs:
     """Inputs of the three-tier cost-risk model. ``None`` price means the catalog list price."""
@@ -205,6 +252,7 @@ class ProvisioningSpec:
     allow_zone_spread: bool = False
     warm_pool: WarmPool = field(default_factory=WarmPool)
     recovery: Recovery = field(default_factory=Recovery)
+    health: Health = field(default_factory=Health)
     checkpoint_uri: str = ""
     cost: CostInputs = field(default_factory=CostInputs)
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S  # an orphan's label expiry (janitor); an unobservable owner's heartbeat bound
@@ -328,7 +376,7 @@ class ProvisioningSpec:
 
 
 _NESTED: dict[str, type[Any]] = {
-    "target": Target, "warm_pool": WarmPool, "recovery": Recovery, "cost": CostInputs,
+    "target": Target, "warm_pool": WarmPool, "recovery": Recovery, "cost": CostInputs, "health": Health,
 }
 
 
