@@ -103,6 +103,8 @@ def node_fact(obj: Mapping[str, Any], at: float, *, deleted: bool = False) -> No
         zone=str((meta.get("labels") or {}).get("topology.kubernetes.io/zone", "")),
         claimed_by=str((meta.get("labels") or {}).get(LABEL_RUN_ID, "")),
         uid=str(meta.get("uid", "")), shutting_down=shutting_down,
+        conditions=tuple((str(c.get("type", "")), str(c.get("status", ""))) for c in status.get("conditions") or []
+                         if c.get("type") != "Ready"),
     )
 
 

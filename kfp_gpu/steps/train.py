@@ -140,6 +140,10 @@ def _supervise(
             st.capacity = st.backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
             if not st.provisioned_at_admission:  # else Kueue provisions the gang when it admits the job
                 _converge(st, reprovision, gate_s)
+                while bad := st.health.run(st):  # GPU health gate (spec.health.probe): replace bad nodes first
+                    _replace_nodes(st, bad, st.budget.on_demand, reprovision,
+                                   attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
+                    _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = kind.build(JobRequest(
@@ -345,16 +349,22 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
     st.save_ledger()
 
 
+HEALTH_ATTEMPT_BASE = 10000  # a health replacement's provisioner request key: never a preemption's recovery-<n>
+
+
 def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
-                   deficit: int = 0) -> None:
+                   deficit: int = 0, attempt: int | None = None) -> None:
     """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
     before = set(st.capacity.nodes) - set(lost)
     gone = [st.watch.nodes[n].uid for n in lost if n in st.watch.nodes]  # these incarnations are lost
     st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
-                          attempt=st.budget.preemptions, hook=reprovision, lost_uids=gone, deficit=deficit)
-    if st.ledger.get("preemptions"):
+                          attempt=st.budget.preemptions if attempt is None else attempt, hook=reprovision,
+                          lost_uids=gone, deficit=deficit)
+    if attempt is not None:  # a health replacement: recorded by the gate's ledger entry
+        st.ledger["health"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
+    elif st.ledger.get("preemptions"):
         entry = st.ledger["preemptions"][-1]
         entry["replacement_nodes"] = sorted(set(entry.get("replacement_nodes", []))
                                             | {n for n in st.capacity.nodes if n not in before})

@@ -19,6 +19,7 @@ from kfp_gpu.providers.base import Owner
 from kfp_gpu.provisioners.base import Provisioner
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.steps.health_gate import HealthGate
 from kfp_gpu.timeline import NodeState, Timeline
 
 log = logging.getLogger("kfp_gpu.steps.train")
@@ -47,6 +48,7 @@ class TrainState:
         self._usage_closed = True
         self.queue = ""  # the Kueue LocalQueue the job is submitted to ("" when the namespace is not gated)
         self.watch = self.use_queue(queue)
+        self.health = HealthGate()  # which nodes passed the GPU health probe (spec.health)
 
     def use_queue(self, queue: str) -> GangWatch:
         """Submit the job to Kueue LocalQueue ``queue`` ("" = none): a gang watch that follows its Workload too.
