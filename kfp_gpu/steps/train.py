@@ -143,6 +143,7 @@ def _supervise(
                 while bad := st.health.run(st):  # GPU health gate (spec.health.probe): replace bad nodes first
                     _replace_nodes(st, bad, st.budget.on_demand, reprovision,
                                    attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
+                    _await_listed(st, min(gate_s, 30.0))
                     _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
@@ -278,6 +279,15 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
                 f"{st.capacity.gpus_per_node} allocatable GPUs: {', '.join(missing)}",
                 remediation="check the scale-up output and the nodes (kubectl describe node ...)", nodes=list(missing))
         w.wait(min(left, 5.0))
+
+
+def _await_listed(st: TrainState, timeout_s: float) -> None:
+    """Let the node watch catch up with the nodes a provisioner just returned (else :func:`_converge` would count a
+    replacement the watch has not delivered yet as missing, i.e. lost)."""
+    deadline = time.time() + timeout_s
+    st.watch.drain()
+    while any(n not in st.watch.nodes for n in st.capacity.nodes) and time.time() < deadline:
+        st.watch.wait(min(0.5, max(0.0, deadline - time.time())))
 
 
 def _claim(st: TrainState, names: tuple[str, ...]) -> bool:
