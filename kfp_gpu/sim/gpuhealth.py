@@ -44,13 +44,14 @@ CUDA_ERROR_EXIT = 1  # a Python trainer dies of an uncaught CUDA error (RuntimeE
 # dcgmi diag run levels: 1 quick ("seconds"), 2 medium (~2 minutes), 3 long (~15+ minutes), 4 extended
 # (docs.nvidia.com/datacenter/dcgm/latest/user-guide/dcgm-diagnostics.html, "Run Levels")
 DIAG_S: dict[int, float] = {1: 30.0, 2: 120.0, 3: 900.0, 4: 3600.0}
-FAULT_KINDS = ("dcgm", "missing")
+FAULT_KINDS = ("dcgm", "missing", "xid")
 CONDITIONS = {"gke": ("GPUXIDErrors", "True"), "aws": ("AcceleratedHardwareReady", "False")}
 
 
 @dataclass(frozen=True)
 class GpuFault:
-    kind: str = "dcgm"  # "dcgm": fails dcgmi diag; "missing": a GPU fell off the bus (nvidia-smi count)
+    kind: str = "dcgm"  # "dcgm": fails dcgmi diag; "missing": a GPU fell off the bus (nvidia-smi count); "xid": an
+    # Xid error on a running node (e.g. Xid 94/95 contained/uncontained ECC): the job runs on until crash_after_s
     crash_after_s: float = 120.0  # a GPU pod on the node dies this long after it is bound (real seconds)
     condition: bool = False  # a detector publishes the node condition too
 

@@ -193,6 +193,7 @@ def _supervise(
             lost = [*lost, *[n for n in taken if n not in lost]]
             st.counted |= {(i.node, i.at) for i in st.watch.incidents.values()}
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
+            st.midrun.release(lost)  # a node flagged by a GPU-fault condition: released before it is replaced
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
         kind.delete(st.api, st.namespace, st.job)

@@ -5,6 +5,7 @@ Operator's fate for the job). Both record their row of docs/faults.md (fault "ba
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import TrainingFailed
 from kfp_gpu.plan.health import EXIT_DCGM_DIAG
-from kfp_gpu.sim.clock import expand
+from kfp_gpu.sim.clock import compress, expand
 from kfp_gpu.sim.gpuhealth import GpuFault, GpuHealthWorld
 from kfp_gpu.spec import Health
 from kfp_gpu.steps import train
@@ -31,6 +33,7 @@ from tests.integration.test_train_support import (
     job_pods,
     make_capacity,
     make_spec,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -153,3 +156,132 @@ def test_health_bad_gpu_without_the_gate_fails_after_launch_under_the_training_o
            gpu_minutes_wasted=round(_world_min(lasted) * 2 * GPUS, 1),
            note="detection = job running until the rank's CUDA error (world crash_after_s=120 s after bind); steps "
            "lost: the rehearsal trainer reports no progress here, so not measured")
+
+
+# ---- mid-run Xid ------------------------------------------------------------------------------------------------
+STEP_S = 0.1  # the rehearsal trainer's wall seconds per step (12 world seconds)
+XID_CRASH_S = 300.0  # the GPU with the Xid kills the rank this long after the error (real seconds)
+
+
+class Trainer(threading.Thread):
+    """A rehearsal trainer: one step every STEP_S, a checkpoint every ``every`` steps into the run's store, and a
+    log of (time, step) so the steps trained past a checkpoint are counted, not assumed. ``resume(step)`` restarts
+    from a checkpoint (what a recreated job does)."""
+
+    def __init__(self, ckpt: Path, every: int = 10) -> None:
+        super().__init__(daemon=True)
+        self.store, self.every = CheckpointStore(str(ckpt)), every
+        self.step, self.log = 0, [(time.time(), 0)]
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.halt.wait(STEP_S):
+            with self.lock:
+                self.step += 1
+                self.log.append((time.time(), self.step))
+                if self.step % self.every == 0:
+                    self.store.save(self.step, {"model.pt": f"w{self.step}".encode()})
+
+    def at(self, t: float) -> int:
+        """The step reached at time ``t``."""
+        return max((s for ts, s in self.log if ts <= t), default=0)
+
+    def resume(self, step: int) -> None:
+        with self.lock:
+            self.step = step
+
+
+def _pods_running(kube: Kube, namespace: str, job: str, n: int, avoid: str = "") -> bool:
+    ps = [p for p in job_pods(kube.core, namespace, job)
+          if p.status.phase == "Running" and p.metadata.deletion_timestamp is None and p.spec.node_name != avoid]
+    return len(ps) >= n
+
+
+def test_health_xid_midrun_is_replaced_at_the_next_checkpoint(
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
+    world: GpuHealthWorld, reprov: Callable[[str], AdoptingReprovisioner],
+) -> None:
+    pool, names = kwok_nodes(2, gpus=GPUS, spot=True)
+    world.adopt(*names)
+    run_id = f"run-hx-{namespace}"
+    ckpt = tmp_path / "ckpt"
+    spec = make_spec(namespace, ckpt, nodes=2)
+    rp = reprov(pool)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job_json(4.0), api=step_api, reprovision=rp)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    wait_until("2 pods running", lambda: _pods_running(kube, namespace, job, 2), timeout=60)
+    trainer = Trainer(ckpt)
+    trainer.start()
+    time.sleep(0.55)  # mid-interval: the next checkpoint is ~0.45 s away
+    t_xid = time.time()
+    world.break_node(names[0], GpuFault("xid", crash_after_s=XID_CRASH_S, condition=True))
+    wait_until("replacement", lambda: rp.calls, timeout=30)
+    led = ledger.read(kube.api, namespace, run_id, "train")
+    entry = led["preemptions"][0]
+    trainer.resume(int(entry["checkpoint_step"]))  # the recreated job resumes from the checkpoint it names
+    out = json.loads(th.outcome(60).output_json)
+    trainer.halt.set()
+    assert out["status"] == "Succeeded", out
+    assert entry["reason"].startswith("GPU health: node " + names[0]) and entry["lost_nodes"] == [names[0]]
+    cond = led["health_conditions"][0]
+    assert cond["node"] == names[0] and cond["condition"] == "GPUXIDErrors=True"
+    # the boundary: the checkpoint resumed from is newer than the one when the condition was seen
+    assert entry["checkpoint_step"] > cond["checkpoint_step"], (entry, cond)
+    assert entry["decided_at"] - t_xid < compress(XID_CRASH_S), "replaced only after the GPU would have crashed"
+    lost = trainer.at(entry["decided_at"]) - entry["checkpoint_step"]
+    assert 0 <= lost < trainer.every
+    node = kube.core.read_node(names[0])
+    assert node.spec.unschedulable and any(t.key == UNHEALTHY_TAINT for t in node.spec.taints or [])
+    down = float(out["ledger"]["preemptions"][0].get("time_to_resume_s", 0.0))
+    record("xid_midrun", "kfp_gpu", test="test_health_xid_midrun_is_replaced_at_the_next_checkpoint",
+           detection_s=round(expand(cond["t"] - t_xid), 1),
+           action=f"node condition seen; job stopped at the next checkpoint (step {entry['checkpoint_step']}), "
+           "node released and replaced, resumed", steps_lost=lost,
+           gpu_minutes_wasted=round(_world_min(lost * STEP_S + down) * 2 * GPUS, 1),
+           note=f"checkpoint every 10 steps of {expand(STEP_S):g} s world; steps lost counted from the resumed "
+           "checkpoint to the decision to stop the job (the rehearsal trainer does not see the pods' deletion); "
+           "wasted = lost steps + restart "
+           f"({expand(down):.0f} s world) x whole gang; the GPU would have killed the rank {XID_CRASH_S:g} s after "
+           "the Xid")
+
+
+def test_health_xid_midrun_under_the_training_operator_alone_crashes_the_job(
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
+    world: GpuHealthWorld,
+) -> None:
+    """No reaction to the condition (health.midrun="report", no retries): the job trains on until the GPU kills
+    its rank, and the Training Operator fails the job."""
+    pool, names = kwok_nodes(2, gpus=GPUS, spot=True)
+    world.adopt(*names)
+    run_id = f"run-hxto-{namespace}"
+    ckpt = tmp_path / "ckpt"
+    spec = make_spec(namespace, ckpt, nodes=2, app_failure_retries=0).replace(health=Health(midrun="report"))
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job_json(30.0), api=step_api)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    wait_until("2 pods running", lambda: _pods_running(kube, namespace, job, 2), timeout=60)
+    trainer = Trainer(ckpt)
+    trainer.start()
+    time.sleep(0.55)
+    t_xid = time.time()
+    world.break_node(names[0], GpuFault("xid", crash_after_s=XID_CRASH_S, condition=True))
+    with pytest.raises(TrainingFailed):
+        th.outcome(60)
+    trainer.halt.set()
+    led = ledger.read(kube.api, namespace, run_id, "train")
+    failure = led["app_failures"][0]
+    assert led["health_conditions"][0]["action"] == "report" and not led.get("preemptions")
+    crashed = failure["t"]
+    lost = trainer.at(crashed) - (trainer.at(crashed) // trainer.every) * trainer.every
+    assert crashed - t_xid >= compress(XID_CRASH_S) * 0.9
+    record("xid_midrun", "training_operator",
+           test="test_health_xid_midrun_under_the_training_operator_alone_crashes_the_job",
+           detection_s=round(expand(crashed - t_xid), 1), action="none until the GPU killed the rank; job Failed "
+           "(the bad node stays in the gang)", steps_lost=lost,
+           gpu_minutes_wasted=round(_world_min(lost * STEP_S) * 2 * GPUS, 1),
+           note="detection = Xid to the rank's crash (the job failure); wasted counts only the lost steps, not "
+           "the idle gang after the failure")
