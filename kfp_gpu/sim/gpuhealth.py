@@ -14,8 +14,9 @@ What a bad GPU does in the real world, and so here (docs/sim.md, "GPU health"):
 * **A node condition**, when a detector runs (``condition: true``): the cloud's GPU condition (GKE/AKS
   node-problem-detector style ``GPUXIDErrors=True``; EKS node monitoring agent ``AcceleratedHardwareReady=False``).
 
-The stand-in plays this on the KWOK pods of the nodes it knows (:meth:`GpuHealthWorld.adopt`): one all-namespace
-pod watch (the one loop, :class:`kfp_gpu.cluster.listwatch.Watcher`) annotates a probe pod with
+The stand-in plays this on the KWOK pods of the nodes it knows (:meth:`GpuHealthWorld.adopt`): a watch of probe pods
+(label-selected; the one loop, :class:`kfp_gpu.cluster.listwatch.Watcher`), and once a node is bad a watch of every
+pod, annotate a probe pod with
 ``kfp-gpu.io/sim-duration`` + ``kfp-gpu.io/sim-exit-code`` (played by KWOK's existing ``kfp-gpu-pod-succeed`` /
 ``kfp-gpu-pod-fail`` stages) and a training pod on a bad node with its crash (exit code and an absolute
 ``kfp-gpu.io/sim-duration``, as :mod:`kfp_gpu.sim.ranks` does). No stage changes. Durations are real-world seconds,
@@ -76,13 +77,13 @@ class GpuHealthWorld:
         self.bad: dict[str, GpuFault] = {}
         self.answered: set[str] = set()  # pod uids already given their fate
         self._lock = threading.Lock()
-        self._watcher: Any = None
+        self._watchers: dict[str, Any] = {}
 
     def adopt(self, *nodes: str) -> None:
         """Answer probes on ``nodes`` (the stand-in's own nodes; a test's KWOK nodes)."""
         with self._lock:
             self.owned.update(nodes)
-        self._ensure_watch()
+        self._ensure_watch("probes")
 
     def break_node(self, name: str, fault: GpuFault) -> None:
         """``name``'s GPU goes bad now: its GPU pods crash, its probes fail, and with ``fault.condition`` the node
@@ -104,22 +105,26 @@ class GpuHealthWorld:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        self._ensure_watch()
+        self._ensure_watch("probes")
+        self._ensure_watch("pods")
         for pod in self._pods_on(name):  # pods already running there meet the fault now
             self._fate(pod)
 
     def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
+        for w in self._watchers.values():
+            w.stop()
 
-    # ---- the pod watch ------------------------------------------------------------------------------------
-    def _ensure_watch(self) -> None:
+    # ---- the pod watches ----------------------------------------------------------------------------------
+    def _ensure_watch(self, which: str) -> None:
+        """``probes``: probe pods only (every world answers probes); ``pods``: every pod (once a node is bad)."""
         from kfp_gpu.cluster.listwatch import Watcher
 
         with self._lock:
-            if self._watcher is not None:
+            if which in self._watchers:
                 return
-            self._watcher = Watcher("sim-gpu-pods", self.core.list_pod_for_all_namespaces, self._on_event).start()
+            selector = PROBE_LABEL if which == "probes" else None
+            self._watchers[which] = Watcher(f"sim-gpu-{which}", self.core.list_pod_for_all_namespaces,
+                                            self._on_event, label_selector=selector).start()
 
     def _on_event(self, ev: Any) -> None:
         if ev.type in ("DELETED", "ERROR"):
@@ -140,27 +145,12 @@ class GpuHealthWorld:
         return out
 
     def _fate(self, pod: dict[str, Any]) -> None:
-        meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-        node, uid = str(spec.get("nodeName") or ""), str(meta.get("uid") or "")
-        notes = meta.get("annotations") or {}
-        if (not node or node not in self.owned or uid in self.answered or meta.get("deletionTimestamp")
-                or status.get("phase") in ("Succeeded", "Failed")):
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if uid in self.answered:
             return
-        fault = self.bad.get(node)
-        probe = PROBE_LABEL in (meta.get("labels") or {})
-        patch: dict[str, str]
-        if probe:
-            level = 1
-            for c in spec.get("containers") or []:
-                for e in c.get("env") or []:
-                    if e.get("name") == "KFP_GPU_DCGM_LEVEL" and str(e.get("value", "")).isdigit():
-                        level = int(e["value"])
-            code = 0 if fault is None else fault.probe_exit
-            patch = {DURATION_ANNOTATION: f"{compress(DIAG_S.get(level, DIAG_S[1])):.3f}s", EXIT_ANNOTATION: str(code)}
-        elif fault is not None and _wants_gpu(spec) and notes.get(EXIT_ANNOTATION, "0") == "0":
-            patch = {EXIT_ANNOTATION: str(CUDA_ERROR_EXIT),
-                     DURATION_ANNOTATION: rfc3339(time.time() + compress(fault.crash_after_s))}
-        else:
+        patch = fate(pod, self.owned, self.bad, time.time())
+        if patch is None:
             return
         with self._lock:
             if uid in self.answered:
@@ -173,8 +163,33 @@ class GpuHealthWorld:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-        log.info("sim: pod %s/%s on %s node %s: %s", meta.get("namespace"), meta.get("name"),
-                 "bad" if fault else "healthy", node, patch)
+        log.info("sim: pod %s/%s on node %s: %s", meta.get("namespace"), meta.get("name"),
+                 (pod.get("spec") or {}).get("nodeName"), patch)
+
+
+def fate(pod: dict[str, Any], owned: set[str] | frozenset[str], bad: dict[str, GpuFault],
+         now: float) -> dict[str, str] | None:
+    """The annotations that play ``pod``'s GPU fate (pure): a probe's answer on a node of ``owned`` (its DCGM run
+    level's duration; exit 0, or the fault's probe exit on a ``bad`` node), a GPU pod's crash on a bad node (exit 1
+    at an absolute time), or None (not this world's node, not bound, finished, or nothing to play)."""
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    node = str(spec.get("nodeName") or "")
+    notes = meta.get("annotations") or {}
+    if (not node or node not in owned or meta.get("deletionTimestamp")
+            or status.get("phase") in ("Succeeded", "Failed")):
+        return None
+    fault = bad.get(node)
+    if PROBE_LABEL in (meta.get("labels") or {}):
+        level = 1
+        for c in spec.get("containers") or []:
+            for e in c.get("env") or []:
+                if e.get("name") == "KFP_GPU_DCGM_LEVEL" and str(e.get("value", "")).isdigit():
+                    level = int(e["value"])
+        code = 0 if fault is None else fault.probe_exit
+        return {DURATION_ANNOTATION: f"{compress(DIAG_S.get(level, DIAG_S[1])):.3f}s", EXIT_ANNOTATION: str(code)}
+    if fault is not None and _wants_gpu(spec) and notes.get(EXIT_ANNOTATION, "0") == "0":
+        return {EXIT_ANNOTATION: str(CUDA_ERROR_EXIT), DURATION_ANNOTATION: rfc3339(now + compress(fault.crash_after_s))}
+    return None
 
 
 def _wants_gpu(spec: dict[str, Any]) -> bool:
