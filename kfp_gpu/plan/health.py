@@ -22,6 +22,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+UNHEALTHY_TAINT = "kfp-gpu.io/gpu-unhealthy"  # a node kfp-gpu released for a bad GPU (cordoned, unclaimed)
 EXIT_DEVICE_COUNT = 2
 EXIT_DCGM_DIAG = 3
 EXIT_NCCL = 4

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 from kubernetes import client
 
 from kfp_gpu.errors import GangPlacementFailed
-from kfp_gpu.plan.health import GateAction, GateVerdict, gate, unhealthy
+from kfp_gpu.plan.health import UNHEALTHY_TAINT, GateAction, GateVerdict, gate, unhealthy
 from kfp_gpu.timeline import NodeState
 
 if TYPE_CHECKING:
     from kfp_gpu.steps.train_state import TrainState
 
 log = logging.getLogger(__name__)
+__all__ = ["UNHEALTHY_ANNOTATION", "UNHEALTHY_TAINT", "HealthGate", "release"]
 
-UNHEALTHY_TAINT = "kfp-gpu.io/gpu-unhealthy"
 UNHEALTHY_ANNOTATION = "kfp-gpu.io/gpu-unhealthy-reason"
 
 
