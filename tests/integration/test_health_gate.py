@@ -160,7 +160,8 @@ def test_health_bad_gpu_without_the_gate_fails_after_launch_under_the_training_o
 
 # ---- mid-run Xid ------------------------------------------------------------------------------------------------
 STEP_S = 0.1  # the rehearsal trainer's wall seconds per step (12 world seconds)
-XID_CRASH_S = 300.0  # the GPU with the Xid kills the rank this long after the error (real seconds)
+XID_CRASH_S = 360.0  # the GPU with the Xid kills the rank this long after the error (real seconds): 30 steps, so
+# with the Xid at step ~5.5 the crash lands mid-way between two checkpoints (every 10 steps)
 
 
 class Trainer(threading.Thread):
