@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kfp_gpu.steps.train_state import TrainState
 
 log = logging.getLogger(__name__)
-__all__ = ["UNHEALTHY_ANNOTATION", "UNHEALTHY_TAINT", "HealthGate", "release"]
+__all__ = ["UNHEALTHY_ANNOTATION", "UNHEALTHY_TAINT", "HealthGate", "await_listed", "release"]
 
 UNHEALTHY_ANNOTATION = "kfp-gpu.io/gpu-unhealthy-reason"
 
@@ -107,6 +107,15 @@ class HealthGate:
                               seconds=round(now - started, 3))
         st.save_ledger()
         log.info("GPU health gate round %d: %s", self.rounds, verdict.message or verdict.action.value)
+
+
+def await_listed(st: TrainState, timeout_s: float) -> None:
+    """Let the node watch catch up with the nodes a provisioner just returned (else ``train._converge`` would count a
+    replacement the watch has not delivered yet as missing, i.e. lost)."""
+    deadline = time.time() + timeout_s
+    st.watch.drain()
+    while any(n not in st.watch.nodes for n in st.capacity.nodes) and time.time() < deadline:
+        st.watch.wait(min(0.5, max(0.0, deadline - time.time())))
 
 
 def release(api: client.ApiClient, node: str, why: str) -> None:

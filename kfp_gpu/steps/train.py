@@ -55,6 +55,7 @@ from kfp_gpu.providers.base import label_safe
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import admission
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.steps.health_gate import await_listed
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.train_report import result as _result
@@ -141,9 +142,12 @@ def _supervise(
             if not st.provisioned_at_admission:  # else Kueue provisions the gang when it admits the job
                 _converge(st, reprovision, gate_s)
                 while bad := st.health.run(st):  # GPU health gate (spec.health.probe): replace bad nodes first
+                    st.degraded = True  # the gang's Degraded condition says why, until the job runs on a whole gang
+                    progress.report(progress.DEGRADED, "UnhealthyGpu", f"job {st.job}: GPU health probe failed on "
+                                    f"{', '.join(bad)}; replacing before the job starts"[:1000], lost_nodes=len(bad))
                     _replace_nodes(st, bad, st.budget.on_demand, reprovision,
                                    attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
-                    _await_listed(st, min(gate_s, 30.0))
+                    await_listed(st, min(gate_s, 30.0))
                     _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
@@ -280,15 +284,6 @@ def _converge(st: TrainState, reprovision: Reprovision | None, gate_s: float) ->
                 f"{st.capacity.gpus_per_node} allocatable GPUs: {', '.join(missing)}",
                 remediation="check the scale-up output and the nodes (kubectl describe node ...)", nodes=list(missing))
         w.wait(min(left, 5.0))
-
-
-def _await_listed(st: TrainState, timeout_s: float) -> None:
-    """Let the node watch catch up with the nodes a provisioner just returned (else :func:`_converge` would count a
-    replacement the watch has not delivered yet as missing, i.e. lost)."""
-    deadline = time.time() + timeout_s
-    st.watch.drain()
-    while any(n not in st.watch.nodes for n in st.capacity.nodes) and time.time() < deadline:
-        st.watch.wait(min(0.5, max(0.0, deadline - time.time())))
 
 
 def _claim(st: TrainState, names: tuple[str, ...]) -> bool:
