@@ -166,18 +166,25 @@ XID_CRASH_S = 360.0  # the GPU with the Xid kills the rank this long after the e
 
 class Trainer(threading.Thread):
     """A rehearsal trainer: one step every STEP_S, a checkpoint every ``every`` steps into the run's store, and a
-    log of (time, step) so the steps trained past a checkpoint are counted, not assumed. ``resume(step)`` restarts
-    from a checkpoint (what a recreated job does)."""
+    log of (time, step) so the steps trained past a checkpoint are counted, not assumed. With ``alive`` (is the
+    job's gang still running?) it stops stepping when its pods are killed or deleted (``stopped_step``), as a
+    real rank does, until ``resume(step)`` (what a recreated job does)."""
 
-    def __init__(self, ckpt: Path, every: int = 10) -> None:
+    def __init__(self, ckpt: Path, every: int = 10, alive: Callable[[], bool] | None = None) -> None:
         super().__init__(daemon=True)
-        self.store, self.every = CheckpointStore(str(ckpt)), every
+        self.store, self.every, self.alive = CheckpointStore(str(ckpt)), every, alive
         self.step, self.log = 0, [(time.time(), 0)]
+        self.stopped_step: int | None = None
         self.halt = threading.Event()
         self.lock = threading.Lock()
 
     def run(self) -> None:
         while not self.halt.wait(STEP_S):
+            if self.stopped_step is not None:
+                continue
+            if self.alive is not None and not self.alive():
+                self.stopped_step = self.step
+                continue
             with self.lock:
                 self.step += 1
                 self.log.append((time.time(), self.step))
@@ -190,7 +197,7 @@ class Trainer(threading.Thread):
 
     def resume(self, step: int) -> None:
         with self.lock:
-            self.step = step
+            self.step, self.stopped_step = step, None
 
 
 def _pods_running(kube: Kube, namespace: str, job: str, n: int, avoid: str = "") -> bool:
@@ -214,7 +221,7 @@ def test_health_xid_midrun_is_replaced_at_the_next_checkpoint(
     th.start()
     job = pytorchjob.job_name(run_id, "train")
     wait_until("2 pods running", lambda: _pods_running(kube, namespace, job, 2), timeout=60)
-    trainer = Trainer(ckpt)
+    trainer = Trainer(ckpt, alive=lambda: _pods_running(kube, namespace, job, 2))
     trainer.start()
     time.sleep(0.55)  # mid-interval: the next checkpoint is ~0.45 s away
     t_xid = time.time()
@@ -222,6 +229,7 @@ def test_health_xid_midrun_is_replaced_at_the_next_checkpoint(
     wait_until("replacement", lambda: rp.calls, timeout=30)
     led = ledger.read(kube.api, namespace, run_id, "train")
     entry = led["preemptions"][0]
+    stopped = wait_until("the trainer stopped with its pods", lambda: trainer.stopped_step, timeout=30)
     trainer.resume(int(entry["checkpoint_step"]))  # the recreated job resumes from the checkpoint it names
     out = json.loads(th.outcome(60).output_json)
     trainer.halt.set()
@@ -232,8 +240,8 @@ def test_health_xid_midrun_is_replaced_at_the_next_checkpoint(
     # the boundary: the checkpoint resumed from is newer than the one when the condition was seen
     assert entry["checkpoint_step"] > cond["checkpoint_step"], (entry, cond)
     assert entry["decided_at"] - t_xid < compress(XID_CRASH_S), "replaced only after the GPU would have crashed"
-    lost = trainer.at(entry["decided_at"]) - entry["checkpoint_step"]
-    assert 0 <= lost < trainer.every
+    lost = int(stopped) - int(entry["checkpoint_step"])  # trained past the checkpoint before the pods stopped
+    assert 0 <= lost < trainer.every, (stopped, entry)
     node = kube.core.read_node(names[0])
     assert node.spec.unschedulable and any(t.key == UNHEALTHY_TAINT for t in node.spec.taints or [])
     down = float(out["ledger"]["preemptions"][0].get("time_to_resume_s", 0.0))
@@ -242,9 +250,9 @@ def test_health_xid_midrun_is_replaced_at_the_next_checkpoint(
            action=f"node condition seen; job stopped at the next checkpoint (step {entry['checkpoint_step']}), "
            "node released and replaced, resumed", steps_lost=lost,
            gpu_minutes_wasted=round(_world_min(lost * STEP_S + down) * 2 * GPUS, 1),
-           note=f"checkpoint every 10 steps of {expand(STEP_S):g} s world; steps lost counted from the resumed "
-           "checkpoint to the decision to stop the job (the rehearsal trainer does not see the pods' deletion); "
-           "wasted = lost steps + restart "
+           note=f"checkpoint every 10 steps of {expand(STEP_S):g} s world; steps lost = the step the rehearsal "
+           "trainer reached when its pods stopped running minus the checkpoint resumed from; wasted = lost steps + "
+           "restart "
            f"({expand(down):.0f} s world) x whole gang; the GPU would have killed the rank {XID_CRASH_S:g} s after "
            "the Xid")
 

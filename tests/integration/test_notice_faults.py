@@ -57,8 +57,8 @@ def test_notice_gke_spot_emergency_checkpoint_vs_no_handler(kube: Kube, namespac
         record("preemption_notice", side, test="test_notice_gke_spot_emergency_checkpoint_vs_no_handler",
                detection_s=round(detection, 1),
                action=("emergency checkpoint at the notice (after the step in flight), exit 143; the train step "
-                       "resumes the gang from it" if saved else "none: the process dies with the pod; the job "
-                       "restarts from the last periodic checkpoint"),
+                       "resumes the gang from it" if saved else "none: the process dies with the pod; what it "
+                       "trained since the last periodic checkpoint is lost"),
                steps_lost=lost[side], gpu_minutes_wasted=round(lost[side] * tr.step_s * GPUS / 60.0, 1),
                note=f"GKE spot: pod grace {spot_grace_s('gke'):g} s; step {tr.step_s:g} s world, periodic "
                f"checkpoint every {tr.every} steps, notice at step 23; wasted = lost steps x one node's {GPUS} GPUs "
