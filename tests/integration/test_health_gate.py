@@ -33,6 +33,7 @@ from tests.integration.test_train_support import (
     job_pods,
     make_capacity,
     make_spec,
+    preempt,
     wait_until,
 )
 
@@ -294,3 +295,27 @@ def test_health_xid_midrun_under_the_training_operator_alone_crashes_the_job(
            gpu_minutes_wasted=round(_world_min(lost * STEP_S) * 2 * GPUS, 1),
            note="detection = Xid to the rank's crash (the job failure); wasted counts only the lost steps, not "
            "the idle gang after the failure")
+
+
+def test_health_probe_runs_again_only_on_a_preemptions_replacement(
+    kube: Kube, namespace: str, step_api: client.ApiClient, kwok_nodes: NodeFactory, tmp_path: Path,
+    world: GpuHealthWorld, reprov: Callable[[str], AdoptingReprovisioner],
+) -> None:
+    """A spot preemption mid-run: the replacement node is probed before the job is recreated; the survivor, which
+    passed at launch, is not probed again."""
+    pool, names = kwok_nodes(2, gpus=GPUS, spot=True)
+    world.adopt(*names)
+    run_id = f"run-hp-{namespace}"
+    spec = make_spec(namespace, tmp_path / "ckpt", nodes=2).replace(health=Health(probe=True, probe_timeout_s=30.0))
+    rp = reprov(pool)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job_json(3.0), api=step_api, reprovision=rp)
+    th.start()
+    job = pytorchjob.job_name(run_id, "train")
+    wait_until("2 pods running", lambda: _pods_running(kube, namespace, job, 2), timeout=60)
+    preempt(kube.kubeconfig, kube.core, names[0])
+    out = json.loads(th.outcome(60).output_json)
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1, out
+    health = out["ledger"]["health"]
+    assert [(r["action"], sorted(r["nodes"])) for r in health] == [("pass", sorted(names)),
+                                                                   ("pass", rp.calls[0]["nodes"])], health
