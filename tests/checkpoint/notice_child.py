@@ -9,6 +9,7 @@ written every PERIODIC steps. Each step sleeps STEP_S so the test can signal mid
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -19,7 +20,7 @@ MAX_STEPS = 2000
 
 
 def report(step: int) -> None:
-    print(json.dumps({"step": step}), flush=True)
+    print(json.dumps({"step": step, "rank": int(os.environ.get("RANK", "0"))}), flush=True)
 
 
 def kfp_or_dcp(root: str, guard_on: bool, dcp: bool) -> None:
@@ -97,9 +98,10 @@ def hf(root: str, guard_on: bool) -> None:
     callbacks: list[Any] = [Steps()]
     if guard_on:
         callbacks.append(hf_preemption_callback(15.0))
+    dist = {"ddp_backend": "gloo"} if os.environ.get("WORLD_SIZE", "1") != "1" else {}
     args = TrainingArguments(output_dir=root, max_steps=MAX_STEPS, per_device_train_batch_size=4, save_steps=PERIODIC,
                              save_strategy="steps", report_to=[], logging_strategy="no", use_cpu=True,
-                             dataloader_num_workers=0, disable_tqdm=True)
+                             dataloader_num_workers=0, disable_tqdm=True, **dist)
     Trainer(model=Tiny(), args=args, train_dataset=Data(), callbacks=callbacks).train()
 
 

@@ -64,3 +64,36 @@ def test_notice_emergency_checkpoint_loses_no_completed_step(framework: str, tmp
     print(f"\nnotice [{framework}]: with kfp-gpu exit {with_guard['code']} {float(with_guard['took']):.2f}s after "
           f"SIGTERM, checkpoint step {with_guard['ckpt']} of last step {with_guard['last']}: {with_guard['lost']} "
           f"steps lost; without: {plain['lost']} steps lost (checkpoint {plain['ckpt']}, last {plain['last']})")
+
+
+def test_notice_hf_two_ranks_gloo_one_signalled_both_save_the_same_step(tmp_path: Path) -> None:
+    """torch.distributed (2 ranks, gloo, CPU): the kubelet signals one node only; the ranks agree at the step end,
+    the Trainer writes one checkpoint of that step (a collective save), and both exit 143."""
+    root = tmp_path / "ddp"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    procs, outs = [], []
+    port = str(29500 + os.getpid() % 1000)
+    for rank in (0, 1):
+        e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.checkpoint.notice_child", "hf", str(root), "1"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=e))
+    assert procs[1].stdout is not None
+    steps: list[int] = []
+    signalled = 0.0
+    for line in procs[1].stdout:  # rank 1 only is preempted
+        if line.startswith("{"):
+            steps.append(int(json.loads(line)["step"]))
+        if steps and steps[-1] >= SIGNAL_AT and not signalled:
+            signalled = time.monotonic()
+            procs[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(90) for p in procs]
+    took = time.monotonic() - signalled
+    outs = [p.stderr.read()[-1500:] if p.stderr else "" for p in procs]
+    assert signalled, outs
+    found = resume.find(str(root))
+    assert codes == [EXIT_CODE_PREEMPTED, EXIT_CODE_PREEMPTED], (codes, outs)
+    assert found is not None and found.format == "hf-trainer" and found.step >= max(steps), (found, steps)
+    assert took < GKE_SPOT_GRACE_S
+    print(f"\nnotice [hf, 2 ranks gloo]: rank 1 signalled at step {max(steps)}; both exited 143 in {took:.2f}s; "
+          f"checkpoint step {found.step}: {max(steps) - found.step if found.step <= max(steps) else 0} steps lost")
