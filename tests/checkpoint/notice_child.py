@@ -132,8 +132,10 @@ def lightning(root: str, guard_on: bool) -> None:
                                                                    save_top_k=-1)]
     if guard_on:
         callbacks.append(lightning_preemption_callback(root, 15.0))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist: dict[str, Any] = {"strategy": "ddp", "num_nodes": world, "devices": 1} if world > 1 else {}
     trainer = pl.Trainer(max_steps=MAX_STEPS, callbacks=callbacks, accelerator="cpu", logger=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+                         enable_progress_bar=False, enable_model_summary=False, **dist)
     trainer.fit(Tiny(), data)
 
 

@@ -66,17 +66,19 @@ def test_notice_emergency_checkpoint_loses_no_completed_step(framework: str, tmp
           f"steps lost; without: {plain['lost']} steps lost (checkpoint {plain['ckpt']}, last {plain['last']})")
 
 
-def test_notice_hf_two_ranks_gloo_one_signalled_both_save_the_same_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_notice_two_ranks_gloo_one_signalled_both_save_the_same_step(framework: str, tmp_path: Path) -> None:
     """torch.distributed (2 ranks, gloo, CPU): the kubelet signals one node only; the ranks agree at the step end,
-    the Trainer writes one checkpoint of that step (a collective save), and both exit 143."""
+    the framework writes one checkpoint of that step (a collective save), and both exit 143."""
     root = tmp_path / "ddp"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     procs, outs = [], []
     port = str(29500 + os.getpid() % 1000)
     for rank in (0, 1):
-        e = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.checkpoint.notice_child", "hf", str(root), "1"],
+        # Lightning: two one-process "nodes" (NODE_RANK, LOCAL_RANK 0), as on a 2-node gang; HF: two local ranks
+        local = {"LOCAL_RANK": "0", "NODE_RANK": str(rank)} if framework == "lightning" else {"LOCAL_RANK": str(rank)}
+        e = {**env, "RANK": str(rank), **local, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        procs.append(subprocess.Popen([sys.executable, "-m", "tests.checkpoint.notice_child", framework, str(root), "1"],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=e))
     assert procs[1].stdout is not None
     steps: list[int] = []
@@ -93,7 +95,7 @@ def test_notice_hf_two_ranks_gloo_one_signalled_both_save_the_same_step(tmp_path
     assert signalled, outs
     found = resume.find(str(root))
     assert codes == [EXIT_CODE_PREEMPTED, EXIT_CODE_PREEMPTED], (codes, outs)
-    assert found is not None and found.format == "hf-trainer" and found.step >= max(steps), (found, steps)
+    assert found is not None and found.format == FORMATS[framework] and found.step >= max(steps), (found, steps)
     assert took < GKE_SPOT_GRACE_S
-    print(f"\nnotice [hf, 2 ranks gloo]: rank 1 signalled at step {max(steps)}; both exited 143 in {took:.2f}s; "
+    print(f"\nnotice [{framework}, 2 ranks gloo]: rank 1 signalled at step {max(steps)}; both exited 143 in {took:.2f}s; "
           f"checkpoint step {found.step}: {max(steps) - found.step if found.step <= max(steps) else 0} steps lost")
