@@ -22,7 +22,9 @@ import pytest
 from kfp_gpu.checkpoint import resume
 from kfp_gpu.checkpoint.preemption import EXIT_CODE_PREEMPTED, GKE_SPOT_GRACE_S
 
+pytest.importorskip("torch")  # as tests/trainer: the Makefile installs CPU torch and the frameworks for tests
 ROOT = Path(__file__).resolve().parents[2]
+MODULES = {"hf": "transformers", "lightning": "pytorch_lightning"}
 SIGNAL_AT = 8  # steps completed before the notice (between two periodic checkpoints: 5 and 10)
 FORMATS = {"kfp": "kfp-gpu", "dcp": "dcp", "hf": "hf-trainer", "lightning": "lightning"}
 
@@ -52,6 +54,8 @@ def _notice(framework: str, root: Path, guard: bool) -> dict[str, object]:
 
 @pytest.mark.parametrize("framework", ["kfp", "dcp", "hf", "lightning"])
 def test_notice_emergency_checkpoint_loses_no_completed_step(framework: str, tmp_path: Path) -> None:
+    if framework in MODULES:
+        pytest.importorskip(MODULES[framework])
     with_guard = _notice(framework, tmp_path / "guard", True)
     assert with_guard["code"] == EXIT_CODE_PREEMPTED, with_guard
     assert float(with_guard["took"]) < GKE_SPOT_GRACE_S, with_guard  # fits GKE's 15 s grace
@@ -70,6 +74,7 @@ def test_notice_emergency_checkpoint_loses_no_completed_step(framework: str, tmp
 def test_notice_two_ranks_gloo_one_signalled_both_save_the_same_step(framework: str, tmp_path: Path) -> None:
     """torch.distributed (2 ranks, gloo, CPU): the kubelet signals one node only; the ranks agree at the step end,
     the framework writes one checkpoint of that step (a collective save), and both exit 143."""
+    pytest.importorskip(MODULES[framework])
     root = tmp_path / "ddp"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     procs, outs = [], []
