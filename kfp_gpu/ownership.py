@@ -79,3 +79,10 @@ def label_safe(value: str) -> str:
     """Map any run id to a valid label value (<= 63 chars, [a-z0-9-_.], alnum at both ends)."""
     out = "".join(c if c.isalnum() or c in "-_." else "-" for c in value.lower())[:63]
     return out.strip("-_.") or "x"
+
+# the GPU health gate (kfp_gpu/cluster/probe.py, kfp_gpu/steps/health_gate.py, docs/health.md)
+PROBE_LABEL = "kfp-gpu.io/gpu-probe"  # value: the run (label-safe); marks a probe pod for the world too
+PROBE_ROUND_LABEL = "kfp-gpu.io/gpu-probe-round"
+PROBED_NODE_ANNOTATION = "kfp-gpu.io/probed-node"
+UNHEALTHY_TAINT = "kfp-gpu.io/gpu-unhealthy"  # a node kfp-gpu released for a bad GPU (cordoned, unclaimed)
+UNHEALTHY_ANNOTATION = "kfp-gpu.io/gpu-unhealthy-reason"

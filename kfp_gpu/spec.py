@@ -17,6 +17,12 @@ from typing import Any
 
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.spec_sections import HEALTH_MIDRUN as HEALTH_MIDRUN
+from kfp_gpu.spec_sections import CostInputs as CostInputs
+from kfp_gpu.spec_sections import Health as Health
+from kfp_gpu.spec_sections import Recovery as Recovery
+from kfp_gpu.spec_sections import WarmPool as WarmPool
+from kfp_gpu.spec_sections import check_range as _check_range
 
 SPEC_VERSION = 1
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -155,48 +161,6 @@ class Target:
                               "target.compute_class")
 
 
-@dataclass(frozen=True)
-class WarmPool:
-    """Balloon capacity held just in time, released when training pods arrive or the TTL ends."""
-
-    nodes: int = 0
-    ttl_s: float = 1800.0
-    cloud_reservation: bool = False
-
-    def __post_init__(self) -> None:
-        _check_range("warm_pool.nodes", self.nodes, 0, 1024, int)
-        _check_range("warm_pool.ttl_s", self.ttl_s, 1.0, 7 * 86400.0, (int, float))
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """Our own restart budget (the Training Operator keeps none for preemptions)."""
-
-    max_preemptions: int = 3
-    on_demand_after: int = 0  # fall back to on-demand after this many preemptions; 0 = never
-    app_failure_retries: int = 1  # application failures (exit 1...) retried at most this often
-
-    def __post_init__(self) -> None:
-        _check_range("recovery.max_preemptions", self.max_preemptions, 0, 1000, int)
-        _check_range("recovery.on_demand_after", self.on_demand_after, 0, 1000, int)
-        _check_range("recovery.app_failure_retries", self.app_failure_retries, 0, 10, int)
-
-
-@dataclass(frozen=True)
-class CostInputs:
-    """Inputs of the three-tier cost-risk model. ``None`` price means the catalog list price."""
-
-    price_per_gpu_hour: float | None = None
-    expected_hours: float = 1.0
-    sla_penalty_per_hour: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.price_per_gpu_hour is not None:
-            _check_range("cost.price_per_gpu_hour", self.price_per_gpu_hour, 0.0, 1000.0, (int, float))
-        _check_range("cost.expected_hours", self.expected_hours, 0.0, 10000.0, (int, float))
-        _check_range("cost.sla_penalty_per_hour", self.sla_penalty_per_hour, 0.0, 1e9, (int, float))
-
-
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
 LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, still well inside the lease
 
@@ -238,6 +202,7 @@ class ProvisioningSpec:
     allow_zone_spread: bool = False
     warm_pool: WarmPool = field(default_factory=WarmPool)
     recovery: Recovery = field(default_factory=Recovery)
+    health: Health = field(default_factory=Health)
     checkpoint_uri: str = ""
     cost: CostInputs = field(default_factory=CostInputs)
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S  # an orphan's label expiry (janitor); an unobservable owner's heartbeat bound
@@ -381,7 +346,7 @@ class ProvisioningSpec:
 
 
 _NESTED: dict[str, type[Any]] = {
-    "target": Target, "warm_pool": WarmPool, "recovery": Recovery, "cost": CostInputs,
+    "target": Target, "warm_pool": WarmPool, "recovery": Recovery, "cost": CostInputs, "health": Health,
 }
 
 
@@ -413,14 +378,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _check_range(name: str, value: Any, lo: float, hi: float, types: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, types):
-        want = "an integer" if types is int else "a number"
-        raise InvalidSpec(name, value, f"must be {want} in [{lo:g}, {hi:g}]")
-    if not lo <= float(value) <= hi:  # type: ignore[arg-type,unused-ignore]
-        raise InvalidSpec(name, value, f"must be in [{lo:g}, {hi:g}]")
 
 
 def _coerce_enum(obj: Any, attr: str, enum_type: type[enum.Enum], name: str) -> None:

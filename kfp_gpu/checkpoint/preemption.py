@@ -80,7 +80,10 @@ class PreemptionGuard:
         signals: tuple[signal.Signals, ...],
         save_on_error: bool = False,
         agree: Callable[[bool], bool] | None = None,
+        poll_only: bool = False,
     ) -> None:
+        """``poll_only``: the signal handler never saves by itself; a framework's loop reads :attr:`requested` at
+        its step boundary and saves its own way (:mod:`kfp_gpu.checkpoint.notice`). The watchdog still runs."""
         self.callback = callback
         self.agree = agree
         self.grace_s = grace_s
@@ -90,7 +93,7 @@ class PreemptionGuard:
         self.requested_at: float | None = None
         self.saved = False
         self._depth = 0
-        self._uses_critical = False
+        self._uses_critical = poll_only
         self._handled = False
         self._running = False
         self._previous: dict[signal.Signals, object] = {}

@@ -83,6 +83,7 @@ class NodeFact:
     claimed_by: str = ""  # the kfp-gpu.io/run-id claim label ("" when unclaimed)
     uid: str = ""  # the Node object's uid: a VM recreated under the same name is a new Node
     shutting_down: bool = False  # Ready=False with the message NODE_SHUTTING_DOWN (graceful node shutdown)
+    conditions: tuple[tuple[str, str], ...] = ()  # (type, status) of every condition but Ready (GPU health)
 
 
 @dataclass(frozen=True)

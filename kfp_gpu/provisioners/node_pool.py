@@ -68,6 +68,12 @@ class NodePoolProvisioner(NothingExtra):
         """Raises: as :meth:`acquire`, and NotFound when the on-demand fallback has no pool."""
         where = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n in lost}
         keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
+        # a node released for a bad GPU (kfp_gpu.steps.health_gate) is still a live VM its instance group counts:
+        # give its slot back (deleteInstances), or the group's target would look as if it held the replacement
+        bad = {n: pz for n, pz in where.items() if _released_unhealthy(self.api, n)}
+        if bad:
+            _release_and_settle(self.provider, spec.target.region, bad,
+                                Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s))
         return _tagged(reprovision(spec, run_id, self.api, self.provider, lost=extra, zone_hint=zone_hint,
                                    on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where,
                                    keep=keep), spec)
@@ -84,6 +90,36 @@ class NodePoolProvisioner(NothingExtra):
             claimed.setdefault(PoolRef(view.pool, view.zone, spec.target.region), []).append(view.name)
         out.pools_restored = _restore_pools(spec, self.provider, run_id, ledgers, out, claimed)
         return out
+
+
+def _release_and_settle(provider: CapacityProvider, region: str, bad: Mapping[str, tuple[str, str]], owner: Owner,
+                        timeout_s: float = 60.0) -> None:
+    """Give the bad nodes' slots back, then wait (bounded) until their pools' target sizes show it: the resize that
+    follows computes absolute sizes from what it reads, and must not count the released VMs as capacity."""
+    def sizes() -> dict[tuple[str, str], int]:
+        return {(st.ref.pool, st.ref.zone): st.size for st in provider.pools(region)}
+
+    before = sizes()
+    want: dict[tuple[str, str], int] = {}
+    for pz in bad.values():
+        want[pz] = want.get(pz, before.get(pz, 0)) - 1
+    if release_slots(provider, region, bad, owner):
+        return  # not released (logged): teardown gives the slots back
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        now = sizes()
+        if all(now.get(pz, 0) <= size for pz, size in want.items()):
+            return
+        time.sleep(0.2)
+    log.warning("health: released slots of %s not reflected in the pools' sizes after %.0fs", sorted(bad), timeout_s)
+
+
+def _released_unhealthy(api: client.ApiClient, name: str) -> bool:
+    from kfp_gpu.cluster.nodes import read_node
+    from kfp_gpu.plan.health import UNHEALTHY_TAINT
+
+    node = read_node(api, name)
+    return node is not None and any(t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
 
 def _tagged(cap: Capacity, spec: ProvisioningSpec) -> Capacity:

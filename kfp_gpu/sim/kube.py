@@ -13,6 +13,7 @@ from typing import Any
 
 from kfp_gpu import accelerators, rehearsal_seam
 from kfp_gpu.sim.clock import expand
+from kfp_gpu.sim.gpuhealth import GpuFault, GpuHealthWorld
 from kfp_gpu.sim.ranks import RankWorld
 from kfp_gpu.sim.scenario import PoolSpec
 
@@ -47,6 +48,8 @@ class KubeBackend:
         self.api_client = client.ApiClient(cfg)
         self.core = client.CoreV1Api(self.api_client)
         self.ranks = RankWorld(self.api_client)  # what a killed rank's peers do (kfp_gpu.sim.ranks)
+        self.gpu = GpuHealthWorld(self.api_client)  # GPU faults and health probes (kfp_gpu.sim.gpuhealth)
+        self.born_bad: dict[str, tuple[list[int], GpuFault]] = {}  # pool -> ([nodes still to be born bad], fault)
         # (pool, node name) -> (extra labels, extra taints) a node gets at registration (queued pools: kfp_gpu.sim.dws)
         self.extras: Callable[[str, str], tuple[dict[str, str], list[dict[str, str]]]] | None = None
 
@@ -89,6 +92,7 @@ class KubeBackend:
         for _ in range(3):
             try:
                 self.core.create_node(body=body)
+                self._gpu_birth(pool.name, name)
                 return
             except ApiException as exc:
                 if exc.status != 409:
@@ -99,6 +103,14 @@ class KubeBackend:
             if not (old.metadata.annotations or {}).get(SHUTTING_DOWN_ANNOTATION):
                 return  # adopt
             self.delete(name)
+
+    def _gpu_birth(self, pool: str, name: str) -> None:
+        """The world answers this node's probes; the scenario's ``gpu_faults.born_bad`` may make its GPU bad."""
+        self.gpu.adopt(name)
+        left, fault = self.born_bad.get(pool, ([0], None))
+        if fault is not None and left[0] > 0:
+            left[0] -= 1
+            self.gpu.break_node(name, fault)
 
     def delete(self, name: str) -> None:
         """Delete a Node and the pods bound to it (what the pod GC does for a VM that is gone, without

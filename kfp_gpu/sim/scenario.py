@@ -22,6 +22,7 @@ import yaml
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
+from kfp_gpu.sim.gpufaultspec import GpuFaults, parse_gpu_faults
 from kfp_gpu.sim.topology import TopologySpec, parse_placement, parse_topology
 from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
@@ -169,6 +170,7 @@ class Scenario:
     provisioning_revocations: tuple[Revocation, ...] = ()
     reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
     topology: TopologySpec = field(default_factory=TopologySpec)  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
+    gpu_faults: GpuFaults = field(default_factory=GpuFaults)  # bad GPUs at birth, Xid events (sim.gpufaultspec)
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -211,7 +213,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
-        "dws", "provisioning_revocations", "topology",
+        "dws", "provisioning_revocations", "topology", "gpu_faults",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -283,6 +285,7 @@ def from_dict(data: Any) -> Scenario:
                                                    {p.name: p.queued_provisioning for p in pools}),
         reservations=parse_reservations(d.get("reservations"), zones),
         topology=parse_topology(d.get("topology")),
+        gpu_faults=parse_gpu_faults(d.get("gpu_faults"), names),
     )
     _check_quota_usage(sc)
     return sc

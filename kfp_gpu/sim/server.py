@@ -159,6 +159,7 @@ class SimServer:
         t.start()
         self._threads.append(t)
         self._schedule_preemptions()
+        self._schedule_gpu_faults()
         self._start_dws()
         self._start_cc()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
@@ -167,6 +168,9 @@ class SimServer:
 
     def stop(self) -> None:
         self._stop.set()
+        gpu = getattr(self.backend, "gpu", None)
+        if gpu is not None:
+            gpu.stop()
         if self._dws_controller is not None:
             self._dws_controller.stop()
         if self._cc_controller is not None:
@@ -285,6 +289,28 @@ class SimServer:
             t = threading.Thread(target=self._preempt_at, args=(ev.at_s, ev.pool, ev.count), daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _schedule_gpu_faults(self) -> None:
+        """``gpu_faults`` (kfp_gpu.sim.gpufaultspec): born-bad counts go to the Kube backend, Xid events are timed."""
+        gpu = getattr(self.backend, "gpu", None)
+        if gpu is None:
+            return
+        gpu.cloud = "aws" if self.scenario.world.cloud == "aws" else "gke"
+        self.backend.born_bad = {b.pool: ([b.count], b.fault) for b in self.scenario.gpu_faults.born_bad}  # type: ignore[union-attr]
+        for ev in self.scenario.gpu_faults.xid:
+            t = threading.Thread(target=self._xid_at, args=(ev,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _xid_at(self, ev: Any) -> None:
+        if self._stop.wait(max(0.0, compress(ev.at_s) - self.state.elapsed())):  # at_s: real-world seconds
+            return
+        for node in self.nodes(ev.pool)[-ev.count:]:
+            try:
+                self.backend.gpu.break_node(node, ev.fault)  # type: ignore[union-attr]
+                log.info("sim: scheduled Xid on %s", node)
+            except Exception:  # noqa: BLE001
+                log.exception("sim: scheduled Xid on %s failed", node)
 
     def _preempt_at(self, at_s: float, pool: str, count: int) -> None:
         if self._stop.wait(max(0.0, compress(at_s) - self.state.elapsed())):  # at_s: real-world seconds

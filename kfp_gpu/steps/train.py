@@ -56,6 +56,7 @@ from kfp_gpu.plan.recovery import (
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import admission
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.steps.health_gate import await_listed
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.train_report import result as _result
@@ -148,6 +149,14 @@ def _supervise(
             st.capacity = st.backend.before_job(spec, st.run_id, st.capacity)  # a lapsed booking is re-requested
             if not st.provisioned_at_admission:  # else Kueue provisions the gang when it admits the job
                 _converge(st, reprovision, gate_s)
+                while bad := st.health.run(st):  # GPU health gate (spec.health.probe): replace bad nodes first
+                    st.degraded = True  # the gang's Degraded condition says why, until the job runs on a whole gang
+                    progress.report(progress.DEGRADED, "UnhealthyGpu", f"job {st.job}: GPU health probe failed on "
+                                    f"{', '.join(bad)}; replacing before the job starts"[:1000], lost_nodes=len(bad))
+                    _replace_nodes(st, bad, st.budget.on_demand, reprovision,
+                                   attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
+                    await_listed(st, min(gate_s, 30.0))
+                    _converge(st, reprovision, gate_s)
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = kind.build(JobRequest(
@@ -196,6 +205,7 @@ def _supervise(
             lost = [*lost, *[n for n in taken if n not in lost]]
             st.counted |= {(i.node, i.at) for i in st.watch.incidents.values()}
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
+            st.midrun.release(lost)  # a node flagged by a GPU-fault condition: released before it is replaced
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
         kind.delete(st.api, st.namespace, st.job)
@@ -353,16 +363,22 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
     st.save_ledger()
 
 
+HEALTH_ATTEMPT_BASE = 10000  # a health replacement's provisioner request key: never a preemption's recovery-<n>
+
+
 def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
-                   deficit: int = 0) -> None:
+                   deficit: int = 0, attempt: int | None = None) -> None:
     """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
     before = set(st.capacity.nodes) - set(lost)
     gone = [st.watch.nodes[n].uid for n in lost if n in st.watch.nodes]  # these incarnations are lost
     st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
-                          attempt=st.budget.preemptions, hook=reprovision, lost_uids=gone, deficit=deficit)
-    if st.ledger.get("preemptions"):
+                          attempt=st.budget.preemptions if attempt is None else attempt, hook=reprovision,
+                          lost_uids=gone, deficit=deficit)
+    if attempt is not None:  # a health replacement: recorded by the gate's ledger entry
+        st.ledger["health"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
+    elif st.ledger.get("preemptions"):
         entry = st.ledger["preemptions"][-1]
         entry["replacement_nodes"] = sorted(set(entry.get("replacement_nodes", []))
                                             | {n for n in st.capacity.nodes if n not in before})

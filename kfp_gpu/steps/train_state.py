@@ -19,6 +19,8 @@ from kfp_gpu.plan.recovery import Budget, Usage, Verdict
 from kfp_gpu.provisioners.base import Provisioner
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu.steps.health_gate import HealthGate
+from kfp_gpu.steps.health_midrun import MidrunHealth
 from kfp_gpu.timeline import NodeState, Timeline
 
 log = logging.getLogger("kfp_gpu.steps.train")
@@ -47,6 +49,8 @@ class TrainState:
         self._usage_closed = True
         self.queue = ""  # the Kueue LocalQueue the job is submitted to ("" when the namespace is not gated)
         self.watch = self.use_queue(queue)
+        self.health = HealthGate()  # which nodes passed the GPU health probe (spec.health)
+        self.midrun = MidrunHealth(self)  # GPU-fault node conditions while the job runs
 
     def use_queue(self, queue: str) -> GangWatch:
         """Submit the job to Kueue LocalQueue ``queue`` ("" = none): a gang watch that follows its Workload too.
@@ -140,7 +144,8 @@ class TrainState:
     def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
         """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
         try:
-            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s,
+                                            probe=self.midrun.probe, probe_every_s=self.midrun.every_s)
         finally:
             if self.running_at is not None:
                 self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
