@@ -346,8 +346,11 @@ class GangWatch:
             if why:
                 self.incidents[name] = NodeIncident(name, self.clock(), why)
 
-    def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
-        """Follow the attempt until it succeeds ("Succeeded") or a final failure verdict.
+    def watch_attempt(self, *, admission_s: float, placement_s: float,
+                      probe: Callable[[float], Verdict | None] | None = None, probe_every_s: float = 5.0,
+                      ) -> str | Verdict:
+        """Follow the attempt until it succeeds ("Succeeded") or a final failure verdict. ``probe(now)``, asked at
+        least every ``probe_every_s`` once the whole gang runs, may return a verdict of its own (a stall).
 
         Raises: GangPlacementFailed (watchdog), TrainingFailed (the job was deleted by someone else).
         """
@@ -376,8 +379,13 @@ class GangWatch:
                 raise GangPlacementFailed(f"job {self.job}: {wd.expired}",
                                           remediation="check node taints, GPU requests and competing pods; "
                                           "the gang must fit on the provisioned nodes", job=self.job)
+            if probe is not None and self.running_at is not None and verdict.cause is Cause.NONE:
+                found = probe(now)
+                if found is not None:
+                    self.decided_at = now
+                    return found
             deadlines = [d for d in (wd.next_deadline, verdict.settle_until) if d is not None]
-            self.wait(min([d - now for d in deadlines] + [5.0]))
+            self.wait(min([d - now for d in deadlines] + [5.0 if probe is None else probe_every_s]))
 
     def lost_nodes(self, verdict: Verdict) -> list[str]:
         """Gang nodes to replace: the verdict's plus any that went away since (multi-node preemption)."""

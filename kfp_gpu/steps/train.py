@@ -58,6 +58,7 @@ from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.train_report import result as _result
+from kfp_gpu.steps.train_stall import StallSupervisor
 from kfp_gpu.steps.train_state import STEP, TrainState
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def run(
     api = api if api is not None else api_client(spec.target)
     kind = for_template(template)
     st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
+    st.stall = StallSupervisor.for_state(st)
     started = time.time()
     st.load_ledger()
     try:
@@ -155,6 +157,8 @@ def _supervise(
             job, created, ckpt_step = attach, False, kind.resume_step(attach)
         attach = None
         st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        if st.stall is not None:
+            st.stall.begin(clear=created)  # a re-attached attempt keeps its ranks' progress
         if st.degraded or (created and st.attempt > 1):  # a restarted unit recovers what its predecessor began
             progress.report(progress.HEALTHY, "Recovered", f"job {st.job} restarted on a whole gang from step "
                             f"{ckpt_step} (attempt {st.attempt})", preemptions=st.budget.preemptions)
@@ -167,6 +171,10 @@ def _supervise(
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
             raise _exhausted(st, decision, outcome)
+        if outcome.cause is Cause.STALL:
+            st.degraded = True
+            progress.report(progress.DEGRADED, "Stalled", f"job {st.job}: {outcome.reason}; {decision.message}"[:1000],
+                            preemptions=st.budget.preemptions)
         if outcome.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION):
             st.degraded = True
             progress.report(progress.DEGRADED, "Recovering" if outcome.cause is Cause.PREEMPTION else "Evicted",
@@ -336,6 +344,9 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
             st.timeline.event("preemption", verdict.at, node="", reason=verdict.reason, job=st.job)
         if template is None:
             entry["during"] = "recovery"
+    elif verdict.cause is Cause.STALL:  # pods still Running; nothing lost but the steps since the checkpoint
+        entry.update(st.stall.record(verdict) if st.stall is not None else {})
+        st.ledger.setdefault("stalls", []).append(entry)
     else:
         st.ledger.setdefault("app_failures", []).append(entry)
     if template is not None:

@@ -46,6 +46,7 @@ class TrainState:
         self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions
         self._usage_closed = True
         self.queue = ""  # the Kueue LocalQueue the job is submitted to ("" when the namespace is not gated)
+        self.stall: Any = None  # kfp_gpu.steps.train_stall.StallSupervisor when the run has a checkpoint store
         self.watch = self.use_queue(queue)
 
     def use_queue(self, queue: str) -> GangWatch:
@@ -139,7 +140,10 @@ class TrainState:
     def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
         """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
         try:
-            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+            if self.stall is None:
+                return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s)
+            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s,
+                                            probe=self.stall.probe, probe_every_s=self.stall.every_s)
         finally:
             if self.running_at is not None:
                 self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)
