@@ -7,8 +7,9 @@ step, and among those the earliest last progress), plus the stragglers.
 
 - **Stall**: a rank made no progress for the stall timeout. ``timeout_s=None`` ("auto") is
   ``max(floor_s, multiple * median step time)``, the median over the ranks' newest reported step times; with no step
-  time reported yet, the floor. A rank that never reported counts from the attempt's start with ``startup_s``
-  (the first step includes model load, data loading and the process-group rendezvous).
+  time reported yet, the floor. A rank that never reported, while others did, counts from the attempt's start with
+  ``startup_s`` (the first step includes model load, data loading and the process-group rendezvous). A gang where no
+  rank ever reported is never judged: its trainer does not use the progress API.
 - **Straggler**: a rank whose reported step time stayed above the median of the others by more than ``margin``
   (0.2 = 20 % slower) in every sample of the last ``window_s``, the samples spanning the whole window.
 
@@ -97,8 +98,8 @@ def assess(history: Mapping[int, Sequence[Sample]], *, ranks: int, started_at: f
     since: dict[int, tuple[int, float]] = {}  # rank -> (step, last progress at) for the ranks past their timeout
     for rank in range(ranks):
         samples = history.get(rank) or ()
-        if not samples:
-            if now - started_at > max(policy.startup_s, timeout):
+        if not samples:  # counts only once another rank reported: a trainer without the progress API is never judged
+            if latest and now - started_at > max(policy.startup_s, timeout):
                 since[rank] = (-1, started_at)
             continue
         last = last_progress(samples)

@@ -22,6 +22,7 @@ import yaml
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
+from kfp_gpu.sim.trainingspec import TrainingSpec, parse_training
 from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
     BootLatency,
@@ -152,6 +153,7 @@ class Scenario:
     dws: DwsSpec = field(default_factory=DwsSpec)  # queued provisioning (kfp_gpu.sim.dwsspec)
     provisioning_revocations: tuple[Revocation, ...] = ()
     reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
+    training: TrainingSpec | None = None  # simulated ranks' progress, hangs and slow ranks (kfp_gpu.sim.trainingspec)
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -194,7 +196,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
-        "dws", "provisioning_revocations",
+        "dws", "provisioning_revocations", "training",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -259,7 +261,7 @@ def from_dict(data: Any) -> Scenario:
         api=parse_api(d.get("api", {})), world=parse_world(d), dws=parse_dws(d.get("dws")),
         provisioning_revocations=parse_revocations(d.get("provisioning_revocations"),
                                                    {p.name: p.queued_provisioning for p in pools}),
-        reservations=parse_reservations(d.get("reservations"), zones),
+        reservations=parse_reservations(d.get("reservations"), zones), training=parse_training(d.get("training")),
     )
     _check_quota_usage(sc)
     return sc

@@ -139,6 +139,7 @@ class SimServer:
         self.dws_status: dict[Key, dict[str, Any]] = {}  # last status per request (any backend)
         self.dws = DwsWorld(self.state, self._publish)
         self._dws_controller: Any = None
+        self.progress_world: Any = None  # kfp_gpu.sim.progress.ProgressWorld when the scenario has `training`
         self.principals = Principals()  # bearer token -> role (kfp_gpu.sim.gcp_iam)
 
     @property
@@ -157,12 +158,19 @@ class SimServer:
         self._threads.append(t)
         self._schedule_preemptions()
         self._start_dws()
+        if self.scenario.training is not None and self.backend is not None and hasattr(self.backend, "api_client"):
+            from kfp_gpu.sim.progress import ProgressWorld
+
+            self.progress_world = ProgressWorld(self.backend.api_client, self.scenario.training)
+            self.progress_world.start()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
                  self.scenario.cluster)
         return self.url
 
     def stop(self) -> None:
         self._stop.set()
+        if self.progress_world is not None:
+            self.progress_world.stop()
         if self._dws_controller is not None:
             self._dws_controller.stop()
         if self._httpd is not None:

@@ -102,7 +102,7 @@ def run(
     api = api if api is not None else api_client(spec.target)
     kind = for_template(template)
     st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
-    st.stall = StallSupervisor.for_state(st)
+    st.stall = StallSupervisor.for_state(st, scale=_world_scale(spec))
     started = time.time()
     st.load_ledger()
     try:
@@ -207,6 +207,15 @@ def _supervise(
         if replacing is not None:
             replacing.result()
         st.save_ledger()
+
+
+def _world_scale(spec: ProvisioningSpec) -> float:
+    """The rehearsal world's time compression (its ranks report in world time), 1 on a real cluster."""
+    if not spec.target.rehearsal:
+        return 1.0
+    from kfp_gpu.sim.clock import TIME_SCALE
+
+    return TIME_SCALE
 
 
 def _release_warm_pool(st: TrainState) -> None:

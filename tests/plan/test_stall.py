@@ -60,6 +60,8 @@ def test_a_rank_that_never_reports_is_a_stall_after_the_startup_bound() -> None:
     assert assess(h, ranks=3, started_at=0.0, now=59.0, policy=p).stalled == (0, 2)  # the others stopped too
     a = assess(h, ranks=3, started_at=0.0, now=61.0, policy=p)
     assert a.first_stopped == (1,) and "never reported a step" in a.reason
+    # a trainer that does not use the progress API at all is never judged
+    assert assess({}, ranks=3, started_at=0.0, now=1e6, policy=p).state is State.HEALTHY
 
 
 def test_a_slow_rank_over_the_window_is_a_straggler_and_a_brief_slowdown_is_not() -> None:

@@ -1,0 +1,222 @@
+"""A rank that hangs (no progress, its pod still Running) and a rank that runs slow, on the real control plane + KWOK,
+with the rehearsal trainer writing per-rank progress through the progress API (kfp_gpu.sim.progress, scenario key
+``training``).
+
+* ``test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint``: the train step's stall
+  detector reads the progress objects, names the rank that stopped first, collects every rank's log tail, and
+  recreates the whole gang from the newest checkpoint (one restart of ``recovery.max_preemptions``).
+* ``test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout``: the same hang in a plain PyTorchJob
+  (restartPolicy OnFailure, backoffLimit 10): nothing is failed, so nothing reacts until the ranks exit 1 at the
+  process-group timeout.
+* ``test_straggler_is_reported``: one rank 1.5 x slower: reported (ledger, timeline) while the gang keeps training.
+
+World durations are real-world seconds, compressed by kfp_gpu.sim.clock.TIME_SCALE (120). Each test records its
+measured row in the fault table (tests/integration/fault_rows.py, docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kfp_gpu.checkpoint import CheckpointStore
+from kfp_gpu.checkpoint import progress as rank_progress
+from kfp_gpu.checkpoint.backends import open_backend
+from kfp_gpu.cluster import pytorchjob
+from kfp_gpu.devcluster.client import Kube
+from kfp_gpu.job import JobTemplate
+from kfp_gpu.providers.base import Owner, PoolRef
+from kfp_gpu.providers.gke import GkeProvider
+from kfp_gpu.sim import SimServer, from_dict
+from kfp_gpu.sim.clock import compress, expand
+from kfp_gpu.sim.progress import STEP_ANNOTATION
+from kfp_gpu.sim.ranks import PG_TIMEOUT_ANNOTATION
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
+from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps.capacity import Capacity, Placement
+from tests.integration.fault_rows import record
+from tests.integration.test_spot_rank_loss import PodLog, _pods_by_node
+from tests.integration.test_train_support import StepThread, job_pods, running_pods, wait_until
+from tests.sim._helpers import PROJECT, REGION, scenario
+
+pytestmark = pytest.mark.integration
+OWNER = Owner("run-stall", "scale-up", 2_000_000_000.0)
+POOL, ZONE = "h100-80gb-spot-a", "us-central1-a"
+STEP_S = 2.0  # world seconds per training step
+HANG_AFTER_S = 240.0  # world seconds after the hung rank started
+PG_TIMEOUT_S = 600.0  # torch's NCCL default, world seconds (5 s here)
+GPUS = 4 * 8
+
+
+@pytest.fixture
+def world(kube: Kube) -> Iterator[Callable[..., tuple[SimServer, GkeProvider, list[str]]]]:
+    """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes."""
+    started: list[tuple[SimServer, str]] = []
+
+    def make(n: int, training: dict[str, Any]) -> tuple[SimServer, GkeProvider, list[str]]:
+        name = f"s{uuid.uuid4().hex[:6]}"
+        data = scenario(cluster=name, api={"error_rate": 0.0}, device_plugin_s=6.0, training=training)
+        for p in data["pools"]:
+            p["boot"] = {"dist": "fixed", "median_s": 30.0}
+        sim = SimServer(from_dict(data), str(kube.kubeconfig))
+        sim.start()
+        started.append((sim, name))
+        prov = GkeProvider(PROJECT, REGION, name, endpoint=sim.url)
+        if not n:
+            return sim, prov, []
+        prov.resize(PoolRef(POOL, ZONE), n, OWNER)
+        nodes = wait_until(f"{n} Ready nodes", lambda: (ns := _ready(kube, name)) and len(ns) == n and ns, timeout=60)
+        return sim, prov, sorted(nodes)
+
+    yield make
+    for sim, name in started:
+        sim.stop()
+        for node in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={name}").items:
+            try:
+                kube.core.delete_node(node.metadata.name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+
+def _ready(kube: Kube, cluster: str) -> list[str]:
+    return [n.metadata.name for n in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items
+            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            and (n.status.allocatable or {}).get("nvidia.com/gpu") == "8"]
+
+
+def _template(run_s: float) -> JobTemplate:
+    """Rehearsal ranks that train (``STEP_S`` world seconds a step) for ``run_s`` wall seconds."""
+    return JobTemplate(name="train", image="busybox", command=("true",), checkpoint_every=50,
+                       annotations={pytorchjob.SIM_DURATION_ANNOTATION: f"{run_s:g}s", STEP_ANNOTATION: f"{STEP_S:g}",
+                                    PG_TIMEOUT_ANNOTATION: f"{PG_TIMEOUT_S:g}"})
+
+
+def _spec(sim: SimServer, namespace: str, ckpt: Path, **kw: Any) -> ProvisioningSpec:
+    return ProvisioningSpec(
+        "h100-80gb", 4, capacity=CapacityType.SPOT,
+        target=Target(kind="local", cluster=sim.state.scenario.cluster, region=REGION, endpoint=sim.url,
+                      namespace=namespace),
+        zones=(ZONE,), scale_up_deadline_s=60, checkpoint_uri=str(ckpt), recovery=Recovery(max_preemptions=2), **kw)
+
+
+def _newest(ckpt: Path) -> int:
+    recs = rank_progress.read(open_backend(str(ckpt)))
+    return min((r.step for r in recs.values()), default=0)
+
+
+def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint(
+    kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
+) -> None:
+    sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(6.0).to_json(), api=step_api)
+    th.start()
+    job = pytorchjob.job_name(run, "train")
+    try:
+        first = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
+        old_uid = first[0].metadata.owner_references[0].uid
+        victim = next(p for p in first if p.metadata.name.endswith("worker-0"))  # rank 1
+        # the simulated trainer checkpoints (the test plays its checkpointer): every rank past step 60 -> step 60
+        wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
+        CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+        pw = sim.progress_world
+        hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
+        hung_step = pw.written.get(victim.metadata.uid, 0)
+
+        def restarted() -> list[Any]:
+            new = [p for p in job_pods(kube.core, namespace, job) if p.metadata.owner_references[0].uid != old_uid
+                   and p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+            return new if len(new) == 4 else []
+
+        new = wait_until("the whole gang running again", restarted, timeout=compress(PG_TIMEOUT_S) + 30)
+        back_s = expand(time.time() - hung_at)
+        out = json.loads(th.outcome(120).output_json)
+    finally:
+        teardown.run(spec, run, "", api=step_api, provider=prov)
+    assert out["status"] == "Succeeded", out
+    (stall,) = out["ledger"]["stalls"]
+    detected_s = expand(stall["decided_at"] - hung_at)
+    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == 60, stall
+    assert stall["first_stopped_nodes"] == {"1": victim.spec.node_name}, stall
+    assert set(stall["logs"]) == {p.metadata.name for p in first}  # every rank's log tail (KWOK: none, said so)
+    assert out["ledger"]["budget"]["preemptions"] == 1 and not out["ledger"].get("preemptions")
+    assert {p.metadata.owner_references[0].uid for p in new} != {old_uid}
+    env = {e.name: e.value for e in new[0].spec.containers[0].env or []}
+    assert env[pytorchjob.ENV_RESUME_STEP] == "60"
+    assert 120.0 * 0.9 <= detected_s < PG_TIMEOUT_S, detected_s  # the auto floor, well before the pg timeout
+    assert back_s < PG_TIMEOUT_S
+    lost = max(0, hung_step - 60)
+    wasted = GPUS * (back_s + lost * STEP_S) / 60.0
+    print(f"\nrank hang under kfp-gpu: detected {detected_s:.0f}s (world) after the hang (stall timeout "
+          f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step 60; hung at step "
+          f"{hung_step}: {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
+    record("hang", "kfp_gpu", test="test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint",
+           detection_s=round(detected_s, 1), action="stall: whole gang restarted from the newest checkpoint",
+           steps_lost=lost, gpu_minutes_wasted=round(wasted, 1),
+           note=f"4x8 GPUs, step {STEP_S:g}s, auto stall timeout (floor 120s); wasted = GPUs x (hang -> gang "
+                f"running again + lost steps)")
+
+
+def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
+    kube: Kube, namespace: str, world: Any, tmp_path: Path,
+) -> None:
+    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    name = f"plain-{uuid.uuid4().hex[:5]}"
+    ckpt = tmp_path / "ckpt"
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    body = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
+                               checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    body["spec"]["runPolicy"]["backoffLimit"] = 10
+    for r in body["spec"]["pytorchReplicaSpecs"].values():
+        r["restartPolicy"] = "OnFailure"
+    log = PodLog(kube.core, namespace, name)
+    log.start()
+    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
+                                                body)
+    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
+        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    uids = {p.metadata.uid: p.metadata.name for p in placed.values()}
+    victim = next(p for p in placed.values() if p.metadata.name.endswith("worker-0"))
+    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
+    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+    pw = sim.progress_world
+    hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
+    hung_step = pw.written.get(victim.metadata.uid, 0)
+    wait_until("every rank exits", lambda: all(log.first(u, lambda ph, code, st: ph == "Failed") for u in uids),
+               timeout=compress(PG_TIMEOUT_S) + 20)
+    log.w.stop()
+    exits = {u: log.first(u, lambda ph, code, st: ph == "Failed") for u in uids}
+    # Running, stalled, the whole time: the operator sees no failure before the process-group timeout
+    for uid, pod in uids.items():
+        phases = {ph for t, _, u, ph, _, _ in log.events if u == uid and t < (exits[uid] or 0) - 0.05}
+        assert phases <= {"Running", "Pending"}, (pod, phases)
+    first_exit = min(t for t in exits.values() if t is not None)
+    # the event's monotonic clock and the world's wall clock: measure from the hang on the wall clock
+    detected_s = expand(first_exit - (time.monotonic() - (time.time() - hung_at)))
+    codes = {code for _, _, u, ph, code, _ in log.events if u in uids and ph == "Failed"}
+    assert codes == {1}, codes
+    assert detected_s >= PG_TIMEOUT_S - 0.2 * 120, detected_s
+    lost = max(0, hung_step - 60)
+    wasted = GPUS * (detected_s + lost * STEP_S) / 60.0
+    print(f"\nrank hang, Training Operator alone: first failure {detected_s:.0f}s (world) after the hang (pg timeout "
+          f"{PG_TIMEOUT_S:g}s), exit codes {codes}; {lost} steps lost, at least {wasted:.0f} GPU-minutes wasted")
+    record("hang", "training_operator",
+           test="test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout",
+           detection_s=round(detected_s, 1), action="none until the pg timeout; then ranks exit 1 and the operator "
+           "restarts the failed pods (restartPolicy OnFailure)", steps_lost=lost,
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"4x8 GPUs, torch NCCL default pg timeout {PG_TIMEOUT_S:g}s; wasted counts only until the first "
+                "exit (the restart after it is extra)")
