@@ -2,7 +2,7 @@
 
 A KWOK pod runs no code, so the world trains for it: every opted-in Running rank (annotation
 :data:`STEP_ANNOTATION`, world seconds per step) of a PyTorchJob writes its step to ``_progress/`` beside the
-checkpoints named by its ``KFP_GPU_CHECKPOINT_URI``, with :meth:`kfp_gpu.checkpoint.progress.Progress.report` (the
+checkpoints named by its ``KFP_GPU_CHECKPOINT_URI`` (ranks of a PyTorchJob, and of a JobSet: a TrainJob's too), with :meth:`kfp_gpu.checkpoint.progress.Progress.report` (the
 trainers' own writer, throttled as theirs is), in world time (:data:`kfp_gpu.sim.clock.TIME_SCALE`: one clock).
 The step count starts at the pod's ``KFP_GPU_RESUME_STEP``.
 
@@ -48,10 +48,21 @@ log = logging.getLogger(__name__)
 STEP_ANNOTATION = "kfp-gpu.io/sim-step-seconds"  # opt-in: world seconds per step of this rank
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 def rank_of(labels: dict[str, str]) -> int | None:
-    """A PyTorchJob pod's rank: the Master is 0, worker i is i + 1. None for other pods."""
+    """A training pod's rank. PyTorchJob: the Master is 0, worker i is i + 1. JobSet (and so a Trainer v2 TrainJob):
+    the Job's global index plus the pod's completion index (one pod per Job, or one indexed Job of N pods, as
+    Trainer v2's ``node`` job is). None for other pods."""
+    if JOBSET_LABEL in labels:
+        try:
+            return int(labels.get(JOBSET_GLOBAL_INDEX, "0")) + int(labels.get(COMPLETION_INDEX, "0"))
+        except ValueError:
+            return None
     kind = (labels.get(REPLICA_TYPE_LABEL) or "").lower()
     try:
         index = int(labels.get(REPLICA_INDEX_LABEL, ""))
@@ -61,6 +72,18 @@ def rank_of(labels: dict[str, str]) -> int | None:
         return 0
     if kind == "worker":
         return index + 1
+    return None
+
+
+def incarnation(pod: Any) -> tuple[str, str, str] | None:
+    """(namespace, job, incarnation) of a training pod: a PyTorchJob's pods by their owner (a recreated job is a new
+    incarnation); a JobSet's by its restart attempt (a failure-policy restart recreates every Job)."""
+    labels = pod.metadata.labels or {}
+    if JOBSET_LABEL in labels:
+        return pod.metadata.namespace, labels[JOBSET_LABEL], labels.get(JOBSET_RESTART_LABEL, "0")
+    if JOB_NAME_LABEL in labels:
+        owner = (pod.metadata.owner_references or [None])[0]
+        return pod.metadata.namespace, labels[JOB_NAME_LABEL], owner.uid if owner else ""
     return None
 
 
@@ -128,15 +151,15 @@ class ProgressWorld:
                 log.warning("sim progress tick failed: %s", exc)
 
     def tick(self, now: float) -> None:
-        pods = self.core.list_pod_for_all_namespaces(label_selector=JOB_NAME_LABEL).items
+        pods = list({p.metadata.uid: p for sel in (JOB_NAME_LABEL, JOBSET_LABEL)
+                     for p in self.core.list_pod_for_all_namespaces(label_selector=sel).items}.values())
         jobs: dict[tuple[str, str, str], list[Any]] = {}
         for p in pods:
             notes = p.metadata.annotations or {}
-            if (STEP_ANNOTATION not in notes or p.status.phase != "Running" or p.metadata.deletion_timestamp
-                    or rank_of(p.metadata.labels or {}) is None):
+            key = incarnation(p)
+            if (key is None or STEP_ANNOTATION not in notes or p.status.phase != "Running"
+                    or p.metadata.deletion_timestamp or rank_of(p.metadata.labels or {}) is None):
                 continue
-            owner = (p.metadata.owner_references or [None])[0]
-            key = (p.metadata.namespace, (p.metadata.labels or {})[JOB_NAME_LABEL], owner.uid if owner else "")
             jobs.setdefault(key, []).append(p)
             self.first_seen.setdefault(p.metadata.uid, now)
         for key, ranks in jobs.items():

@@ -220,3 +220,142 @@ def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
            gpu_minutes_wasted=round(wasted, 1),
            note=f"4x8 GPUs, torch NCCL default pg timeout {PG_TIMEOUT_S:g}s; wasted counts only until the first "
                 "exit (the restart after it is extra)")
+
+
+def test_straggler_is_reported_while_the_gang_keeps_training(
+    kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
+) -> None:
+    factor = 1.5
+    sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt, straggler_margin=0.2, straggler_window_s=120.0)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(4.0).to_json(), api=step_api)
+    th.start()
+    job = pytorchjob.job_name(run, "train")
+    try:
+        pods = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
+        running_at = time.time()
+        slow = next(p for p in pods if p.metadata.name.endswith("worker-1"))  # rank 2
+        out = json.loads(th.outcome(120).output_json)
+    finally:
+        teardown.run(spec, run, "", api=step_api, provider=prov)
+    assert out["status"] == "Succeeded" and out["attempts"] == 1, out  # reported, not restarted
+    (entry,) = out["ledger"]["stragglers"]
+    assert entry["ranks"] == [2] and entry["nodes"] == {"2": slow.spec.node_name}, entry
+    detected_s = expand(entry["t"] - running_at)
+    assert 120.0 <= detected_s < 600.0, detected_s  # not before the window has passed
+    # the gang runs at the straggler's pace: the waste until detection (and on, under stragglers="report")
+    wasted = GPUS * detected_s * (1 - 1 / factor) / 60.0
+    print(f"\nslow rank (x{factor:g}) under kfp-gpu: reported {detected_s:.0f}s (world) after the gang started "
+          f"(window 120s, margin 20%); {wasted:.0f} GPU-minutes lost to the slowdown by then")
+    record("slow_node", "kfp_gpu", test="test_straggler_is_reported_while_the_gang_keeps_training",
+           detection_s=round(detected_s, 1), action="reported: straggler rank and node (ledger, timeline, "
+           "Degraded/Straggler); stragglers='replace' not implemented yet", steps_lost=0,
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"rank 2 x{factor:g} slower, 4x8 GPUs; wasted = GPUs x time to detection x (1 - 1/{factor:g}); "
+                "the slowdown continues after the report")
+
+
+JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def _jobset(name: str, pod_template: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """A JobSet of ``replicas`` one-pod Jobs (one rank each) with a failure policy: restart the whole JobSet up to
+    3 times when any Job fails (jobset.sigs.k8s.io docs, "Failure Policy")."""
+    template = json.loads(json.dumps(pod_template))
+    template["spec"]["restartPolicy"] = "Never"
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+            "spec": {"failurePolicy": {"maxRestarts": 3},
+                     "replicatedJobs": [{"name": "node", "replicas": replicas, "template": {"spec": {
+                         "parallelism": 1, "completions": 1, "backoffLimit": 0, "template": template}}}]}}
+
+
+def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeout(
+    kube: Kube, namespace: str, world: Any, tmp_path: Path,
+) -> None:
+    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    name = f"js-{uuid.uuid4().hex[:5]}"
+    ckpt = tmp_path / "ckpt"
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    pt = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
+                             checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    pod_template = pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    kube.custom.create_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], _jobset(name, pod_template, 4))
+    sel = f"jobset.sigs.k8s.io/jobset-name={name}"
+
+    def attempt_pods(attempt: str) -> list[Any]:
+        return [p for p in kube.core.list_namespaced_pod(namespace, label_selector=sel).items
+                if (p.metadata.labels or {}).get(RESTART_LABEL) == attempt]
+
+    first = wait_until("4 ranks Running", lambda: (ps := [p for p in attempt_pods("0") if p.status.phase == "Running"])
+                       and len(ps) == 4 and ps, timeout=60)
+    victim = next(p for p in first if p.metadata.labels.get("jobset.sigs.k8s.io/job-global-index") == "1")
+    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
+    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+    pw = sim.progress_world
+    hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
+    hung_step = pw.written.get(victim.metadata.uid, 0)
+    phases: set[str] = set()
+
+    def restarted() -> bool:
+        phases.update(str(p.status.phase) for p in attempt_pods("0") if time.time() < hung_at + compress(PG_TIMEOUT_S)
+                      - 0.3)
+        return bool(attempt_pods("1"))
+
+    wait_until("the failure policy restarts the JobSet", restarted, timeout=compress(PG_TIMEOUT_S) + 30)
+    detected_s = expand(time.time() - hung_at)
+    assert phases == {"Running"}, phases  # before the timeout nothing failed, so the policy had nothing to act on
+    assert detected_s >= PG_TIMEOUT_S - 0.2 * 120, detected_s
+    lost = max(0, hung_step - 60)
+    wasted = GPUS * (detected_s + lost * STEP_S) / 60.0
+    print(f"\nrank hang, JobSet failurePolicy (maxRestarts 3): restart {detected_s:.0f}s (world) after the hang "
+          f"(pg timeout {PG_TIMEOUT_S:g}s); {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
+    record("hang", "jobset", test="test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeout",
+           detection_s=round(detected_s, 1), action="whole JobSet restarted by failurePolicy after the ranks exit 1 "
+           "at the pg timeout", steps_lost=lost, gpu_minutes_wasted=round(wasted, 1),
+           note=f"4x8 GPUs, one-pod Jobs, backoffLimit 0, torch NCCL default pg timeout {PG_TIMEOUT_S:g}s")
+
+
+def test_straggler_training_operator_alone_is_never_noticed(
+    kube: Kube, namespace: str, world: Any, tmp_path: Path,
+) -> None:
+    factor, horizon_s = 1.5, 480.0  # world seconds watched
+    sim, _, nodes = world(4, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
+    name = f"plain-{uuid.uuid4().hex[:5]}"
+    ckpt = tmp_path / "ckpt"
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    body = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
+                               checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    body["spec"]["runPolicy"]["backoffLimit"] = 10
+    log = PodLog(kube.core, namespace, name)
+    log.start()
+    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
+                                                body)
+    wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
+        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    wait_until("every rank reports", lambda: len(rank_progress.read(open_backend(str(ckpt)))) == 4, timeout=30)
+    t0 = time.time()
+    time.sleep(compress(horizon_s))
+    recs = rank_progress.read(open_backend(str(ckpt)))
+    job = kube.custom.get_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace,
+                                                   pytorchjob.PLURAL, name)
+    log.w.stop()
+    conds = {c["type"] for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    assert conds == {"Created", "Running"}, conds  # the operator sees nothing wrong
+    assert {ph for _, _, _, ph, _, _ in log.events} <= {"Pending", "Running"}
+    times = {r: rec.step_time_s for r, rec in recs.items()}
+    assert times[2] == pytest.approx(compress(STEP_S * factor), abs=1e-5)
+    assert times[0] == pytest.approx(compress(STEP_S), abs=1e-5)
+    wasted = GPUS * horizon_s * (1 - 1 / factor) / 60.0
+    print(f"\nslow rank (x{factor:g}), Training Operator alone: nothing reacted in {expand(time.time() - t0):.0f}s "
+          f"(world); conditions {sorted(conds)}; {wasted:.0f} GPU-minutes lost to the slowdown in that time")
+    record("slow_node", "training_operator", test="test_straggler_training_operator_alone_is_never_noticed",
+           detection_s=None, action="none: the job runs at the straggler's pace", steps_lost=0,
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
+                f"(1 - 1/{factor:g}), and it goes on for the whole run")
