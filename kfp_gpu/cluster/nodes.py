@@ -115,6 +115,8 @@ def read_node(api: client.ApiClient, name: str) -> Node | None:
 
 
 CLAIM_TAINT_SUFFIX = ".claims.kfp-gpu.io/run"  # the claim taint key is <namespace> + this
+# a healthy node the run swaps out (first to stop in two stalls): cordoned, and its slot released by the replacement
+SWAP_OUT_ANNOTATION = "kfp-gpu.io/swap-out"
 LEGACY_RUN_TAINT_KEY = "kfp-gpu.io/run"  # the claim taint key of older versions: still released by unclaim
 
 

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.nodes import NodeView, list_nodes
+from kfp_gpu.cluster.nodes import SWAP_OUT_ANNOTATION, NodeView, list_nodes, read_node
 from kfp_gpu.errors import KfpGpuError, NotFound
 from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.scale import rollback_sizes
@@ -75,6 +75,10 @@ class NodePoolProvisioner(NothingExtra):
         """Raises: as :meth:`acquire`, and NotFound when the on-demand fallback has no pool."""
         where = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n in lost}
         keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
+        swap = {n: pz for n, pz in where.items() if _swapped_out(self.api, n)}
+        if swap:  # a live node swapped out: its instance group would keep it; give its slot up, then grow anew
+            _give_up(self.provider, spec.target.region, swap,
+                     Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s))
         return _tagged(reprovision(spec, run_id, self.api, self.provider, lost=extra, zone_hint=zone_hint,
                                    on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where,
                                    keep=keep), spec)
@@ -91,6 +95,40 @@ class NodePoolProvisioner(NothingExtra):
             claimed.setdefault(PoolRef(view.pool, view.zone, spec.target.region), []).append(view.name)
         out.pools_restored = _restore_pools(spec, self.provider, run_id, ledgers, out, claimed)
         return out
+
+
+def _give_up(provider: CapacityProvider, region: str, swap: Mapping[str, tuple[str, str]], owner: Owner,
+             timeout_s: float = 120.0) -> None:
+    """Release the slots of live nodes the run swaps out and wait for it (the pool's size must have dropped before
+    the replacement is sized, or the plan counts the old node): the provider's ``delete_nodes`` operations are
+    polled to done; a provider without it gets :func:`release_slots`' resize. Failures are logged, not raised."""
+    deleter = getattr(provider, "delete_nodes", None)
+    if deleter is None:
+        release_slots(provider, region, swap, owner)
+        return
+    groups: dict[PoolRef, list[str]] = {}
+    for name, (pool, zone) in swap.items():
+        groups.setdefault(PoolRef(pool, zone, region), []).append(name)
+    ops = []
+    for ref, names in groups.items():
+        try:
+            ops.append(deleter(ref, sorted(names)))
+        except KfpGpuError as exc:
+            log.warning("recovery: release of %s from %s failed: %s", ", ".join(names), ref.pool, exc)
+    deadline = time.time() + timeout_s
+    while ops and time.time() < deadline:
+        try:
+            ops = [op for op in (provider.operation(o) for o in ops) if not op.done]
+        except KfpGpuError as exc:
+            log.warning("recovery: polling a node release failed: %s", exc)
+        if ops:
+            time.sleep(0.2)
+
+
+def _swapped_out(api: client.ApiClient, name: str) -> bool:
+    """Is ``name`` a live node the run swaps out (annotated :data:`SWAP_OUT_ANNOTATION`)? False when it is gone."""
+    node = read_node(api, name)
+    return node is not None and SWAP_OUT_ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
 
 
 def _tagged(cap: Capacity, spec: ProvisioningSpec) -> Capacity:

@@ -32,6 +32,7 @@ from typing import Any
 from kfp_gpu.checkpoint.backends import Backend, open_backend
 from kfp_gpu.checkpoint.progress import DEFAULT_INTERVAL_S, Progress
 from kfp_gpu.sim.clock import compress
+from kfp_gpu.sim.dws import SIM_CLUSTER_LABEL
 from kfp_gpu.sim.ranks import (
     DEFAULT_PG_TIMEOUT_S,
     HANG_EXIT_CODE,
@@ -120,16 +121,17 @@ def _env(pod: Any) -> dict[str, str]:
 class ProgressWorld:
     """Writes the progress of the world's opted-in training ranks; plays ``training.hang`` and ``training.slow``."""
 
-    def __init__(self, api_client: Any, spec: TrainingSpec, *, interval_s: float = 0.1) -> None:
+    def __init__(self, api_client: Any, spec: TrainingSpec, *, cluster: str = "", interval_s: float = 0.1) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
-        self.spec, self.interval_s = spec, interval_s
+        self.spec, self.interval_s, self.cluster = spec, interval_s, cluster
         self.first_seen: dict[str, float] = {}  # pod uid -> when it was first seen Running
         self.reporters: dict[str, Progress] = {}
         self.written: dict[str, int] = {}
         self.hung: dict[tuple[str, str], set[str]] = {}  # (namespace, job) -> incarnations (owner uids) hung
         self.stopped: dict[str, float] = {}  # pod uid -> when it stopped (hangs this world played)
+        self.bad_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky hang follows
         self.backends: dict[str, Backend] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,6 +155,9 @@ class ProgressWorld:
     def tick(self, now: float) -> None:
         pods = list({p.metadata.uid: p for sel in (JOB_NAME_LABEL, JOBSET_LABEL)
                      for p in self.core.list_pod_for_all_namespaces(label_selector=sel).items}.values())
+        if self.cluster:  # this world's ranks only: pods on its own nodes (another world may share the cluster)
+            mine = {n.metadata.name for n in self.core.list_node(label_selector=f"{SIM_CLUSTER_LABEL}={self.cluster}").items}
+            pods = [p for p in pods if p.spec.node_name in mine]
         jobs: dict[tuple[str, str, str], list[Any]] = {}
         for p in pods:
             notes = p.metadata.annotations or {}
@@ -177,10 +182,16 @@ class ProgressWorld:
         # lockstep: the first step starts once the last rank is up (the rendezvous), and every rank counts from there
         started = max(self.first_seen[p.metadata.uid] for p in pods)
         hang = self.spec.hang
-        if hang is not None and hang.rank in by_rank and owner not in self.hung.get((ns, job), set()) \
+        victim = None
+        if hang is not None and owner not in self.hung.get((ns, job), set()) \
                 and len(self.hung.get((ns, job), set())) < hang.times:
-            victim = by_rank[hang.rank]
+            bad = self.bad_nodes.get((ns, job))
+            victim = (next((p for p in pods if p.spec.node_name == bad), None) if bad is not None
+                      else by_rank.get(hang.rank))
+        if victim is not None and hang is not None:
             if now - started >= compress(hang.after_s):
+                if hang.sticky:
+                    self.bad_nodes[(ns, job)] = victim.spec.node_name
                 self._hang(ns, job, owner, victim, pods, now, gang_step)
         for rank, p in by_rank.items():
             if rank is None:

@@ -161,7 +161,8 @@ class SimServer:
         if self.scenario.training is not None and self.backend is not None and hasattr(self.backend, "api_client"):
             from kfp_gpu.sim.progress import ProgressWorld
 
-            self.progress_world = ProgressWorld(self.backend.api_client, self.scenario.training)
+            self.progress_world = ProgressWorld(self.backend.api_client, self.scenario.training,
+                                                cluster=self.scenario.cluster)
             self.progress_world.start()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
                  self.scenario.cluster)

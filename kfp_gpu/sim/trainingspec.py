@@ -5,6 +5,7 @@
     training:
       step_s: 1.0                       # world seconds per training step (opted-in pods may override it)
       hang: {rank: 1, after_s: 120}     # rank 1 stops making progress 120 s after it started; its pod stays Running
+                                        # (sticky: true: a bad node; later incarnations hang on the rank there)
       slow: {rank: 2, factor: 1.5}      # rank 2's steps take 1.5 x as long
 
 Only pods that opt in (annotation ``kfp-gpu.io/sim-step-seconds``, :mod:`kfp_gpu.sim.progress`) train; without the
@@ -28,6 +29,7 @@ class RankFault:
     after_s: float = 0.0  # world seconds after the rank started running (hang)
     factor: float = 1.0  # step time multiplier (slow)
     times: int = 1  # incarnations of a job that hang
+    sticky: bool = False  # hang: a bad node; later incarnations hang on whichever rank runs on that node
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,12 @@ def parse_training(data: Any) -> TrainingSpec | None:
     d = obj(data, "training", {"step_s", "hang", "slow"})
     hang = slow = None
     if d.get("hang") is not None:
-        h = _rank(d["hang"], "training.hang", {"after_s", "times"})
+        h = _rank(d["hang"], "training.hang", {"after_s", "times", "sticky"})
+        sticky = h.get("sticky", False)
+        if not isinstance(sticky, bool):
+            raise InvalidSpec("training.hang.sticky", sticky, "must be true or false")
         hang = RankFault(int(h["rank"]), after_s=num(h.get("after_s", 0.0), "training.hang.after_s", 0.0),
-                         times=int(num(h.get("times", 1), "training.hang.times", 1)))
+                         times=int(num(h.get("times", 1), "training.hang.times", 1)), sticky=sticky)
     if d.get("slow") is not None:
         s = _rank(d["slow"], "training.slow", {"factor"})
         slow = RankFault(int(s["rank"]), factor=num(s.get("factor", 1.0), "training.slow.factor", 1.0))

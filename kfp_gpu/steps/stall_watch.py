@@ -73,7 +73,3 @@ class StallWatch:
         except Exception as exc:  # noqa: BLE001
             log.warning("progress under %s not readable: %s", self.uri, exc)
         return assess(self.history, ranks=self.ranks, started_at=self.started_at, now=now, policy=self.policy)
-
-    def nodes(self, ranks: tuple[int, ...]) -> dict[int, str]:
-        """The node (or pod) each of ``ranks`` last reported from."""
-        return {r: (self.records[r].node or self.records[r].pod) for r in ranks if r in self.records}

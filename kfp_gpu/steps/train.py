@@ -198,6 +198,9 @@ def _supervise(
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
+        elif outcome.cause is Cause.STALL and st.stall is not None:  # a node first to stop twice is replaced
+            replacing = st.stall.remediate(lambda bad: _replace_nodes(st, bad, False, reprovision,
+                                                                      entry=st.ledger["stalls"][-1]))
         kind.delete(st.api, st.namespace, st.job)
         if not kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
@@ -366,7 +369,7 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
 
 
 def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
-                   deficit: int = 0) -> None:
+                   deficit: int = 0, entry: dict[str, Any] | None = None) -> None:
     """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
@@ -374,8 +377,8 @@ def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision
     gone = [st.watch.nodes[n].uid for n in lost if n in st.watch.nodes]  # these incarnations are lost
     st.capacity = replace(st.spec, st.run_id, st.api, st.capacity, lost, zone_hint=zone, on_demand=on_demand,
                           attempt=st.budget.preemptions, hook=reprovision, lost_uids=gone, deficit=deficit)
-    if st.ledger.get("preemptions"):
-        entry = st.ledger["preemptions"][-1]
+    entry = entry if entry is not None else (st.ledger.get("preemptions") or [None])[-1]  # the incident's record
+    if entry is not None:
         entry["replacement_nodes"] = sorted(set(entry.get("replacement_nodes", []))
                                             | {n for n in st.capacity.nodes if n not in before})
     log.info("job %s: replaced %s; gang now %s", st.job, ", ".join(lost), ", ".join(st.capacity.nodes))

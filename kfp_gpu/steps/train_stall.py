@@ -6,6 +6,8 @@ write rights: no cluster rights) and turns a stall into a ``Cause.STALL`` verdic
 other restart: counted against ``recovery.max_preemptions``, the job deleted and recreated from the newest
 checkpoint. Before that, :meth:`StallSupervisor.record` writes which ranks stopped first and the last log lines of
 every rank (pods/log, the tenant's own namespace) to the ledger, the timeline and the gang's Degraded condition.
+A node whose rank stopped first in two stalls is cordoned and replaced (:meth:`StallSupervisor.remediate`, through
+the step's replacement path, as a preempted node is).
 
 Stragglers are reported once per attempt (ledger, timeline, a Degraded report). ``stragglers="replace"`` is not acted
 on by this module yet: the report says so.
@@ -15,11 +17,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kfp_gpu import progress
+from kfp_gpu.cluster.nodes import SWAP_OUT_ANNOTATION
 from kfp_gpu.plan.recovery import Cause, Verdict
 from kfp_gpu.plan.stall import Assessment, State
+from kfp_gpu.steps.replace import Background
 from kfp_gpu.steps.stall_watch import StallWatch, policy_for
 
 log = logging.getLogger("kfp_gpu.steps.train")
@@ -57,7 +63,7 @@ class StallSupervisor:
         self._stragglers(a)
         if a.state is not State.STALLED:
             return None
-        nodes = self.watch.nodes(a.first_stopped)
+        nodes = self.nodes(a.first_stopped)
         where = ", ".join(f"rank {r} on {n}" for r, n in nodes.items()) or ", ".join(map(str, a.first_stopped))
         return Verdict(Cause.STALL, a.stopped_at or now, (), f"stall: {a.reason}; stopped first: {where}")
 
@@ -67,12 +73,52 @@ class StallSupervisor:
         first = a.first_stopped if a is not None else ()
         pods = tuple(sorted(p.name for p in st.watch.pods.values() if not p.deleted))
         logs = st.watch.log_tails(pods)
-        entry = {"first_stopped": list(first), "first_stopped_nodes": self.watch.nodes(first),
+        entry = {"first_stopped": list(first), "first_stopped_nodes": self.nodes(first),
                  "stalled": list(a.stalled) if a is not None else [],
                  "timeout_s": a.timeout_s if a is not None else None, "logs": logs,
                  "detect_latency_s": round(max(0.0, st.watch.decided_at - verdict.at), 4)}
         st.timeline.event("stall", verdict.at, job=st.job, ranks=list(first), reason=verdict.reason)
         return entry
+
+    def nodes(self, ranks: tuple[int, ...]) -> dict[int, str]:
+        """The node each of ``ranks`` runs on: the one its progress names, else its pod's (from the watch)."""
+        out = {}
+        pods = {p.name: p.node for p in self.st.watch.pods.values()}
+        for r in ranks:
+            rec = self.watch.records.get(r)
+            if rec is not None:
+                out[r] = rec.node or pods.get(rec.pod, "")
+        return {r: n for r, n in out.items() if n}
+
+    def offenders(self) -> list[str]:
+        """Gang nodes whose rank was the first to stop in two stalls or more (the ledger counts across tries)."""
+        counts = Counter(n for e in self.st.ledger.get("stalls", []) for n in set(e.get("first_stopped_nodes",
+                                                                                       {}).values()))
+        return sorted(n for n, c in counts.items() if c >= 2 and n in self.st.capacity.nodes)
+
+    def remediate(self, replace: Callable[[list[str]], None]) -> Background | None:
+        """After a stall: a node first to stop twice is cordoned (no new pods land there), taken out of the gang and
+        replaced (``replace``, the step's replacement path, in the background while the job is torn down). It is
+        annotated ``kfp-gpu.io/swap-out``: the node-pool backend releases its slot (GKE deleteInstances) before it
+        grows the pool again. None when there is no such node."""
+        bad = self.offenders()
+        if not bad:
+            return None
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.st.api)
+        for name in bad:
+            try:
+                core.patch_node(name, {"metadata": {"annotations": {SWAP_OUT_ANNOTATION: "stall"}},
+                                       "spec": {"unschedulable": True}})
+            except Exception as exc:  # noqa: BLE001 - the replacement goes ahead; the node is out of the gang anyway
+                log.warning("could not cordon %s: %s", name, exc)
+            self.st.timeline.event("cordoned", time.time(), node=name, reason="first to stop in two stalls")
+        entry = self.st.ledger["stalls"][-1]
+        entry["cordoned"] = bad
+        progress.report(progress.DEGRADED, "StalledNode", f"job {self.st.job}: node(s) {', '.join(bad)} stopped "
+                        "first in two stalls: cordoned and replaced", nodes=bad)
+        return Background(lambda: replace(bad))
 
     def _stragglers(self, a: Assessment) -> None:
         new = [r for r in a.stragglers if r not in self.reported]
@@ -80,7 +126,7 @@ class StallSupervisor:
             return
         self.reported |= set(new)
         st = self.st
-        nodes = self.watch.nodes(tuple(new))
+        nodes = self.nodes(tuple(new))
         msg = (f"job {st.job}: straggler rank(s) {', '.join(map(str, new))} "
                f"({', '.join(f'{n}' for n in nodes.values()) or 'node unknown'}): step time above the gang median by "
                f"more than {st.spec.straggler_margin:.0%} for {st.spec.straggler_window_s:g} s")

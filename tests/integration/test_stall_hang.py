@@ -359,3 +359,34 @@ def test_straggler_training_operator_alone_is_never_noticed(
            gpu_minutes_wasted=round(wasted, 1),
            note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
                 f"(1 - 1/{factor:g}), and it goes on for the whole run")
+
+
+def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
+    kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
+) -> None:
+    # a bad node: whichever rank runs there hangs (sticky), in every incarnation of the job
+    sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S, "times": 3,
+                                                        "sticky": True}})
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt).replace(recovery=Recovery(max_preemptions=3))
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(6.0).to_json(), api=step_api)
+    th.start()
+    try:
+        out = json.loads(th.outcome(180).output_json)
+        bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
+        # released: the instance group deleted that VM (its slot given up), so its Node goes
+        wait_until(f"{bad} released", lambda: bad not in _ready(kube, sim.state.scenario.cluster)
+                   and not [n for n in kube.core.list_node().items if n.metadata.name == bad], timeout=30)
+    finally:
+        teardown.run(spec, run, "", api=step_api, provider=prov)
+    assert out["status"] == "Succeeded", out
+    first, second = out["ledger"]["stalls"]
+    assert set(first["first_stopped_nodes"].values()) == {bad} == set(second["first_stopped_nodes"].values())
+    assert "cordoned" not in first and second["cordoned"] == [bad], second
+    (new,) = second["replacement_nodes"]
+    assert new != bad and bad not in out["capacity"]["placements"][0]["nodes"] and \
+        new in [n for p in out["capacity"]["placements"] for n in p["nodes"]]
+    assert out["ledger"]["budget"]["preemptions"] == 2  # two restarts; the third incarnation ran clean
+    print(f"\nrank hang twice on {bad}: cordoned and replaced by {new}; the third attempt finished")
