@@ -24,6 +24,7 @@ import enum
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_MULTIPLE = 10.0
 DEFAULT_FLOOR_S = 120.0
@@ -88,11 +89,46 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+@dataclass(frozen=True)
+class TrainerStatus:
+    """Kubeflow Trainer v2's alpha ``TrainJob.status.trainerStatus``: gang-level, whole percent."""
+
+    progress_percentage: int | None
+    remaining_s: int | None
+    updated_at: str  # lastUpdatedTime as written (RFC 3339)
+    metrics: tuple[tuple[str, str], ...] = ()
+
+
+def trainer_status(job: Mapping[str, Any]) -> TrainerStatus | None:
+    """The ``status.trainerStatus`` of a TrainJob object, or None when absent (not served, the feature gate off, or
+    nothing reported yet). Malformed numbers read as None."""
+    ts = ((job.get("status") or {}).get("trainerStatus")) or None
+    if not isinstance(ts, Mapping):
+        return None
+
+    def whole(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    metrics = tuple((str(m.get("name", "")), str(m.get("value", ""))) for m in ts.get("metrics") or []
+                    if isinstance(m, Mapping))
+    return TrainerStatus(whole(ts.get("progressPercentage")), whole(ts.get("estimatedRemainingSeconds")),
+                         str(ts.get("lastUpdatedTime") or ""), metrics)
+
+
 def assess(history: Mapping[int, Sequence[Sample]], *, ranks: int, started_at: float, now: float,
-           policy: StallPolicy = StallPolicy()) -> Assessment:
+           policy: StallPolicy = StallPolicy(), gang: Sequence[Sample] = ()) -> Assessment:
     """Judge a gang of ``ranks`` ranks (0..ranks-1) at ``now`` from each rank's samples (oldest first; a rank with
-    no entry has not reported yet)."""
+    no entry has not reported yet). ``gang``: gang-level samples (a new sample per change of the TrainJob's
+    ``trainerStatus``), judged only when no rank reports progress of its own; it cannot say which rank stopped."""
     latest = {r: s[-1] for r, s in history.items() if s}
+    if not latest and gang:
+        timeout = timeout_for(policy, None)
+        last = last_progress(gang)
+        if now - last.at > timeout:
+            return Assessment(State.STALLED, timeout, None, stopped_at=last.at,
+                              reason=f"the TrainJob's trainerStatus did not change for {now - last.at:.0f} s "
+                                     f"(stall timeout {timeout:.0f} s)")
+        return Assessment(State.HEALTHY, timeout, None)
     median = _median([s.step_time_s for s in latest.values() if s.step_time_s is not None and s.step_time_s > 0])
     timeout = timeout_for(policy, median)
     since: dict[int, tuple[int, float]] = {}  # rank -> (step, last progress at) for the ranks past their timeout

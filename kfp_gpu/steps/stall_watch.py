@@ -16,7 +16,7 @@ from typing import Any
 
 from kfp_gpu.checkpoint import progress as rank_progress
 from kfp_gpu.checkpoint.backends import Backend, open_backend
-from kfp_gpu.plan.stall import Assessment, Sample, StallPolicy, assess
+from kfp_gpu.plan.stall import Assessment, Sample, StallPolicy, TrainerStatus, assess
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,15 @@ class StallWatch:
         self.backend = backend if backend is not None else open_backend(uri)
         self.history: dict[int, list[Sample]] = {}
         self.records: dict[int, rank_progress.Record] = {}
+        self.gang: list[Sample] = []  # one sample per change of the TrainJob's trainerStatus
+        self.trainer_status: TrainerStatus | None = None
         self.started_at = clock()
 
     def begin(self, *, clear: bool = True) -> None:
         """A new attempt: forget the history, and delete the old attempt's objects (``clear``) so they are not read
         as the new attempt's progress. A failed delete is logged."""
-        self.history, self.records, self.started_at = {}, {}, self.clock()
+        self.history, self.records, self.gang, self.trainer_status = {}, {}, [], None
+        self.started_at = self.clock()
         if clear:
             try:
                 rank_progress.clear(self.backend)
@@ -65,6 +68,15 @@ class StallWatch:
             while len(samples) > 2 and samples[1].at < keep:  # keep the one in force at the window's start
                 samples.pop(0)
 
+    def observe_trainer_status(self, ts: TrainerStatus | None, now: float) -> None:
+        """Fold the TrainJob's ``trainerStatus`` in: a gang-level sample whenever it changes."""
+        if ts is None:
+            return
+        if self.trainer_status is None or (ts.progress_percentage, ts.updated_at) != (
+                self.trainer_status.progress_percentage, self.trainer_status.updated_at):
+            self.gang.append(Sample(len(self.gang) + 1, None, now))
+        self.trainer_status = ts
+
     def poll(self, now: float | None = None) -> Assessment:
         """Read the store once and judge. Never raises for storage errors (logged)."""
         now = self.clock() if now is None else now
@@ -72,4 +84,5 @@ class StallWatch:
             self.observe(rank_progress.read(self.backend), now)
         except Exception as exc:  # noqa: BLE001
             log.warning("progress under %s not readable: %s", self.uri, exc)
-        return assess(self.history, ranks=self.ranks, started_at=self.started_at, now=now, policy=self.policy)
+        return assess(self.history, ranks=self.ranks, started_at=self.started_at, now=now, policy=self.policy,
+                      gang=self.gang)

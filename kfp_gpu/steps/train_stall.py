@@ -15,6 +15,7 @@ on by this module yet: the report says so.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -24,7 +25,7 @@ from typing import Any
 from kfp_gpu import progress
 from kfp_gpu.cluster.nodes import SWAP_OUT_ANNOTATION
 from kfp_gpu.plan.recovery import Cause, Verdict
-from kfp_gpu.plan.stall import Assessment, State
+from kfp_gpu.plan.stall import Assessment, State, trainer_status
 from kfp_gpu.steps.replace import Background
 from kfp_gpu.steps.stall_watch import StallWatch, policy_for
 
@@ -58,6 +59,12 @@ class StallSupervisor:
         self.last, self.reported = None, set()
 
     def probe(self, now: float) -> Verdict | None:
+        if self.st.kind.TRAINER_STATUS:  # Kubeflow Trainer v2: the gang-level progress its status may carry
+            try:
+                job = self.st.kind.get(self.st.api, self.st.namespace, self.st.job)
+                self.watch.observe_trainer_status(trainer_status(job) if job else None, time.time())
+            except Exception as exc:  # noqa: BLE001 - advisory; the ranks' own progress is the main signal
+                log.debug("trainerStatus of %s not read: %s", self.st.job, exc)
         a = self.watch.poll()
         self.last = a
         self._stragglers(a)
@@ -76,6 +83,7 @@ class StallSupervisor:
         entry = {"first_stopped": list(first), "first_stopped_nodes": self.nodes(first),
                  "stalled": list(a.stalled) if a is not None else [],
                  "timeout_s": a.timeout_s if a is not None else None, "logs": logs,
+                 "trainer_status": dataclasses.asdict(ts) if (ts := self.watch.trainer_status) else None,
                  "detect_latency_s": round(max(0.0, st.watch.decided_at - verdict.at), 4)}
         st.timeline.event("stall", verdict.at, job=st.job, ranks=list(first), reason=verdict.reason)
         return entry

@@ -154,3 +154,19 @@ def test_the_spec_knobs_make_the_policy_in_world_time() -> None:
     pol = policy_for(spec, scale=120.0)
     assert (pol.timeout_s, pol.window_s, pol.floor_s) == (2.0, 5.0, 1.0)
     assert policy_for(ProvisioningSpec(accelerator="nvidia-h100-80gb", nodes=2)).timeout_s is None
+
+
+def test_the_stall_watch_takes_a_sample_per_change_of_the_trainer_status(tmp_path: Path) -> None:
+    from kfp_gpu.plan.stall import TrainerStatus
+
+    clock = Clock()
+    w = StallWatch(str(tmp_path), 2, StallPolicy(floor_s=5.0), backend=LocalBackend(tmp_path), clock=clock)
+    w.begin()
+    for t, pct in ((1.0, 10), (2.0, 10), (3.0, 11)):
+        clock.t += 1.0
+        w.observe_trainer_status(TrainerStatus(pct, None, f"2026-12-05T06:00:0{int(t)}Z" if pct == 11 else "x"),
+                                 clock.t)
+    assert [s.at for s in w.gang] == [1001.0, 1003.0]
+    clock.t += 6.0
+    a = w.poll()
+    assert a.state is State.STALLED and "trainerStatus" in a.reason

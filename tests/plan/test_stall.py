@@ -88,3 +88,23 @@ def test_a_stall_restart_is_counted_against_the_restart_budget() -> None:
     assert d.action.value == "resume" and d.budget.preemptions == 1
     d = decide(Recovery(max_preemptions=1), spot=True, budget=d.budget, verdict=v)
     assert d.action.value == "exhausted" and "stall" in d.message
+
+
+def test_trainer_status_is_read_and_judges_the_gang_only_without_rank_progress() -> None:
+    from kfp_gpu.plan.stall import trainer_status
+
+    job = {"status": {"trainerStatus": {"progressPercentage": 42, "estimatedRemainingSeconds": 600,
+                                        "lastUpdatedTime": "2026-12-05T06:00:00Z",
+                                        "metrics": [{"name": "loss", "value": "1.25"}]}}}
+    ts = trainer_status(job)
+    assert ts is not None and (ts.progress_percentage, ts.remaining_s, ts.metrics) == (42, 600, (("loss", "1.25"),))
+    assert trainer_status({"status": {}}) is None and trainer_status({}) is None
+    assert trainer_status({"status": {"trainerStatus": {"progressPercentage": "x", "lastUpdatedTime": "t"}}}) \
+        == type(ts)(None, None, "t", ())
+    p = StallPolicy(floor_s=30.0)
+    gang = [Sample(1, None, 0.0), Sample(2, None, 10.0)]
+    assert assess({}, ranks=2, started_at=0.0, now=39.0, policy=p, gang=gang).state is State.HEALTHY
+    a = assess({}, ranks=2, started_at=0.0, now=41.0, policy=p, gang=gang)
+    assert a.state is State.STALLED and a.first_stopped == () and "trainerStatus did not change for 31 s" in a.reason
+    # rank progress, when there is any, is the signal: the stale trainerStatus is not judged
+    assert assess(_run(2, 41, 1.0), ranks=2, started_at=0.0, now=41.0, policy=p, gang=gang).state is State.HEALTHY
