@@ -132,6 +132,7 @@ class ProgressWorld:
         self.hung: dict[tuple[str, str], set[str]] = {}  # (namespace, job) -> incarnations (owner uids) hung
         self.stopped: dict[str, float] = {}  # pod uid -> when it stopped (hangs this world played)
         self.bad_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky hang follows
+        self.slow_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky slowdown follows
         self.backends: dict[str, Backend] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -170,15 +171,22 @@ class ProgressWorld:
         for key, ranks in jobs.items():
             self._job(key, ranks, now)
 
-    def _factor(self, rank: int) -> float:
+    def _factor(self, key: tuple[str, str], rank: int | None, pod: Any) -> float:
         slow = self.spec.slow
-        return slow.factor if slow is not None and slow.rank == rank else 1.0
+        if slow is None:
+            return 1.0
+        if slow.sticky:  # a slow node: whichever rank runs there
+            return slow.factor if pod.spec.node_name == self.slow_nodes.get(key) else 1.0
+        return slow.factor if slow.rank == rank else 1.0
 
     def _job(self, key: tuple[str, str, str], pods: list[Any], now: float) -> None:
         ns, job, owner = key
         by_rank = {rank_of(p.metadata.labels or {}): p for p in pods}
         world_step = float((pods[0].metadata.annotations or {})[STEP_ANNOTATION] or self.spec.step_s)
-        gang_step = compress(world_step * max(self._factor(r) for r in by_rank if r is not None))
+        slow = self.spec.slow
+        if slow is not None and slow.sticky and (ns, job) not in self.slow_nodes and slow.rank in by_rank:
+            self.slow_nodes[(ns, job)] = by_rank[slow.rank].spec.node_name
+        gang_step = compress(world_step * max(self._factor((ns, job), r, p) for r, p in by_rank.items()))
         # lockstep: the first step starts once the last rank is up (the rendezvous), and every rank counts from there
         started = max(self.first_seen[p.metadata.uid] for p in pods)
         hang = self.spec.hang
@@ -218,7 +226,7 @@ class ProgressWorld:
                 rep = Progress(backend, rank, min_interval_s=compress(DEFAULT_INTERVAL_S), node=p.spec.node_name or "",
                                pod=p.metadata.name)
                 self.reporters[p.metadata.uid] = rep
-            if rep.report(step, compress(world_step * self._factor(rank)), now=now):
+            if rep.report(step, compress(world_step * self._factor((ns, job), rank, p)), now=now):
                 self.written[p.metadata.uid] = step
 
     def _hang(self, ns: str, job: str, owner: str, victim: Any, pods: list[Any], now: float, gang_step: float) -> None:

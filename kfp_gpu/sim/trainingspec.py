@@ -6,7 +6,8 @@
       step_s: 1.0                       # world seconds per training step (opted-in pods may override it)
       hang: {rank: 1, after_s: 120}     # rank 1 stops making progress 120 s after it started; its pod stays Running
                                         # (sticky: true: a bad node; later incarnations hang on the rank there)
-      slow: {rank: 2, factor: 1.5}      # rank 2's steps take 1.5 x as long
+      slow: {rank: 2, factor: 1.5}      # rank 2's steps take 1.5 x as long (sticky: true: the node is slow, for
+                                        # whichever rank runs there, until it leaves the gang)
 
 Only pods that opt in (annotation ``kfp-gpu.io/sim-step-seconds``, :mod:`kfp_gpu.sim.progress`) train; without the
 key the world writes no progress at all. ``hang.times`` (default 1) is how many incarnations of a job hang (the
@@ -29,7 +30,7 @@ class RankFault:
     after_s: float = 0.0  # world seconds after the rank started running (hang)
     factor: float = 1.0  # step time multiplier (slow)
     times: int = 1  # incarnations of a job that hang
-    sticky: bool = False  # hang: a bad node; later incarnations hang on whichever rank runs on that node
+    sticky: bool = False  # the fault is the node's: later incarnations hang (or run slow) on whichever rank runs there
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ def parse_training(data: Any) -> TrainingSpec | None:
         hang = RankFault(int(h["rank"]), after_s=num(h.get("after_s", 0.0), "training.hang.after_s", 0.0),
                          times=int(num(h.get("times", 1), "training.hang.times", 1)), sticky=sticky)
     if d.get("slow") is not None:
-        s = _rank(d["slow"], "training.slow", {"factor"})
-        slow = RankFault(int(s["rank"]), factor=num(s.get("factor", 1.0), "training.slow.factor", 1.0))
+        s = _rank(d["slow"], "training.slow", {"factor", "sticky"})
+        if not isinstance(s.get("sticky", False), bool):
+            raise InvalidSpec("training.slow.sticky", s["sticky"], "must be true or false")
+        slow = RankFault(int(s["rank"]), factor=num(s.get("factor", 1.0), "training.slow.factor", 1.0),
+                         sticky=bool(s.get("sticky", False)))
     return TrainingSpec(num(d.get("step_s", 1.0), "training.step_s", 0.001), hang, slow)

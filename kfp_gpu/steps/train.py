@@ -102,7 +102,7 @@ def run(
     api = api if api is not None else api_client(spec.target)
     kind = for_template(template)
     st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
-    st.stall = StallSupervisor.for_state(st, scale=_world_scale(spec))
+    st.stall = StallSupervisor.for_state(st)
     started = time.time()
     st.load_ledger()
     try:
@@ -171,9 +171,10 @@ def _supervise(
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
             raise _exhausted(st, decision, outcome)
-        if outcome.cause is Cause.STALL:
+        if outcome.cause in (Cause.STALL, Cause.STRAGGLER):
             st.degraded = True
-            progress.report(progress.DEGRADED, "Stalled", f"job {st.job}: {outcome.reason}; {decision.message}"[:1000],
+            progress.report(progress.DEGRADED, "Stalled" if outcome.cause is Cause.STALL else "StragglerSwap",
+                            f"job {st.job}: {outcome.reason}; {decision.message}"[:1000],
                             preemptions=st.budget.preemptions)
         if outcome.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION):
             st.degraded = True
@@ -198,9 +199,9 @@ def _supervise(
             st.ledger["preemptions"][-1]["lost_nodes"] = lost
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
-        elif outcome.cause is Cause.STALL and st.stall is not None:  # a node first to stop twice is replaced
-            replacing = st.stall.remediate(lambda bad: _replace_nodes(st, bad, False, reprovision,
-                                                                      entry=st.ledger["stalls"][-1]))
+        elif outcome.cause in (Cause.STALL, Cause.STRAGGLER) and st.stall is not None:  # swap a bad/slow node
+            replacing = st.stall.remediate(outcome, lambda bad: _replace_nodes(st, bad, False, reprovision,
+                                                                               entry=st.ledger["stalls"][-1]))
         kind.delete(st.api, st.namespace, st.job)
         if not kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
@@ -210,15 +211,6 @@ def _supervise(
         if replacing is not None:
             replacing.result()
         st.save_ledger()
-
-
-def _world_scale(spec: ProvisioningSpec) -> float:
-    """The rehearsal world's time compression (its ranks report in world time), 1 on a real cluster."""
-    if not spec.target.rehearsal:
-        return 1.0
-    from kfp_gpu.sim.clock import TIME_SCALE
-
-    return TIME_SCALE
 
 
 def _release_warm_pool(st: TrainState) -> None:
@@ -356,7 +348,7 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
             st.timeline.event("preemption", verdict.at, node="", reason=verdict.reason, job=st.job)
         if template is None:
             entry["during"] = "recovery"
-    elif verdict.cause is Cause.STALL:  # pods still Running; nothing lost but the steps since the checkpoint
+    elif verdict.cause in (Cause.STALL, Cause.STRAGGLER):  # pods Running; lost: the steps since the checkpoint
         entry.update(st.stall.record(verdict) if st.stall is not None else {})
         st.ledger.setdefault("stalls", []).append(entry)
     else:

@@ -9,8 +9,9 @@ every rank (pods/log, the tenant's own namespace) to the ledger, the timeline an
 A node whose rank stopped first in two stalls is cordoned and replaced (:meth:`StallSupervisor.remediate`, through
 the step's replacement path, as a preempted node is).
 
-Stragglers are reported once per attempt (ledger, timeline, a Degraded report). ``stragglers="replace"`` is not acted
-on by this module yet: the report says so.
+Stragglers are reported once per attempt (ledger, timeline, a Degraded report). With ``stragglers="replace"`` the
+straggler's node is swapped at the next checkpoint boundary: the first checkpoint newer than the one in force when it
+was found is a ``Cause.STRAGGLER`` restart (same budget), and the node is cordoned and replaced as a stalled one.
 """
 
 from __future__ import annotations
@@ -42,12 +43,16 @@ class StallSupervisor:
                                 policy_for(st.spec, scale=scale))
         self.last: Assessment | None = None
         self.reported: set[int] = set()
+        self.swap: dict[str, int] = {}  # stragglers="replace": node -> checkpoint step when it was found slow
 
     @classmethod
-    def for_state(cls, st: Any, *, scale: float = 1.0) -> StallSupervisor | None:
-        """None when the run has no checkpoint store (no progress to read)."""
+    def for_state(cls, st: Any, *, scale: float | None = None) -> StallSupervisor | None:
+        """None when the run has no checkpoint store (no progress to read). ``scale``: the world's time compression
+        (default: the rehearsal world's on a rehearsal target, whose ranks report in world time; else 1)."""
         if not st.spec.checkpoint_uri:
             return None
+        if scale is None:
+            scale = _world_scale(st.spec)
         try:
             return cls(st, scale=scale, every_s=max(0.05, min(5.0, policy_for(st.spec, scale=scale).floor_s / 4)))
         except Exception as exc:  # noqa: BLE001 - a store we cannot open: the checkpoint path says why, loudly
@@ -56,7 +61,7 @@ class StallSupervisor:
 
     def begin(self, *, clear: bool = True) -> None:
         self.watch.begin(clear=clear)
-        self.last, self.reported = None, set()
+        self.last, self.reported, self.swap = None, set(), {}
 
     def probe(self, now: float) -> Verdict | None:
         if self.st.kind.TRAINER_STATUS:  # Kubeflow Trainer v2: the gang-level progress its status may carry
@@ -69,14 +74,18 @@ class StallSupervisor:
         self.last = a
         self._stragglers(a)
         if a.state is not State.STALLED:
-            return None
+            return self._swap_due(now)
         nodes = self.nodes(a.first_stopped)
         where = ", ".join(f"rank {r} on {n}" for r, n in nodes.items()) or ", ".join(map(str, a.first_stopped))
         return Verdict(Cause.STALL, a.stopped_at or now, (), f"stall: {a.reason}; stopped first: {where}")
 
     def record(self, verdict: Verdict) -> dict[str, Any]:
-        """Ledger fields for a stall: first stopped ranks (and their nodes), every rank's last log lines."""
+        """Ledger fields for a stall: first stopped ranks (and their nodes), every rank's last log lines; for a
+        straggler swap, the nodes swapped."""
         st, a = self.st, self.last
+        if verdict.cause is Cause.STRAGGLER:
+            st.timeline.event("straggler-swap", verdict.at, job=st.job, nodes=sorted(self.swap))
+            return {"stragglers_swapped": sorted(self.swap), "first_stopped_nodes": {}}
         first = a.first_stopped if a is not None else ()
         pods = tuple(sorted(p.name for p in st.watch.pods.values() if not p.deleted))
         logs = st.watch.log_tails(pods)
@@ -104,14 +113,26 @@ class StallSupervisor:
                                                                                        {}).values()))
         return sorted(n for n, c in counts.items() if c >= 2 and n in self.st.capacity.nodes)
 
-    def remediate(self, replace: Callable[[list[str]], None]) -> Background | None:
+    def _swap_due(self, now: float) -> Verdict | None:
+        """stragglers="replace": a checkpoint newer than the one in force when a straggler was found is the boundary
+        at which its node is swapped (the restart loses only the steps since that checkpoint)."""
+        if not self.swap:
+            return None
+        ck = self.st.checkpoint()
+        if ck is None or int(ck.step) <= min(self.swap.values()):
+            return None
+        nodes = ", ".join(sorted(self.swap))
+        return Verdict(Cause.STRAGGLER, now, (), f"straggler node(s) {nodes}: swapped at checkpoint step {ck.step}")
+
+    def remediate(self, verdict: Verdict, replace: Callable[[list[str]], None]) -> Background | None:
         """After a stall: a node first to stop twice is cordoned (no new pods land there), taken out of the gang and
         replaced (``replace``, the step's replacement path, in the background while the job is torn down). It is
         annotated ``kfp-gpu.io/swap-out``: the node-pool backend releases its slot (GKE deleteInstances) before it
         grows the pool again. None when there is no such node."""
-        bad = self.offenders()
+        bad = sorted(self.swap) if verdict.cause is Cause.STRAGGLER else self.offenders()
         if not bad:
             return None
+        why = "straggler" if verdict.cause is Cause.STRAGGLER else "first to stop in two stalls"
         from kubernetes import client
 
         core = client.CoreV1Api(self.st.api)
@@ -121,11 +142,11 @@ class StallSupervisor:
                                        "spec": {"unschedulable": True}})
             except Exception as exc:  # noqa: BLE001 - the replacement goes ahead; the node is out of the gang anyway
                 log.warning("could not cordon %s: %s", name, exc)
-            self.st.timeline.event("cordoned", time.time(), node=name, reason="first to stop in two stalls")
+            self.st.timeline.event("cordoned", time.time(), node=name, reason=why)
         entry = self.st.ledger["stalls"][-1]
         entry["cordoned"] = bad
-        progress.report(progress.DEGRADED, "StalledNode", f"job {self.st.job}: node(s) {', '.join(bad)} stopped "
-                        "first in two stalls: cordoned and replaced", nodes=bad)
+        progress.report(progress.DEGRADED, "StalledNode" if verdict.cause is Cause.STALL else "StragglerSwap",
+                        f"job {self.st.job}: node(s) {', '.join(bad)} ({why}): cordoned and replaced", nodes=bad)
         return Background(lambda: replace(bad))
 
     def _stragglers(self, a: Assessment) -> None:
@@ -139,7 +160,9 @@ class StallSupervisor:
                f"({', '.join(f'{n}' for n in nodes.values()) or 'node unknown'}): step time above the gang median by "
                f"more than {st.spec.straggler_margin:.0%} for {st.spec.straggler_window_s:g} s")
         if st.spec.stragglers == "replace":
-            msg += "; stragglers='replace' is not implemented yet: reported only"
+            ck = st.checkpoint()
+            self.swap.update({n: int(ck.step) if ck is not None else 0 for n in nodes.values()})
+            msg += "; its node is swapped at the next checkpoint (stragglers='replace')"
         st.ledger.setdefault("stragglers", []).append({"t": time.time(), "ranks": new, "nodes": nodes})
         st.timeline.event("straggler", time.time(), job=st.job, ranks=new)
         progress.report(progress.DEGRADED, "Straggler", msg[:1000], ranks=new)
@@ -149,3 +172,12 @@ class StallSupervisor:
 def _ranks_per_node(st: Any) -> int:
     """Ranks that report progress per node: the job's processes per node (``nproc_per_node``), 1 when unknown."""
     return int(getattr(st, "ranks_per_node", 1) or 1)
+
+
+def _world_scale(spec: Any) -> float:
+    """The rehearsal world's time compression (its ranks report in world time), 1 on a real cluster."""
+    if not spec.target.rehearsal:
+        return 1.0
+    from kfp_gpu.sim.clock import TIME_SCALE
+
+    return TIME_SCALE

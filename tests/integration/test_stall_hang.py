@@ -250,12 +250,7 @@ def test_straggler_is_reported_while_the_gang_keeps_training(
     wasted = GPUS * detected_s * (1 - 1 / factor) / 60.0
     print(f"\nslow rank (x{factor:g}) under kfp-gpu: reported {detected_s:.0f}s (world) after the gang started "
           f"(window 120s, margin 20%); {wasted:.0f} GPU-minutes lost to the slowdown by then")
-    record("slow_node", "kfp_gpu", test="test_straggler_is_reported_while_the_gang_keeps_training",
-           detection_s=round(detected_s, 1), action="reported: straggler rank and node (ledger, timeline, "
-           "Degraded/Straggler); stragglers='replace' not implemented yet", steps_lost=0,
-           gpu_minutes_wasted=round(wasted, 1),
-           note=f"rank 2 x{factor:g} slower, 4x8 GPUs; wasted = GPUs x time to detection x (1 - 1/{factor:g}); "
-                "the slowdown continues after the report")
+
 
 
 JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
@@ -390,3 +385,99 @@ def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
         new in [n for p in out["capacity"]["placements"] for n in p["nodes"]]
     assert out["ledger"]["budget"]["preemptions"] == 2  # two restarts; the third incarnation ran clean
     print(f"\nrank hang twice on {bad}: cordoned and replaced by {new}; the third attempt finished")
+
+
+def test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint(
+    kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
+) -> None:
+    import threading
+
+    factor = 1.5
+    sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor, "sticky": True}})
+    ckpt = tmp_path / "ckpt"
+    spec = _spec(sim, namespace, ckpt, stragglers="replace", straggler_window_s=120.0)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(5.0).to_json(), api=step_api)
+    stop = threading.Event()
+
+    def checkpointer() -> None:  # the simulated trainer checkpoints every 50 steps (every 100 s, world)
+        store, saved = CheckpointStore(str(ckpt)), 0
+        while not stop.wait(0.05):
+            step = _newest(ckpt) // 50 * 50
+            if step > saved:
+                store.save(step, {"w": str(step).encode()})
+                saved = step
+
+    cp = threading.Thread(target=checkpointer, daemon=True)
+    th.start()
+    cp.start()
+    job = pytorchjob.job_name(run, "train")
+    try:
+        wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
+        running_at = time.time()
+        out = json.loads(th.outcome(120).output_json)
+        slow = sim.progress_world.slow_nodes[(namespace, pytorchjob.job_name(run, "train"))]
+        wait_until(f"{slow} released", lambda: not [n for n in kube.core.list_node().items
+                                                     if n.metadata.name == slow], timeout=30)
+    finally:
+        stop.set()
+        cp.join(5)
+        teardown.run(spec, run, "", api=step_api, provider=prov)
+    assert out["status"] == "Succeeded", out
+    (found,) = out["ledger"]["stragglers"]
+    assert found["nodes"] == {"2": slow}, found
+    (swap,) = out["ledger"]["stalls"]
+    assert swap["cause"] == "straggler" and swap["stragglers_swapped"] == [slow] and swap["cordoned"] == [slow]
+    (new,) = swap["replacement_nodes"]
+    assert new != slow and swap["checkpoint_step"] > 0 and out["attempts"] == 2
+    assert out["ledger"]["budget"]["preemptions"] == 1
+    detected_s, swapped_s = expand(found["t"] - running_at), expand(swap["decided_at"] - running_at)
+    assert 120.0 <= detected_s <= swapped_s  # not before the window passed; the swap waits for a checkpoint
+    wasted = GPUS * (swapped_s * (1 - 1 / factor) + swap["steps_lost"] * STEP_S * factor) / 60.0
+    print(f"\nstraggler on {slow} (x{factor:g}), stragglers='replace': found {detected_s:.0f}s (world) after the gang "
+          f"started, swapped for {new} at checkpoint step {swap['checkpoint_step']} ({swapped_s:.0f}s; "
+          f"{swap['steps_lost']} steps lost); {wasted:.0f} GPU-minutes lost to the slowdown and the restart")
+    record("slow_node", "kfp_gpu", test="test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint",
+           detection_s=round(detected_s, 1), action=f"reported, then (stragglers='replace') node swapped at the next "
+           f"checkpoint, {swapped_s:.0f}s after the start; whole gang restarted from it", steps_lost=swap["steps_lost"],
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"rank 2's node x{factor:g} slower, 4x8 GPUs, window 120s, margin 20%, checkpoint every 50 steps "
+                f"(100s); wasted = GPUs x (time to swap x (1 - 1/{factor:g}) + lost steps); default "
+                "stragglers='report' only reports (test_straggler_is_reported_while_the_gang_keeps_training)")
+
+
+def test_straggler_jobset_failure_policy_is_never_triggered(
+    kube: Kube, namespace: str, world: Any, tmp_path: Path,
+) -> None:
+    factor, horizon_s = 1.5, 480.0  # world seconds watched
+    sim, _, nodes = world(4, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
+    name = f"js-{uuid.uuid4().hex[:5]}"
+    ckpt = tmp_path / "ckpt"
+    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
+                   namespace=namespace)
+    pt = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
+                             checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    kube.custom.create_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], _jobset(
+        name, pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"], 4))
+    sel = f"jobset.sigs.k8s.io/jobset-name={name}"
+    wait_until("4 ranks Running", lambda: len([p for p in kube.core.list_namespaced_pod(
+        namespace, label_selector=sel).items if p.status.phase == "Running"]) == 4, timeout=60)
+    wait_until("every rank reports", lambda: len(rank_progress.read(open_backend(str(ckpt)))) == 4, timeout=30)
+    t0 = time.time()
+    time.sleep(compress(horizon_s))
+    pods = kube.core.list_namespaced_pod(namespace, label_selector=sel).items
+    js = kube.custom.get_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], name)
+    assert {p.status.phase for p in pods} == {"Running"} and len(pods) == 4  # nothing failed, nothing restarted
+    assert {(p.metadata.labels or {}).get(RESTART_LABEL) for p in pods} == {"0"}
+    assert int((js.get("status") or {}).get("restarts") or 0) == 0, js.get("status")
+    recs = rank_progress.read(open_backend(str(ckpt)))
+    assert recs[2].step_time_s == pytest.approx(compress(STEP_S * factor), abs=1e-5)
+    wasted = GPUS * horizon_s * (1 - 1 / factor) / 60.0
+    print(f"\nslow rank (x{factor:g}), JobSet failurePolicy: nothing reacted in {expand(time.time() - t0):.0f}s (world); "
+          f"{wasted:.0f} GPU-minutes lost to the slowdown in that time")
+    record("slow_node", "jobset", test="test_straggler_jobset_failure_policy_is_never_triggered", detection_s=None,
+           action="none: no Job fails, so the failure policy never applies", steps_lost=0,
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
+                f"(1 - 1/{factor:g}), and it goes on for the whole run")
