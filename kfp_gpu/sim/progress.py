@@ -10,7 +10,8 @@ Synchronous data-parallel training (DDP, FSDP): every step ends in a collective,
 rank's pace; each rank reports its own compute time per step (what a trainer measures outside the collective), so a
 slow rank (scenario ``training.slow``) shows as a straggler while the whole gang slows down.
 
-The ranks of a job step in lockstep from the moment its last rank is up (the rendezvous). A hang (scenario
+The ranks of a job step in lockstep from the moment its last rank is up (the rendezvous: no rank steps while one of
+the incarnation's pods is not Running yet), and, as a trainer does, report a step once it is done. A hang (scenario
 ``training.hang``, counted from that moment): the rank stops making progress while its process lives (its pod stays
 Running); its peers finish the step they are in and block in the next collective, one step later. Nothing fails
 until the process-group timeout (the pod's ``kfp-gpu.io/pg-timeout-seconds``, default torch's 10 minutes for NCCL,
@@ -160,6 +161,11 @@ class ProgressWorld:
             mine = {n.metadata.name for n in self.core.list_node(label_selector=f"{SIM_CLUSTER_LABEL}={self.cluster}").items}
             pods = [p for p in pods if p.spec.node_name in mine]
         jobs: dict[tuple[str, str, str], list[Any]] = {}
+        members: dict[tuple[str, str, str], int] = {}  # the incarnation's live pods, Running or not
+        for p in pods:
+            k = incarnation(p)
+            if k is not None and not p.metadata.deletion_timestamp and p.status.phase not in ("Succeeded", "Failed"):
+                members[k] = members.get(k, 0) + 1
         for p in pods:
             notes = p.metadata.annotations or {}
             key = incarnation(p)
@@ -169,7 +175,8 @@ class ProgressWorld:
             jobs.setdefault(key, []).append(p)
             self.first_seen.setdefault(p.metadata.uid, now)
         for key, ranks in jobs.items():
-            self._job(key, ranks, now)
+            if len(ranks) >= members.get(key, 0):  # the rendezvous needs every rank: no step before they all run
+                self._job(key, ranks, now)
 
     def _factor(self, key: tuple[str, str], rank: int | None, pod: Any) -> float:
         slow = self.spec.slow
@@ -217,8 +224,8 @@ class ProgressWorld:
                 resume = 0
             step = step_at(now, started=started, resume=resume, step_s=gang_step,
                            stopped_at=stopped, resumes_at=resumes)
-            if self.written.get(p.metadata.uid) == step:
-                continue
+            if step <= resume or self.written.get(p.metadata.uid) == step:
+                continue  # a trainer reports a step once it is done: nothing before the first one
             rep = self.reporters.get(p.metadata.uid)
             if rep is None:
                 backend = self.backends.get(uri) or open_backend(uri)

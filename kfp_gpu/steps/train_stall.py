@@ -31,12 +31,13 @@ from kfp_gpu.steps.replace import Background
 from kfp_gpu.steps.stall_watch import StallWatch, policy_for
 
 log = logging.getLogger("kfp_gpu.steps.train")
+PROBE_S = 5.0  # real-world seconds between two looks at the ranks' progress (world time on a rehearsal)
 
 
 class StallSupervisor:
     """One per train step; ``begin`` per attempt."""
 
-    def __init__(self, st: Any, *, scale: float = 1.0, every_s: float = 5.0) -> None:
+    def __init__(self, st: Any, *, scale: float = 1.0, every_s: float = PROBE_S) -> None:
         self.st = st
         self.every_s = every_s
         self.watch = StallWatch(st.spec.checkpoint_uri, st.spec.nodes * _ranks_per_node(st),
@@ -54,7 +55,7 @@ class StallSupervisor:
         if scale is None:
             scale = _world_scale(st.spec)
         try:
-            return cls(st, scale=scale, every_s=max(0.05, min(5.0, policy_for(st.spec, scale=scale).floor_s / 4)))
+            return cls(st, scale=scale, every_s=max(0.1, PROBE_S / scale))  # >= 0.1 s: a rehearsal shares the CPU
         except Exception as exc:  # noqa: BLE001 - a store we cannot open: the checkpoint path says why, loudly
             log.warning("stall detection off: progress store %s not usable: %s", st.spec.checkpoint_uri, exc)
             return None
