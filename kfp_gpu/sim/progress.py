@@ -122,7 +122,7 @@ def _env(pod: Any) -> dict[str, str]:
 class ProgressWorld:
     """Writes the progress of the world's opted-in training ranks; plays ``training.hang`` and ``training.slow``."""
 
-    def __init__(self, api_client: Any, spec: TrainingSpec, *, cluster: str = "", interval_s: float = 0.1) -> None:
+    def __init__(self, api_client: Any, spec: TrainingSpec, *, cluster: str = "", interval_s: float = 0.05) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
@@ -135,31 +135,55 @@ class ProgressWorld:
         self.bad_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky hang follows
         self.slow_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky slowdown follows
         self.backends: dict[str, Backend] = {}
+        self.pods: list[Any] = []  # the newest listing (refresh)
+        self.list_interval_s = max(interval_s, 0.25)
+        self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="sim-progress", daemon=True)
-        self._thread.start()
+        """Two threads: one lists the world's training pods (API calls, slow under load), one writes progress from
+        the newest listing (steps follow from time), so a slow listing never pauses the ranks' progress."""
+        for name, fn, every in (("sim-progress-list", self.refresh, self.list_interval_s),
+                                ("sim-progress", self.write, self.interval_s)):
+            t = threading.Thread(target=self._loop, args=(fn, every), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        for t in self._threads:
+            t.join(5)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _loop(self, fn: Any, every: float) -> None:
+        while not self._stop.wait(every):
             try:
-                self.tick(time.time())
+                fn(time.time())
             except Exception as exc:  # noqa: BLE001 - the world keeps turning; the next tick retries
-                log.warning("sim progress tick failed: %s", exc)
+                log.warning("sim progress: %s failed: %s", getattr(fn, "__name__", fn), exc)
 
     def tick(self, now: float) -> None:
+        """List, then write (both halves at once)."""
+        self.refresh(now)
+        self.write(now)
+
+    def refresh(self, now: float) -> None:
+        """List the training pods on this world's nodes; a pod first seen Running is stamped ``now``."""
         pods = list({p.metadata.uid: p for sel in (JOB_NAME_LABEL, JOBSET_LABEL)
                      for p in self.core.list_pod_for_all_namespaces(label_selector=sel).items}.values())
         if self.cluster:  # this world's ranks only: pods on its own nodes (another world may share the cluster)
             mine = {n.metadata.name for n in self.core.list_node(label_selector=f"{SIM_CLUSTER_LABEL}={self.cluster}").items}
             pods = [p for p in pods if p.spec.node_name in mine]
+        with self._lock:
+            for p in pods:
+                if p.status.phase == "Running":
+                    self.first_seen.setdefault(p.metadata.uid, now)
+            self.pods = pods
+
+    def write(self, now: float) -> None:
+        """Write every opted-in Running rank's progress at ``now`` from the newest listing."""
+        with self._lock:
+            pods = list(self.pods)
         jobs: dict[tuple[str, str, str], list[Any]] = {}
         members: dict[tuple[str, str, str], int] = {}  # the incarnation's live pods, Running or not
         for p in pods:
@@ -170,10 +194,10 @@ class ProgressWorld:
             notes = p.metadata.annotations or {}
             key = incarnation(p)
             if (key is None or STEP_ANNOTATION not in notes or p.status.phase != "Running"
-                    or p.metadata.deletion_timestamp or rank_of(p.metadata.labels or {}) is None):
+                    or p.metadata.deletion_timestamp or rank_of(p.metadata.labels or {}) is None
+                    or p.metadata.uid not in self.first_seen):
                 continue
             jobs.setdefault(key, []).append(p)
-            self.first_seen.setdefault(p.metadata.uid, now)
         for key, ranks in jobs.items():
             if len(ranks) >= members.get(key, 0):  # the rendezvous needs every rank: no step before they all run
                 self._job(key, ranks, now)
