@@ -39,6 +39,9 @@ RESUME_STEP_ANNOTATION = "kfp-gpu.io/resume-step"
 # --- claims: taints and the scale-down protection a claim sets ---
 CLAIM_TAINT_SUFFIX = ".claims.kfp-gpu.io/run"  # the claim taint key is <namespace> + this
 LEGACY_RUN_TAINT_KEY = "kfp-gpu.io/run"  # the claim taint key of older versions: still released by unclaim
+# a healthy node the run swaps out (first to stop in two stalls, a straggler): cordoned, its slot released by the
+# replacement (kfp_gpu/provisioners/node_pool.py)
+SWAP_OUT_ANNOTATION = "kfp-gpu.io/swap-out"
 POOL_TAINT_SUFFIX = ".nodepools.kfp-gpu.io/run"  # <namespace> + this: a run's Karpenter NodePool taints its nodes
 PROTECTED_BY = "kfp-gpu.io/scale-down-disabled-by"  # the run whose claim set scale-down-disabled
 

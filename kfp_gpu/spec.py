@@ -162,6 +162,8 @@ class Target:
 
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
+STALL_TIMEOUT_MIN_S = 1.0
+STRAGGLER_POLICIES = ("report", "replace")
 LEASE_TTL_MIN_S = 10.0  # heartbeats beat every ttl/4: 2.5 s at the minimum, still well inside the lease
 
 
@@ -206,6 +208,11 @@ class ProvisioningSpec:
     checkpoint_uri: str = ""
     cost: CostInputs = field(default_factory=CostInputs)
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S  # an orphan's label expiry (janitor); an unobservable owner's heartbeat bound
+    # stalls and stragglers (docs/stalls.md): seconds without progress, or "auto" (a multiple of the step time)
+    stall_timeout: float | str = "auto"
+    stragglers: str = "report"  # "report" | "replace" (swap the straggler's node at the next checkpoint)
+    straggler_margin: float = 0.2  # slower than the gang's median step time by more than this fraction...
+    straggler_window_s: float = 300.0  # ...in every progress sample over this window
 
     def __post_init__(self) -> None:
         acc = accelerators.get(self.accelerator)
@@ -232,6 +239,7 @@ class ProvisioningSpec:
                                   remediation="topology='required' or 'preferred' with topology_level='block', "
                                   "'subblock' or 'host'; topology='none' ignores the level")
         _check_range("lease_ttl_s", self.lease_ttl_s, LEASE_TTL_MIN_S, 30 * 86400.0, (int, float))
+        self._check_stalls()
         if self.capacity is CapacityType.SPOT and self.reservation and not self.fallback:
             raise InvalidSpec(
                 "reservation", self.reservation, "spot capacity cannot consume a reservation",
@@ -279,6 +287,22 @@ class ProvisioningSpec:
     def chain(self) -> tuple[CapacityType, ...]:
         """The capacity types in the order they are tried: ``capacity``, then ``fallback``."""
         return (self.capacity, *(CapacityType(v) for v in self.fallback))
+
+    def _check_stalls(self) -> None:
+        if self.stall_timeout != "auto":
+            if isinstance(self.stall_timeout, str):
+                raise InvalidSpec("stall_timeout", self.stall_timeout, "must be 'auto' or a number of seconds",
+                                  remediation="e.g. stall_timeout='auto' or stall_timeout=300")
+            _check_range("stall_timeout", self.stall_timeout, STALL_TIMEOUT_MIN_S, 7 * 86400.0, (int, float))
+        if self.stragglers not in STRAGGLER_POLICIES:
+            raise InvalidSpec("stragglers", self.stragglers, f"allowed: {', '.join(map(repr, STRAGGLER_POLICIES))}")
+        _check_range("straggler_margin", self.straggler_margin, 0.01, 10.0, (int, float))
+        _check_range("straggler_window_s", self.straggler_window_s, 1.0, 86400.0, (int, float))
+
+    @property
+    def stall_timeout_s(self) -> float | None:
+        """The stall timeout in seconds, or None for "auto" (kfp_gpu.plan.stall.timeout_for)."""
+        return None if isinstance(self.stall_timeout, str) else float(self.stall_timeout)
 
     def _check_zones(self) -> None:
         zone_re = _AWS_ZONE_RE if self.target.kind is TargetKind.EKS else _GCP_ZONE_RE

@@ -83,6 +83,8 @@ class JobKind(JobObserver, ABC):
 
     NAME: ClassVar[str]
     resource: ClassVar[customjob.Resource]
+    # the job's status may carry a trainer progress report (Kubeflow Trainer v2 alpha ``status.trainerStatus``)
+    TRAINER_STATUS: ClassVar[bool] = False
 
     @staticmethod
     def job_name(run_id: str, template: str) -> str:

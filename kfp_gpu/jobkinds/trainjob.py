@@ -39,6 +39,7 @@ GRACE = "terminationGracePeriodSeconds"
 class TrainJobKind(JobKind):
     NAME = "trainjob"
     resource = trainjob.RESOURCE
+    TRAINER_STATUS = True  # trainer.kubeflow.org/v1alpha1 serves status.trainerStatus (feature gate TrainJobStatus)
 
     def __init__(self, runtime: str = DEFAULT_RUNTIME, runtime_kind: str = RUNTIME_KINDS[0]) -> None:
         self.runtime_ref = (runtime or DEFAULT_RUNTIME, runtime_kind or RUNTIME_KINDS[0])

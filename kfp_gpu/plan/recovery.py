@@ -68,6 +68,8 @@ class Cause(str, enum.Enum):
     PREEMPTION = "preemption"
     APP_FAILURE = "app-failure"
     QUEUE_EVICTION = "queue-eviction"  # Kueue took the quota back (Preempted, PodsReadyTimeout, ...)
+    STALL = "stall"  # no training progress for the stall timeout (kfp_gpu.plan.stall); pods still Running
+    STRAGGLER = "straggler"  # stragglers="replace": a straggler's node swapped at the next checkpoint boundary
 
 
 @dataclass(frozen=True)
@@ -274,6 +276,15 @@ def decide(policy: Recovery, *, spot: bool, budget: Budget, verdict: Verdict) ->
         return Decision(Action.RESUME, nb, budget.on_demand, policy.max_preemptions - used,
                         f"queue eviction {used}/{policy.max_preemptions}: resuming from the newest checkpoint "
                         "once Kueue admits the job again")
+    if verdict.cause in (Cause.STALL, Cause.STRAGGLER):  # same restart budget; restart from the newest checkpoint
+        used = budget.preemptions + 1
+        nb = replace(budget, preemptions=used)
+        what = verdict.cause.value
+        if used > policy.max_preemptions:
+            return Decision(Action.EXHAUSTED, nb, budget.on_demand, 0,
+                            f"restart {used} ({what}) exceeds recovery.max_preemptions={policy.max_preemptions}")
+        return Decision(Action.RESUME, nb, budget.on_demand, policy.max_preemptions - used,
+                        f"{what}: restart {used}/{policy.max_preemptions} from the newest checkpoint")
     if verdict.cause is Cause.APP_FAILURE:
         used = budget.app_failures + 1
         nb = replace(budget, app_failures=used)

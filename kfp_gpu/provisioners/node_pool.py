@@ -22,9 +22,9 @@ from kubernetes import client
 
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.nodes import NodeView, list_nodes
+from kfp_gpu.cluster.nodes import NodeView, list_nodes, read_node
 from kfp_gpu.errors import KfpGpuError, NotFound
-from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, SWAP_OUT_ANNOTATION, UNHEALTHY_TAINT, Owner, label_safe
 from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.scale import rollback_sizes
 from kfp_gpu.providers.base import CapacityProvider, Operation, PoolRef, PoolState
@@ -68,12 +68,13 @@ class NodePoolProvisioner(NothingExtra):
         """Raises: as :meth:`acquire`, and NotFound when the on-demand fallback has no pool."""
         where = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n in lost}
         keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
-        # a node released for a bad GPU (kfp_gpu.steps.health_gate) is still a live VM its instance group counts:
-        # give its slot back (deleteInstances), or the group's target would look as if it held the replacement
-        bad = {n: pz for n, pz in where.items() if _released_unhealthy(self.api, n)}
-        if bad:
-            _release_and_settle(self.provider, spec.target.region, bad,
-                                Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s))
+        # a node released for a bad GPU (kfp_gpu.steps.health_gate) or swapped out (a stall's repeat offender, a
+        # straggler) is still a live VM its instance group counts: give its slot up first, or the group's target would
+        # look as if it held the replacement
+        leaving = {n: pz for n, pz in where.items() if _leaving(self.api, n)}
+        if leaving:
+            _give_up(self.provider, spec.target.region, leaving,
+                     Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s))
         return _tagged(reprovision(spec, run_id, self.api, self.provider, lost=extra, zone_hint=zone_hint,
                                    on_demand=on_demand, attempt=attempt, lost_uids=lost_uids, lost_where=where,
                                    keep=keep), spec)
@@ -92,34 +93,42 @@ class NodePoolProvisioner(NothingExtra):
         return out
 
 
-def _release_and_settle(provider: CapacityProvider, region: str, bad: Mapping[str, tuple[str, str]], owner: Owner,
-                        timeout_s: float = 60.0) -> None:
-    """Give the bad nodes' slots back, then wait (bounded) until their pools' target sizes show it: the resize that
-    follows computes absolute sizes from what it reads, and must not count the released VMs as capacity."""
-    def sizes() -> dict[tuple[str, str], int]:
-        return {(st.ref.pool, st.ref.zone): st.size for st in provider.pools(region)}
-
-    before = sizes()
-    want: dict[tuple[str, str], int] = {}
-    for pz in bad.values():
-        want[pz] = want.get(pz, before.get(pz, 0)) - 1
-    if release_slots(provider, region, bad, owner):
-        return  # not released (logged): teardown gives the slots back
+def _give_up(provider: CapacityProvider, region: str, swap: Mapping[str, tuple[str, str]], owner: Owner,
+             timeout_s: float = 120.0) -> None:
+    """Release the slots of live nodes the run swaps out and wait for it (the pool's size must have dropped before
+    the replacement is sized, or the plan counts the old node): the provider's ``delete_nodes`` operations are
+    polled to done; a provider without it gets :func:`release_slots`' resize. Failures are logged, not raised."""
+    deleter = getattr(provider, "delete_nodes", None)
+    if deleter is None:
+        release_slots(provider, region, swap, owner)
+        return
+    groups: dict[PoolRef, list[str]] = {}
+    for name, (pool, zone) in swap.items():
+        groups.setdefault(PoolRef(pool, zone, region), []).append(name)
+    ops = []
+    for ref, names in groups.items():
+        try:
+            ops.append(deleter(ref, sorted(names)))
+        except KfpGpuError as exc:
+            log.warning("recovery: release of %s from %s failed: %s", ", ".join(names), ref.pool, exc)
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        now = sizes()
-        if all(now.get(pz, 0) <= size for pz, size in want.items()):
-            return
-        time.sleep(0.2)
-    log.warning("health: released slots of %s not reflected in the pools' sizes after %.0fs", sorted(bad), timeout_s)
+    while ops and time.time() < deadline:
+        try:
+            ops = [op for op in (provider.operation(o) for o in ops) if not op.done]
+        except KfpGpuError as exc:
+            log.warning("recovery: polling a node release failed: %s", exc)
+        if ops:
+            time.sleep(0.2)
 
 
-def _released_unhealthy(api: client.ApiClient, name: str) -> bool:
-    from kfp_gpu.cluster.nodes import read_node
-    from kfp_gpu.plan.health import UNHEALTHY_TAINT
-
+def _leaving(api: client.ApiClient, name: str) -> bool:
+    """Is ``name`` a live node the run gives up: swapped out (annotated :data:`SWAP_OUT_ANNOTATION`) or released
+    for a bad GPU (tainted :data:`UNHEALTHY_TAINT`)? False when it is gone."""
     node = read_node(api, name)
-    return node is not None and any(t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+    if node is None:
+        return False
+    swapped = SWAP_OUT_ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
+    return swapped or any(t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
 
 def _tagged(cap: Capacity, spec: ProvisioningSpec) -> Capacity:

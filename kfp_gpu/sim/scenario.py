@@ -24,6 +24,7 @@ from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
 from kfp_gpu.sim.gpufaultspec import GpuFaults, parse_gpu_faults
 from kfp_gpu.sim.topology import TopologySpec, parse_placement, parse_topology
+from kfp_gpu.sim.trainingspec import TrainingSpec, parse_training
 from kfp_gpu.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
     BootLatency,
@@ -171,6 +172,7 @@ class Scenario:
     reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
     topology: TopologySpec = field(default_factory=TopologySpec)  # blocks, sub-blocks, hosts (kfp_gpu.sim.topology)
     gpu_faults: GpuFaults = field(default_factory=GpuFaults)  # bad GPUs at birth, Xid events (sim.gpufaultspec)
+    training: TrainingSpec | None = None  # simulated ranks' progress, hangs and slow ranks (kfp_gpu.sim.trainingspec)
 
     def pool(self, name: str) -> PoolSpec:
         """Raises: KeyError for an unknown pool."""
@@ -213,7 +215,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
-        "dws", "provisioning_revocations", "topology", "gpu_faults",
+        "dws", "provisioning_revocations", "topology", "gpu_faults", "training",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
@@ -286,6 +288,7 @@ def from_dict(data: Any) -> Scenario:
         reservations=parse_reservations(d.get("reservations"), zones),
         topology=parse_topology(d.get("topology")),
         gpu_faults=parse_gpu_faults(d.get("gpu_faults"), names),
+        training=parse_training(d.get("training")),
     )
     _check_quota_usage(sc)
     return sc

@@ -142,6 +142,7 @@ class SimServer:
         self._dws_controller: Any = None
         self.cc = ComputeClassWorld(self.state)  # GKE custom ComputeClasses (kfp_gpu.sim.computeclass)
         self._cc_controller: Any = None
+        self.progress_world: Any = None  # kfp_gpu.sim.progress.ProgressWorld when the scenario has `training`
         self.principals = Principals()  # bearer token -> role (kfp_gpu.sim.gcp_iam)
 
     @property
@@ -162,6 +163,12 @@ class SimServer:
         self._schedule_gpu_faults()
         self._start_dws()
         self._start_cc()
+        if self.scenario.training is not None and self.backend is not None and hasattr(self.backend, "api_client"):
+            from kfp_gpu.sim.progress import ProgressWorld
+
+            self.progress_world = ProgressWorld(self.backend.api_client, self.scenario.training,
+                                                cluster=self.scenario.cluster)
+            self.progress_world.start()
         log.info("kfp-gpu sim serving %s (project %s, cluster %s)", self.url, self.scenario.project,
                  self.scenario.cluster)
         return self.url
@@ -171,6 +178,8 @@ class SimServer:
         gpu = getattr(self.backend, "gpu", None)
         if gpu is not None:
             gpu.stop()
+        if self.progress_world is not None:
+            self.progress_world.stop()
         if self._dws_controller is not None:
             self._dws_controller.stop()
         if self._cc_controller is not None:

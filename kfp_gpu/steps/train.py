@@ -60,6 +60,7 @@ from kfp_gpu.steps.health_gate import await_listed
 from kfp_gpu.steps.replace import Background, Reprovision, merge_capacity, replace
 from kfp_gpu.steps.result import StepResult
 from kfp_gpu.steps.train_report import result as _result
+from kfp_gpu.steps.train_stall import StallSupervisor
 from kfp_gpu.steps.train_state import STEP, TrainState
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def run(
     api = api if api is not None else api_client(spec.target)
     kind = for_template(template)
     st = TrainState(spec, run_id, api, capacity, kind.job_name(run_id, template.name), kind=kind)
+    st.stall = StallSupervisor.for_state(st)
     started = time.time()
     st.load_ledger()
     try:
@@ -172,6 +174,8 @@ def _supervise(
             job, created, ckpt_step = attach, False, kind.resume_step(attach)
         attach = None
         st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        if st.stall is not None:
+            st.stall.begin(clear=created)  # a re-attached attempt keeps its ranks' progress
         if st.degraded or (created and st.attempt > 1):  # a restarted unit recovers what its predecessor began
             progress.report(progress.HEALTHY, "Recovered", f"job {st.job} restarted on a whole gang from step "
                             f"{ckpt_step} (attempt {st.attempt})", preemptions=st.budget.preemptions)
@@ -184,6 +188,11 @@ def _supervise(
         _record(st, outcome, decision, template)
         if decision.action is Action.EXHAUSTED:
             raise _exhausted(st, decision, outcome)
+        if outcome.cause in (Cause.STALL, Cause.STRAGGLER):
+            st.degraded = True
+            progress.report(progress.DEGRADED, "Stalled" if outcome.cause is Cause.STALL else "StragglerSwap",
+                            f"job {st.job}: {outcome.reason}; {decision.message}"[:1000],
+                            preemptions=st.budget.preemptions)
         if outcome.cause in (Cause.PREEMPTION, Cause.QUEUE_EVICTION):
             st.degraded = True
             progress.report(progress.DEGRADED, "Recovering" if outcome.cause is Cause.PREEMPTION else "Evicted",
@@ -208,6 +217,9 @@ def _supervise(
             st.midrun.release(lost)  # a node flagged by a GPU-fault condition: released before it is replaced
             if lost:  # ask for the replacement capacity now; it boots while the old job is torn down
                 replacing = Background(functools.partial(_replace_nodes, st, lost, decision.on_demand, reprovision))
+        elif outcome.cause in (Cause.STALL, Cause.STRAGGLER) and st.stall is not None:  # swap a bad/slow node
+            replacing = st.stall.remediate(outcome, lambda bad: _replace_nodes(st, bad, False, reprovision,
+                                                                               entry=st.ledger["stalls"][-1]))
         kind.delete(st.api, st.namespace, st.job)
         if not kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(
@@ -354,6 +366,9 @@ def _record(st: TrainState, verdict: Verdict, decision: Decision, template: JobT
             st.timeline.event("preemption", verdict.at, node="", reason=verdict.reason, job=st.job)
         if template is None:
             entry["during"] = "recovery"
+    elif verdict.cause in (Cause.STALL, Cause.STRAGGLER):  # pods Running; lost: the steps since the checkpoint
+        entry.update(st.stall.record(verdict) if st.stall is not None else {})
+        st.ledger.setdefault("stalls", []).append(entry)
     else:
         st.ledger.setdefault("app_failures", []).append(entry)
     if template is not None:
@@ -367,7 +382,7 @@ HEALTH_ATTEMPT_BASE = 10000  # a health replacement's provisioner request key: n
 
 
 def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
-                   deficit: int = 0, attempt: int | None = None) -> None:
+                   deficit: int = 0, attempt: int | None = None, entry: dict[str, Any] | None = None) -> None:
     """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
@@ -377,9 +392,9 @@ def _replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision
                           attempt=st.budget.preemptions if attempt is None else attempt, hook=reprovision,
                           lost_uids=gone, deficit=deficit)
     if attempt is not None:  # a health replacement: recorded by the gate's ledger entry
-        st.ledger["health"][-1]["replacement_nodes"] = [n for n in st.capacity.nodes if n not in before]
-    elif st.ledger.get("preemptions"):
-        entry = st.ledger["preemptions"][-1]
+        entry = st.ledger["health"][-1]
+    entry = entry if entry is not None else (st.ledger.get("preemptions") or [None])[-1]  # the incident's record
+    if entry is not None:
         entry["replacement_nodes"] = sorted(set(entry.get("replacement_nodes", []))
                                             | {n for n in st.capacity.nodes if n not in before})
     log.info("job %s: replaced %s; gang now %s", st.job, ", ".join(lost), ", ".join(st.capacity.nodes))

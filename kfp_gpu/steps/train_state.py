@@ -48,6 +48,7 @@ class TrainState:
         self.counted: set[tuple[str, float]] = set()  # node incidents already counted as preemptions
         self._usage_closed = True
         self.queue = ""  # the Kueue LocalQueue the job is submitted to ("" when the namespace is not gated)
+        self.stall: Any = None  # kfp_gpu.steps.train_stall.StallSupervisor when the run has a checkpoint store
         self.watch = self.use_queue(queue)
         self.health = HealthGate()  # which nodes passed the GPU health probe (spec.health)
         self.midrun = MidrunHealth(self)  # GPU-fault node conditions while the job runs
@@ -141,11 +142,20 @@ class TrainState:
         self.ledger["status"] = "running"
         self.save_ledger()
 
+    def probe(self, now: float) -> Verdict | None:
+        """The running gang's own checks, asked by the watch loop: GPU-fault node conditions first (the node is
+        known bad), then stalls and stragglers (kfp_gpu.steps.train_stall). The first verdict wins."""
+        found = self.midrun.probe(now)
+        if found is None and self.stall is not None:
+            found = self.stall.probe(now)
+        return found
+
     def watch_attempt(self, *, admission_s: float, placement_s: float) -> str | Verdict:
         """Raises: GangPlacementFailed, TrainingFailed (see GangWatch.watch_attempt)."""
         try:
-            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s,
-                                            probe=self.midrun.probe, probe_every_s=self.midrun.every_s)
+            return self.watch.watch_attempt(admission_s=admission_s, placement_s=placement_s, probe=self.probe,
+                                            probe_every_s=min(self.midrun.every_s,
+                                                              self.stall.every_s if self.stall is not None else 5.0))
         finally:
             if self.running_at is not None:
                 self.timeline.event("job-running", self.running_at, job=self.job, attempt=self.attempt)

@@ -15,7 +15,8 @@ checkpoint is committed only once every rank's part is in the store (kfp_gpu.che
 emergency save on SIGTERM is then collective: the ranks agree on the step after which to save.
 
 Progress goes to stdout as JSON lines (``{"event": "step", ...}``), one per step, flushed, so a launcher
-or a test can follow it. Exit codes: 0 done, 143 preempted (emergency checkpoint saved), 2 bad arguments.
+or a test can follow it, and, per rank, to ``_progress/`` beside the checkpoints (kfp_gpu.checkpoint.progress,
+throttled by ``KFP_GPU_PROGRESS_INTERVAL_S``), which the stall detector reads. Exit codes: 0 done, 143 preempted (emergency checkpoint saved), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -251,6 +252,10 @@ def train(args: argparse.Namespace) -> int:
     # Distributed: a peer preempted first breaks the all-reduce of the current step; the weights and
     # optimizer state are still those of the last completed step, so save them anyway.
     guard = ckpt.on_preemption(emergency, args.grace_s, save_on_error=distributed, agree=agree)
+    # per-rank progress beside the checkpoints (kfp_gpu.checkpoint.progress): what the stall detector reads
+    from kfp_gpu.checkpoint.progress import Progress
+
+    progress = Progress.from_env(uri, rank)
     loss_fn = nn.CrossEntropyLoss()
     model.train()
     for step in range(start, args.steps + 1):
@@ -268,6 +273,7 @@ def train(args: argparse.Namespace) -> int:
             losses.append(float(loss.item()))
             state["step"] = step
             emit("step", step=step, loss=losses[-1], rank=rank)
+            progress.step(step)
             if step % args.checkpoint_every == 0 or step == args.steps:
                 save(step)
             if args.step_sleep:
