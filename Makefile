@@ -16,7 +16,7 @@ AUTOSCALER ?= none
 # Kueue profile: KUEUE=1 builds and runs the real Kueue controller (CRDs, webhooks; docs/local-cluster.md).
 # `make test` uses KUEUE=1.
 KUEUE ?=
-# Optional components (kfp_gpu/devcluster/extras.py): TRAINER=1 runs JobSet + Kubeflow Trainer v2, GCS=1 the
+# Optional components (kfp_gpu_rehearsal/devcluster/extras.py): TRAINER=1 runs JobSet + Kubeflow Trainer v2, GCS=1 the
 # fake-gcs-server emulator. `make test` uses both.
 TRAINER ?=
 GCS ?=
@@ -53,7 +53,7 @@ imagedeps:
 # Debian 12 base; built once per content hash (Dockerfile, constraints, the sources that go in): a warm run takes
 # seconds. `kfp-gpu run --containers PIPELINE.py` runs the kfp-gpu steps in the first.
 images: imagedeps venv
-	$(BIN)/python -m kfp_gpu.devcluster.images
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster.images
 
 # Two venv targets: `venv` is what `make demo` (and the cluster targets) need: the SDK, the clouds' clients, the
 # controller and the dev tools, no torch (tests/unit/test_no_torch_on_run.py: `kfp-gpu run` imports none).
@@ -80,21 +80,21 @@ lint: venv-torch
 # Training Operator always; cluster-autoscaler and/or Karpenter as AUTOSCALER names them, Kueue with KUEUE=1,
 # JobSet + Trainer with TRAINER=1, fake-gcs-server with GCS=1.
 cluster-build: venv
-	$(BIN)/python -m kfp_gpu.devcluster build $(BUILD_FLAGS)
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster build $(BUILD_FLAGS)
 
 # Builds what is missing (cluster-build), boots the local cluster (or re-uses a running one) with the profiles and
 # components named by AUTOSCALER, KUEUE, TRAINER and GCS, then starts the GKE and AWS stand-in daemons
-# (kfp_gpu.sim.daemon).
+# (kfp_gpu_rehearsal.sim.daemon).
 cluster-up: cluster-build
-	$(BIN)/python -m kfp_gpu.devcluster up --autoscaler $(AUTOSCALER) $(EXTRA_FLAGS)
-	$(BIN)/python -m kfp_gpu.sim.daemon start
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster up --autoscaler $(AUTOSCALER) $(EXTRA_FLAGS)
+	$(BIN)/python -m kfp_gpu_rehearsal.sim.daemon start
 
 cluster-down: venv
-	$(BIN)/python -m kfp_gpu.sim.daemon stop
-	$(BIN)/python -m kfp_gpu.devcluster down
+	$(BIN)/python -m kfp_gpu_rehearsal.sim.daemon stop
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster down
 
 cluster-status: venv
-	$(BIN)/python -m kfp_gpu.devcluster status
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster status
 
 # The whole suite, integration tier included: it boots (or reuses) the local control plane first, with every
 # optional component: cluster-autoscaler and Karpenter (kwok providers), Kueue, JobSet + Trainer v2 and
@@ -106,7 +106,7 @@ test: TRAINER = 1
 # The images (make images) build in the background while cluster-up builds and boots the cluster: on a cold machine
 # both take minutes and neither needs the other; the image tests then find them in the cache.
 test: sysdeps imagedeps venv-torch lint
-	@mkdir -p $(KFP_GPU_CACHE); $(BIN)/python -m kfp_gpu.devcluster.images > $(KFP_GPU_CACHE)/images-build.log 2>&1 & img=$$!; \
+	@mkdir -p $(KFP_GPU_CACHE); $(BIN)/python -m kfp_gpu_rehearsal.devcluster.images > $(KFP_GPU_CACHE)/images-build.log 2>&1 & img=$$!; \
 	  $(MAKE) --no-print-directory cluster-up AUTOSCALER=$(AUTOSCALER) KUEUE=$(KUEUE) GCS=$(GCS) TRAINER=$(TRAINER) \
 	    || { kill $$img 2>/dev/null; exit 1; }; \
 	  wait $$img || { tail -20 $(KFP_GPU_CACHE)/images-build.log; echo "make images failed (log above)" >&2; exit 1; }; \
@@ -128,7 +128,7 @@ components: venv
 
 # The cluster-autoscaler peer (-tags kwok) is built from its Go module on first use, cached like the rest.
 cluster-build-ca: venv
-	$(BIN)/python -m kfp_gpu.devcluster build --with-autoscaler
+	$(BIN)/python -m kfp_gpu_rehearsal.devcluster build --with-autoscaler
 
 # Benchmarks (docs/benchmarks.md): every side runs on one world, so the cluster comes up with the cluster-autoscaler
 # (ProvisioningRequest sides; the bench starts its own CA for the reactive side from the same binary) and Karpenter

@@ -8,10 +8,10 @@ holds the job :data:`JOB_S`, says ``release`` (job end) and watches the side's n
 Where a side's nodes come from:
 * ``naive``, ``sequential``, ``ours_node_pool``, ``ours_compute_class``: a fresh stand-in process per side-run (same
   scenario and seed, so the same boot samples, in creation order). ``ours_compute_class``'s nodes come from the
-  stand-in's node auto-provisioning for the run's ComputeClass (kfp_gpu/sim/computeclass.py): its pools boot with the
+  stand-in's node auto-provisioning for the run's ComputeClass (kfp_gpu_rehearsal/sim/computeclass.py): its pools boot with the
   scenario pool's model and seed of the same zone.
 * ``cluster_autoscaler``: the bench's own cluster-autoscaler process (same binary and flags as the dev cluster's
-  CA profile, kfp_gpu/devcluster/ca_profile.py FLAGS, minus the ProvisioningRequest ones: two CAs serving the same
+  CA profile, kfp_gpu_rehearsal/devcluster/ca_profile.py FLAGS, minus the ProvisioningRequest ones: two CAs serving the same
   requests would fight over their status), node group ``bench-ca`` (max 600).
 * ``cluster_autoscaler_provreq``, ``ours_provisioning_request``: the dev cluster's CA profile (the only CA allowed
   to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-bench`` (us-central1-c, max 512
@@ -43,19 +43,19 @@ from kubernetes import client
 from bench.common import ROOT, new_api, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
 from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, profile_boot_drawn, scenario
-from kfp_gpu.devcluster.nodes import (
+from kfp_gpu_rehearsal.devcluster.nodes import (
     BOOT_DELAY_ANNOTATION,
     BOOT_INJECTION_LABEL,
     POOL_LABEL,
     READY_AT_ANNOTATION,
 )
-from kfp_gpu.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
 
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
          "ours_provisioning_request", "ours_karpenter", "ours_compute_class")  # run in this order; shared node groups are apart
 STANDIN_SIDES = ("naive", "sequential", "ours_node_pool", "ours_compute_class")
 CA_POOL = "bench-ca"
-PROFILE_POOL = "ca-a100-bench"  # kfp_gpu.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
+PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
 PROFILE_MAX = 512
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
@@ -104,8 +104,8 @@ class BenchCA:
 
     def __init__(self, api: client.ApiClient) -> None:
         from kfp_gpu import accelerators
-        from kfp_gpu.devcluster import autoscaler, ca_profile
-        from kfp_gpu.devcluster.nodes import make_gpu_node
+        from kfp_gpu_rehearsal.devcluster import autoscaler, ca_profile
+        from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 
         acc = accelerators.get("a100-80gb")
         node = make_gpu_node("template", CA_POOL, acc.gke_label, "us-central1-a", GPUS, False, 1.0,
@@ -205,7 +205,7 @@ class Canary:
     NAME = "kfp-gpu-bench-canary"
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        from kfp_gpu.devcluster.nodes import make_gpu_node
+        from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 
         self.core, self.ns = client.CoreV1Api(api), namespace
         node = make_gpu_node(self.NAME, "bench-canary", "none", "us-central1-a", 0, False, 0.0,
@@ -342,7 +342,7 @@ class Harness:
         if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
             if n > PROFILE_MAX:
                 return (f"the dev cluster's CA profile (the only CA serving ProvisioningRequests here) has node group "
-                        f"{PROFILE_POOL} of max {PROFILE_MAX} nodes (kfp_gpu/devcluster/ca_profile.py NODE_GROUPS)")
+                        f"{PROFILE_POOL} of max {PROFILE_MAX} nodes (kfp_gpu_rehearsal/devcluster/ca_profile.py NODE_GROUPS)")
             from kfp_gpu.cluster import provreq
 
             if provreq.autoscaler_node_groups(self.api) is None:
@@ -379,7 +379,7 @@ class Harness:
         sim: StandIn | None = None
         selector: Callable[[NodeRec], bool] = lambda rec: False  # noqa: E731
         if side == "ours_compute_class":  # GKE serves the CRD; the stand-in serves classes where it is installed
-            from kfp_gpu.devcluster import computeclass_crd
+            from kfp_gpu_rehearsal.devcluster import computeclass_crd
 
             computeclass_crd.install(self.api)
         if side in STANDIN_SIDES:

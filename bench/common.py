@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from kubernetes import client, watch
 
-from kfp_gpu.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL
 from kfp_gpu.plan import readiness
+from kfp_gpu_rehearsal.devcluster.nodes import BOOT_DELAY_ANNOTATION, POOL_LABEL
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = Path(__file__).with_name("scenarios")
@@ -31,14 +31,14 @@ def uid(prefix: str) -> str:
 
 
 def kubeconfig() -> Path:
-    from kfp_gpu.devcluster import boot
+    from kfp_gpu_rehearsal.devcluster import boot
 
     return boot.kubeconfig_path()
 
 
 def new_api() -> client.ApiClient:
     """A fresh ApiClient for the dev cluster (one per measured side, so request counts stay separate)."""
-    from kfp_gpu.devcluster import crds
+    from kfp_gpu_rehearsal.devcluster import crds
 
     return crds.api_client(kubeconfig())
 

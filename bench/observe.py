@@ -20,8 +20,8 @@ from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
 from bench.common import BOOT_SAMPLE_ANNOTATION
-from kfp_gpu.devcluster.nodes import READY_AT_ANNOTATION
 from kfp_gpu.plan import readiness
+from kfp_gpu_rehearsal.devcluster.nodes import READY_AT_ANNOTATION
 
 GANG_LABEL = "kfp-gpu.io/bench-gang"
 

@@ -5,9 +5,9 @@ creates / patches its run's GpuGang with its namespace's ``kfp-gpu`` ServiceAcco
 controller's answer (:func:`kfp_gpu.gang.client.request`); every "ours" side of the bench does exactly that.
 
 :class:`Product` arranges it as ``kfp-gpu run`` and the integration tier do (tests/integration/controller_support.py):
-:func:`kfp_gpu.devcluster.controller.prepare` makes the bench namespace a tenant (limits large enough for every
+:func:`kfp_gpu_rehearsal.devcluster.controller.prepare` makes the bench namespace a tenant (limits large enough for every
 scenario: :data:`MAX_GPUS_PER_GANG`, :data:`MAX_GPUS_PER_NAMESPACE`) and mints the controller's and the step
-identity's kubeconfigs; :class:`kfp_gpu.devcluster.controller.LocalController` runs ``kfp-gpu controller
+identity's kubeconfigs; :class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` runs ``kfp-gpu controller
 --standalone`` for that namespace under the controller's token. Side processes (bench/peers.py) get the step
 kubeconfig's path and call :func:`request` themselves.
 
@@ -33,7 +33,7 @@ MAX_GPUS_PER_NAMESPACE = 65536  # never the limit: a released gang's GPUs are no
 
 def step_api(step_kubeconfig: str | Path) -> client.ApiClient:
     """An ApiClient with the tenant step identity's token only (what a component pod has)."""
-    from kfp_gpu.devcluster import crds
+    from kfp_gpu_rehearsal.devcluster import crds
 
     return crds.api_client(Path(step_kubeconfig))
 
@@ -128,7 +128,7 @@ class Product:
         return self.workdir / "controller-work"
 
     def start(self) -> Product:
-        from kfp_gpu.devcluster import controller as local_controller
+        from kfp_gpu_rehearsal.devcluster import controller as local_controller
 
         t = time.time()
         self.ctl_kubeconfig, self.step_kubeconfig = local_controller.prepare(

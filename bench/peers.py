@@ -132,7 +132,7 @@ class Side:
                    for i in range(self.n)])
 
     def go_cluster_autoscaler_provreq(self) -> None:
-        from kfp_gpu.devcluster import ca_profile
+        from kfp_gpu_rehearsal.devcluster import ca_profile
 
         tols = [ca_profile.toleration(), ca_profile.toleration(ca_profile.BENCH_TAINT)]
         sel = {"cloud.google.com/gke-nodepool": self.a["pool"]}
@@ -164,8 +164,8 @@ class Side:
         self.core.delete_namespaced_pod_template(self.tag, self.ns)
 
     def go_karpenter(self) -> None:
-        from kfp_gpu.devcluster import karpenter_profile as kp
-        from kfp_gpu.devcluster.nodes import BOOT_INJECTION_LABEL, NOT_READY_TAINT
+        from kfp_gpu_rehearsal.devcluster import karpenter_profile as kp
+        from kfp_gpu_rehearsal.devcluster.nodes import BOOT_INJECTION_LABEL, NOT_READY_TAINT
 
         name = self.tag
         taint = {"key": "kfp-gpu.io/bench", "value": name, "effect": "NoSchedule"}
@@ -217,8 +217,8 @@ class Side:
         ours.request("warm_pool", self.spec, self.run_id, self.steps)
 
     def ours_spec(self) -> Any:
-        from kfp_gpu.devcluster import ca_profile
         from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
+        from kfp_gpu_rehearsal.devcluster import ca_profile
 
         backend = self.a["side"][len("ours_"):].replace("_", "-")
         # the harness's own budget for the gang (burst.gang_timeout) less a margin, so ours reports TIMEOUT itself

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.common import Result, uid
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 
 REGIONS = ("us-central1", "us-east1", "us-west1", "us-east4", "europe-west4", "asia-east1")
 ACCELS = ("a100-80gb", "h100-80gb", "l4")

@@ -10,7 +10,7 @@ the same scenario (one spot A100 pool, **fixed** boot latency ``BOOT_S`` for eve
   running ``worker-1`` is preempted with ``SimServer.preempt`` (GKE spot: graceful node shutdown at the notice, the
   pods killed 15 s in, the VM gone at 30 s and recreated by its MIG, docs/sim.md); ``t0`` is that call. The killed
   rank's peers then hang in the collective until the process-group timeout and exit 1, or, in an elastic job,
-  re-rendezvous (kfp_gpu/sim/ranks.py);
+  re-rendezvous (kfp_gpu_rehearsal/sim/ranks.py);
 * after the loss the trainer steps again only when the job trains again, from the newest committed checkpoint
   (every side's trainer script resumes from it: ours is told ``KFP_GPU_RESUME_STEP``, the cross-check is in the
   JSON; a torchrun elastic restart and an operator-restarted pod run the same script).
@@ -68,8 +68,8 @@ from bench.recovery_world import (
 )
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.sim.clock import TIME_SCALE, compress, expand
-from kfp_gpu.sim.ranks import DEFAULT_PG_TIMEOUT_S, DEFAULT_RENDEZVOUS_S, PG_TIMEOUT_ANNOTATION
+from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress, expand
+from kfp_gpu_rehearsal.sim.ranks import DEFAULT_PG_TIMEOUT_S, DEFAULT_RENDEZVOUS_S, PG_TIMEOUT_ANNOTATION
 
 K = 10  # checkpoint interval (steps) = JobTemplate.checkpoint_every
 PG_TIMEOUT_S = DEFAULT_PG_TIMEOUT_S  # every side's process-group timeout: torch's NCCL default, 600 world s

@@ -7,7 +7,7 @@ A job's ranks are its pods as the watch last saw them (:class:`Rank`). After a n
 * a pod from before ``t0`` on a lost node never trains again (it is being killed);
 * a pod from before ``t0`` on a surviving node trains again only after a re-rendezvous that followed the loss
   (``kfp-gpu.io/stalled-since`` >= ``t0`` and its ``kfp-gpu.io/resumes-at`` passed: torchrun elastic). A survivor
-  that merely stays Running is hung in the collective (kfp_gpu/sim/ranks.py) or about to be, so Running is not
+  that merely stays Running is hung in the collective (kfp_gpu_rehearsal/sim/ranks.py) or about to be, so Running is not
   enough.
 
 A job trains when at least ``need`` ranks train: all ``n`` for a plain DDP job, ``minReplicas`` for an elastic one.

@@ -2,7 +2,7 @@
 
 :class:`JobPods` is the one watch every recovery side is measured by (same code, same harness clock): every pod of
 the job (label ``kfp-gpu.io/job``), with the world's rank annotations (``kfp-gpu.io/stalled-since``,
-``kfp-gpu.io/resumes-at``, kfp_gpu/sim/ranks.py). After :meth:`JobPods.arm` it records the side's first reaction
+``kfp-gpu.io/resumes-at``, kfp_gpu_rehearsal/sim/ranks.py). After :meth:`JobPods.arm` it records the side's first reaction
 to the loss: a new pod of the job, a surviving pod deleted, or a surviving pod re-rendezvousing.
 
 :class:`Trainer` advances ``rate`` steps/s while the watch says the job trains (bench/recovery_metrics.py) and
@@ -22,7 +22,7 @@ from kubernetes import client, watch
 
 from bench.recovery_metrics import Rank, training_ranks
 from kfp_gpu import ownership
-from kfp_gpu.sim.ranks import RESUMES_ANNOTATION, STALLED_ANNOTATION
+from kfp_gpu_rehearsal.sim.ranks import RESUMES_ANNOTATION, STALLED_ANNOTATION
 
 POLL_S = 0.005  # the trainer's look at the watch's state (the resolution of t_train / t_full)
 

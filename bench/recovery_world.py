@@ -15,9 +15,9 @@ from bench.common import ReadyWatch, kubeconfig, sampled_boot_s, scenario_dict, 
 from bench.recovery_watch import JobPods
 from bench.world import API_LATENCY_MS
 from kfp_gpu import iam
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.clock import compress
-from kfp_gpu.sim.server import SimServer
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.clock import compress
+from kfp_gpu_rehearsal.sim.server import SimServer
 
 POOL = "bench-a100-spot-a"
 ZONE = "us-central1-a"
@@ -80,6 +80,6 @@ def boot_of(api: client.ApiClient, node: str) -> float:
 
 
 def pool_watch(api: client.ApiClient, cluster: str) -> ReadyWatch:
-    from kfp_gpu.devcluster.nodes import POOL_LABEL
+    from kfp_gpu_rehearsal.devcluster.nodes import POOL_LABEL
 
     return ReadyWatch(api, f"{POOL_LABEL}={POOL},kfp-gpu.io/sim-cluster={cluster}")

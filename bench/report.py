@@ -14,7 +14,7 @@ from typing import Any
 
 from bench import report_recovery
 from bench.common import RESULTS, ROOT
-from kfp_gpu.devcluster import ca_profile
+from kfp_gpu_rehearsal.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
 OURS = ("ours_node_pool", "ours_provisioning_request", "ours_karpenter", "ours_compute_class")
@@ -211,7 +211,7 @@ Sides:
 |---|---|
 | naive | one `setSize(N)` on the stand-in (REST, retried on 5xx like a script with a retry loop), then listing Nodes every 10 world seconds until N are Ready with GPUs |
 | sequential | `setSize(i)`, wait for node i, for i = 1..N (the old anecdotal baseline) |
-| cluster_autoscaler | the real cluster-autoscaler (`kfp_gpu.devcluster.autoscaler`, kwok provider), the CA profile's flags minus its ProvisioningRequest ones (`bench/burst.py: BenchCA`), node group `bench-ca` (max 600) whose nodes boot on the bench's seeded sampler; N pending pods |
+| cluster_autoscaler | the real cluster-autoscaler (`kfp_gpu_rehearsal.devcluster.autoscaler`, kwok provider), the CA profile's flags minus its ProvisioningRequest ones (`bench/burst.py: BenchCA`), node group `bench-ca` (max 600) whose nodes boot on the bench's seeded sampler; N pending pods |
 | cluster_autoscaler_provreq | PodTemplate + ProvisioningRequest (`best-effort-atomic-scale-up`) served by the dev cluster's CA profile, polled at 10 world seconds, then N consuming pods; its node group `ca-a100-bench` (us-central1-c, max 512, a taint only the bench tolerates) boots each node on the bench's seeded sampler |
 | karpenter | the dev cluster's Karpenter kwok provider: a NodePool (p4d.24xlarge spot, us-east-1a, limits N x 8 GPUs, consolidate when empty after 5 s; the bench's KWOKNodeClass `kfp-gpu-bench`, registration at launch) + N pending pods; each node boots on the bench's seeded sampler: registered NotReady (as a kubelet registers; kube-controller-manager's taint-by-condition removes `node.kubernetes.io/not-ready` from a node with no Ready condition, https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/#taint-nodes-by-condition), with that taint as a NodePool startup taint (https://karpenter.sh/docs/concepts/nodepools/), until its drawn ready-at |
 {ours_rows}
@@ -280,7 +280,7 @@ def _plugin(w: dict[str, Any]) -> str:
 
 def _world(w: dict[str, Any]) -> str:
     b = w.get("boot", {})
-    return (f"TIME_SCALE = {w.get('time_scale')} (`kfp_gpu.sim.clock`: one real-world minute lasts 0.5 s); boot "
+    return (f"TIME_SCALE = {w.get('time_scale')} (`kfp_gpu_rehearsal.sim.clock`: one real-world minute lasts 0.5 s); boot "
             f"{b.get('dist')}, median {b.get('median_real_s')} s real ({b.get('median_wall_s')} s here), sigma "
             f"{b.get('sigma')}, floor {b.get('min_real_s')} s, counted from the create request to GPUs usable "
             f"{_plugin(w)}; asynchronous resize operations "

@@ -1,6 +1,6 @@
 """The one world every side of the benchmark runs on (issue 18).
 
-Real-world durations compressed by the stand-in's one factor, :data:`kfp_gpu.sim.clock.TIME_SCALE` (120: one
+Real-world durations compressed by the stand-in's one factor, :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE` (120: one
 real-world minute lasts 0.5 s here); API round trips are not compressed (:data:`API_LATENCY_MS` = 100 ms by
 default, as a client really pays them). Every side of one (scenario, N, repeat) uses the same seed, so the
 stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw the same boot samples.
@@ -14,7 +14,7 @@ stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw t
   zero-boot world (control-plane overhead) keeps both at 0.
 * Asynchronous resize operations (PENDING 3 s, VM creations spread over 20 s), a seeded 1 % of 5xx answers
   (half of them after a mutation took effect), Compute's 1,500 requests/minute budget (docs/sim.md, API layer).
-* The stand-in runs as its own process (``python -m kfp_gpu.sim``), as a cloud does, one per side-run.
+* The stand-in runs as its own process (``python -m kfp_gpu_rehearsal.sim``), as a cloud does, one per side-run.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import Any
 
 import yaml
 
-from kfp_gpu.devcluster.nodes import (
+from kfp_gpu_rehearsal.devcluster.nodes import (
     BOOT_DELAY_ANNOTATION,
     BOOT_INJECTION_LABEL,
     POOL_LABEL,
     READY_AT_ANNOTATION,
 )
-from kfp_gpu.sim.clock import TIME_SCALE, compress
-from kfp_gpu.sim.kube import BOOT_SAMPLE_ANNOTATION
-from kfp_gpu.sim.worldspec import BootLatency
+from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.sim.kube import BOOT_SAMPLE_ANNOTATION
+from kfp_gpu_rehearsal.sim.worldspec import BootLatency
 
 ACCEL = "a100-80gb"
 GPUS = 8
@@ -70,7 +70,7 @@ def boot_model(seed: int, *, zero: bool = False) -> BootLatency:
 
 class BootDraws:
     """The world's boot draws for nodes no stand-in creates, in creation order: the stand-in pool's own sampler
-    (:func:`boot_model` ``(seed).sampler()``, as kfp_gpu/sim/state.py seeds each pool), so the k-th node of any
+    (:func:`boot_model` ``(seed).sampler()``, as kfp_gpu_rehearsal/sim/state.py seeds each pool), so the k-th node of any
     side draws the k-th sample of the same sequence."""
 
     def __init__(self, seed: int) -> None:
@@ -154,7 +154,7 @@ def profile_boot_drawn(core: Any, pool: str) -> str:
     (CA reads the templates once, at its start)."""
     from kubernetes import client
 
-    from kfp_gpu.devcluster import ca_profile
+    from kfp_gpu_rehearsal.devcluster import ca_profile
 
     try:
         cm = core.read_namespaced_config_map(ca_profile.TEMPLATES_CM, ca_profile.NAMESPACE)
@@ -223,7 +223,7 @@ class StandIn:
         scen, url_file = self.dir / "scenario.yaml", self.dir / "url"
         scen.write_text(yaml.safe_dump(self.data))
         log = (self.dir / "log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu.sim", "--scenario", str(scen), "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu_rehearsal.sim", "--scenario", str(scen), "--port", "0",
                                       "--kubeconfig", str(self.kubeconfig), "--url-file", str(url_file)],
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()

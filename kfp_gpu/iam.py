@@ -5,7 +5,7 @@
   ``deploy/aws-policy.json`` / ``deploy/aws-quota-requester-policy.json``, the same for AWS.
 * :data:`GCP_CALLS`: every Google REST method the GKE provider calls (and the few more the stand-in serves),
   with the IAM permission Google checks for it. The provider's error classification names the permission of a
-  refused call from it, and the stand-in (:mod:`kfp_gpu.sim`) checks every call against it, so they cannot drift.
+  refused call from it, and the stand-in (:mod:`kfp_gpu_rehearsal.sim`) checks every call against it, so they cannot drift.
 * AWS IAM actions are the API operation names under the service's IAM prefix (:data:`AWS_PREFIX`), which the EKS
   provider and the AWS stand-in both derive the same way; :data:`AWS_IMPLIED` lists the extra actions AWS
   checks (tag-on-create).

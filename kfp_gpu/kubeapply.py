@@ -3,7 +3,7 @@
 one-line :class:`~kfp_gpu.errors.KfpGpuError` naming the object and the fix.
 
 Raw ``PATCH`` with ``application/apply-patch+yaml`` (field manager ``kfp-gpu``, ``force``), as
-``kfp_gpu/devcluster/crds.py`` does: no kubectl, no discovery round trips.
+``kfp_gpu_rehearsal/devcluster/crds.py`` does: no kubectl, no discovery round trips.
 """
 
 from __future__ import annotations

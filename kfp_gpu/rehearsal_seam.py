@@ -34,7 +34,7 @@ TIME_SCALE_ENV = "KFP_GPU_WORLD_TIME_SCALE"
 LOCAL_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 SIM_URL_FILE = "sim.url"
 SIM_PROBE = "/sim/v1/requests"  # the GKE stand-in answers here once it serves
-PACKAGE = "kfp_gpu"  # where the rehearsal's modules live (its own distribution after the package split)
+PACKAGE = "kfp_gpu_rehearsal"  # the rehearsal's own distribution (kfp-gpu[rehearsal], kfp_gpu_rehearsal/pyproject.toml)
 INSTALL_HINT = "pip install 'kfp-gpu[rehearsal]'"
 
 

@@ -52,7 +52,7 @@ class CapacityType(str, enum.Enum):
 class TargetKind(str, enum.Enum):
     GKE = "gke"
     EKS = "eks"
-    LOCAL = "local"  # the kfp_gpu.sim GKE stand-in backed by KWOK nodes
+    LOCAL = "local"  # the kfp_gpu_rehearsal.sim GKE stand-in backed by KWOK nodes
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ SPEC = ProvisioningSpec(
     capacity=CapacityType.ON_DEMAND,
     target=Target(
         kind="local",  # type: ignore[arg-type]
-        cluster="ca",  # the dev cluster's cluster-autoscaler profile (kfp_gpu.devcluster.ca_profile)
+        cluster="ca",  # the dev cluster's cluster-autoscaler profile (kfp_gpu_rehearsal.devcluster.ca_profile)
         region="us-central1",
         pools=("ca-a100-a", "ca-a100-b"),  # the autoscaler's node groups this team may use
         tolerations=("kfp-gpu.io/dedicated=training:NoSchedule",),  # the groups' dedicated-pool taint

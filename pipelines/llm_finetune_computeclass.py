@@ -7,8 +7,8 @@ so the flex-start rung goes through queued provisioning (a ProvisioningRequest: 
 takes the other rungs; see docs/computeclass.md. Locally the GKE stand-in serves ComputeClasses (docs/sim.md,
 section 14) once the dev cluster has the CRD:
 
-    python -m kfp_gpu.devcluster.computeclass_crd   # once: GKE serves this CRD in every cluster
-    kfp-gpu run pipelines/llm_finetune_computeclass.py --scenario kfp_gpu/sim/scenarios/flex-start.yaml
+    python -m kfp_gpu_rehearsal.devcluster.computeclass_crd   # once: GKE serves this CRD in every cluster
+    kfp-gpu run pipelines/llm_finetune_computeclass.py --scenario kfp_gpu_rehearsal/sim/scenarios/flex-start.yaml
 """
 
 from kfp import dsl

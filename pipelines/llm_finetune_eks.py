@@ -6,7 +6,7 @@ them the run falls back to the On-Demand node groups. Teardown terminates the ru
 (Auto Scaling TerminateInstanceInAutoScalingGroup with decrement), never ones AWS picks.
 
 On a real cluster, drop ``endpoint`` and give the step ServiceAccount an IAM role (docs/user-guide.md, "EKS").
-Locally the endpoint is the AWS stand-in (kfp_gpu.sim.aws), whose node groups become KWOK nodes:
+Locally the endpoint is the AWS stand-in (kfp_gpu_rehearsal.sim.aws), whose node groups become KWOK nodes:
 
     make cluster-up                                   # starts the GKE stand-in and the AWS one (port 8788)
     kfp-gpu compile pipelines/llm_finetune_eks.py -o llm_finetune_eks.yaml
@@ -19,7 +19,7 @@ import kfp_gpu
 from kfp_gpu.spec import CapacityType, CostInputs, ProvisioningSpec, Recovery, Target
 from pipelines.llm_finetune import finetune_dag
 
-AWS_STANDIN = "http://127.0.0.1:8788"  # kfp_gpu.sim.daemon's AWS stand-in; "" = real AWS
+AWS_STANDIN = "http://127.0.0.1:8788"  # kfp_gpu_rehearsal.sim.daemon's AWS stand-in; "" = real AWS
 
 SPEC = ProvisioningSpec(
     accelerator="a100-40gb",  # p4d.24xlarge (kfp_gpu.accelerators: aws_instances)

@@ -4,7 +4,7 @@ capacity="flex-start" with node pools that have queued provisioning: kfp-gpu ask
 ProvisioningRequest of class queued-provisioning.gke.io (maxRunDurationSeconds from max_run_duration_s); GKE queues
 it, then creates every node at once. Locally the GKE stand-in serves the class (docs/sim.md, section 12):
 
-    kfp-gpu run pipelines/llm_finetune_flex.py --scenario kfp_gpu/sim/scenarios/flex-start.yaml
+    kfp-gpu run pipelines/llm_finetune_flex.py --scenario kfp_gpu_rehearsal/sim/scenarios/flex-start.yaml
 """
 
 from kfp import dsl

@@ -11,7 +11,7 @@ Karpenter terminates its NodeClaims and nodes.
 
 On a real cluster, drop ``endpoint`` and give the step ServiceAccount the Karpenter RBAC of docs/user-guide.md
 ("EKS"). Locally, Karpenter's kwok provider launches KWOK nodes with AWS instance types and per-zone offerings
-(kfp_gpu.devcluster.karpenter_types); the endpoint is the AWS stand-in, which teardown asks about node groups
+(kfp_gpu_rehearsal.devcluster.karpenter_types); the endpoint is the AWS stand-in, which teardown asks about node groups
 and reservations:
 
     make cluster-up AUTOSCALER=karpenter
@@ -25,7 +25,7 @@ import kfp_gpu
 from kfp_gpu.spec import CapacityType, CostInputs, ProvisioningSpec, Recovery, Target, WarmPool
 from pipelines.llm_finetune import finetune_dag
 
-AWS_STANDIN = "http://127.0.0.1:8788"  # kfp_gpu.sim.daemon's AWS stand-in; "" = real AWS
+AWS_STANDIN = "http://127.0.0.1:8788"  # kfp_gpu_rehearsal.sim.daemon's AWS stand-in; "" = real AWS
 
 SPEC = ProvisioningSpec(
     accelerator="a100-40gb",  # p4d.24xlarge (kfp_gpu.accelerators: aws_instances)

@@ -1,8 +1,8 @@
 """Cluster fixtures for every test directory (defined in tests/integration/conftest.py); the tier rule
 (tests/tiers.py): a test that uses the dev cluster or an emulator must carry the ``integration`` mark; and the
 stand-ins' controller credentials: the test process plays the controller when it calls a provider against a stand-in,
-so it holds exactly the shipped roles (deploy/gcp-role.yaml, deploy/aws-policy.json; kfp_gpu.sim.gcp_iam,
-kfp_gpu.sim.aws.iam).
+so it holds exactly the shipped roles (deploy/gcp-role.yaml, deploy/aws-policy.json; kfp_gpu_rehearsal.sim.gcp_iam,
+kfp_gpu_rehearsal.sim.aws.iam).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``gcs`` fixtures: the real GCS emulator (fake-gcs-server) of the dev cluster, a fresh bucket per test.
 
-``gcs_emulator`` session fixture: starts (or re-uses) the emulator (:func:`kfp_gpu.devcluster.gcs_profile.ensure_up`;
+``gcs_emulator`` session fixture: starts (or re-uses) the emulator (:func:`kfp_gpu_rehearsal.devcluster.gcs_profile.ensure_up`;
                the control plane is not needed); its URL. FAILS (never skips) when the binary is missing or it
                cannot start.
 ``gcs``        a fresh bucket per test, with ``STORAGE_EMULATOR_HOST`` set for the test (and ``.env`` for the
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from kfp_gpu.checkpoint.backends import EMULATOR_ENV, gcs_client
-from kfp_gpu.devcluster import gcs_profile
+from kfp_gpu_rehearsal.devcluster import gcs_profile
 from tests.tiers import require_integration
 
 
@@ -47,7 +47,7 @@ def gcs_emulator(request: pytest.FixtureRequest) -> str:
         return gcs_profile.ensure_up()
     except Exception as e:  # noqa: BLE001 - a missing emulator must fail loudly, never skip
         pytest.fail(f"GCS emulator (fake-gcs-server) failed to start (make cluster-build GCS=1, "
-                    f"python -m kfp_gpu.devcluster.gcs build): {e}", pytrace=False)
+                    f"python -m kfp_gpu_rehearsal.devcluster.gcs build): {e}", pytrace=False)
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ def test_filed_against_cloud_quotas_one_preference_per_quota_updated_in_place() 
     from google.oauth2.credentials import Credentials
 
     from kfp_gpu.providers.gke import GkeProvider
-    from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
+    from kfp_gpu_rehearsal.sim.gcp_iam import QUOTA_TOKEN
     from tests.sim._helpers import CLUSTER, PROJECT, running
 
     with running() as sim:  # a planner job: the quota requester's role (deploy/gcp-quota-requester-role.yaml)

@@ -5,7 +5,7 @@ to that root. Cloud SDKs are imported lazily, inside :func:`open_backend`, so ``
 needs nothing beyond the standard library.
 
 Endpoints: ``s3://`` honours ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (moto, MinIO); ``gs://``
-honours ``STORAGE_EMULATOR_HOST`` (fake-gcs-server, :mod:`kfp_gpu.devcluster.gcs_profile`): google-cloud-storage
+honours ``STORAGE_EMULATOR_HOST`` (fake-gcs-server, :mod:`kfp_gpu_rehearsal.devcluster.gcs_profile`): google-cloud-storage
 sends every call there, and :func:`gcs_client` gives it anonymous credentials and a placeholder project, so no
 Google credentials (nor the metadata server) are looked up.
 """

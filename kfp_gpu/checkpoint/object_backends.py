@@ -4,7 +4,7 @@ They implement :class:`kfp_gpu.checkpoint.backends.Backend`; :func:`kfp_gpu.chec
 one. The SDKs are imported lazily, when a backend is built.
 
 Endpoints: ``s3://`` honours ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (moto, MinIO); ``gs://``
-honours ``STORAGE_EMULATOR_HOST`` (fake-gcs-server, :mod:`kfp_gpu.devcluster.gcs_profile`): google-cloud-storage
+honours ``STORAGE_EMULATOR_HOST`` (fake-gcs-server, :mod:`kfp_gpu_rehearsal.devcluster.gcs_profile`): google-cloud-storage
 sends every call there, and :func:`gcs_client` gives it anonymous credentials and a placeholder project, so no
 Google credentials (nor the metadata server) are looked up.
 """

@@ -3,7 +3,7 @@ cluster it happens to run in.
 
 Sources, strongest first:
 
-1. the ConfigMap ``kube-public/kfp-gpu-cluster-info`` that ``kfp_gpu.devcluster`` boot writes into the local
+1. the ConfigMap ``kube-public/kfp-gpu-cluster-info`` that ``kfp_gpu_rehearsal.devcluster`` boot writes into the local
    control plane (:func:`record_local`): the credentials reach the kfp-gpu dev cluster;
 2. the kubeconfig context's cluster name as the cloud CLIs write it: ``gke_{project}_{location}_{cluster}``
    (``gcloud container clusters get-credentials``), ``arn:aws:eks:{region}:{account}:cluster/{name}``

@@ -11,7 +11,7 @@ taints and resources), mounts no ServiceAccount token, and is bounded by ``activ
 :class:`ProbeRound` creates one round's pods and follows them with the one watch loop
 (:func:`kfp_gpu.cluster.watch.pod_watcher`, label-selected on the run and round); the decision is
 :func:`kfp_gpu.plan.health.gate`. Nothing here is rehearsal-specific: in the local world the stand-in answers a
-probe pod on the nodes it made (:mod:`kfp_gpu.sim.gpuhealth`).
+probe pod on the nodes it made (:mod:`kfp_gpu_rehearsal.sim.gpuhealth`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from kfp_gpu.spec import Target, TargetKind
 
 
 def for_target(target: Target) -> CapacityProvider:
-    """The provider for ``target``. ``local`` is the GKE provider pointed at the kfp_gpu.sim stand-in.
+    """The provider for ``target``. ``local`` is the GKE provider pointed at the kfp_gpu_rehearsal.sim stand-in.
 
     Raises:
         InvalidSpec: a local target with no stand-in endpoint.
@@ -31,7 +31,7 @@ def for_target(target: Target) -> CapacityProvider:
             endpoint = rehearsal_seam.running_sim_url()
         if not endpoint:
             raise InvalidSpec(
-                "target.endpoint", endpoint, "a local target needs the kfp_gpu.sim stand-in URL",
+                "target.endpoint", endpoint, "a local target needs the kfp_gpu_rehearsal.sim stand-in URL",
                 remediation=f"run `make cluster-up` (it starts the stand-in) or export {rehearsal_seam.SIM_ENDPOINT_ENV}",
             )
     gke: CapacityProvider = GkeProvider.from_target(target, endpoint=endpoint)

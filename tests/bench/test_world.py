@@ -8,15 +8,15 @@ from typing import Any
 
 from bench.run import _modes
 from bench.world import DEVICE_PLUGIN_S, PENDING_S, BootDraws, Injector, scenario
-from kfp_gpu.sim.clock import compress
-from kfp_gpu.sim.scenario import from_dict
-from kfp_gpu.sim.state import PoolRuntime
+from kfp_gpu_rehearsal.sim.clock import compress
+from kfp_gpu_rehearsal.sim.scenario import from_dict
+from kfp_gpu_rehearsal.sim.state import PoolRuntime
 
 
 def test_the_injector_draws_the_stand_ins_sequence_for_the_same_seed() -> None:
     seed = 16003
     pool = from_dict(scenario("c", seed)).pools[0]
-    rt = PoolRuntime(pool, rng=pool.boot.sampler())  # as the stand-in seeds each pool (kfp_gpu/sim/state.py)
+    rt = PoolRuntime(pool, rng=pool.boot.sampler())  # as the stand-in seeds each pool (kfp_gpu_rehearsal/sim/state.py)
     stand_in = [compress(pool.boot.sample(rt.rng)) for _ in range(16)]
     draws = BootDraws(seed)
     injected = [draws.next() for _ in range(16)]

@@ -14,8 +14,8 @@ import pytest
 
 from kfp_gpu.checkpoint import MARKER, CheckpointStore, StorageError, probe_writable
 from kfp_gpu.checkpoint.backends import EMULATOR_ENV, GCSBackend, emulator_host, gcs_client, open_backend
-from kfp_gpu.devcluster import gcs, gcs_profile
-from kfp_gpu.devcluster.versions import cluster_dir
+from kfp_gpu_rehearsal.devcluster import gcs, gcs_profile
+from kfp_gpu_rehearsal.devcluster.versions import cluster_dir
 from tests.gcs_support import GcsBucket
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ class Recording(GCSBackend):
 
 
 def test_emulator_is_recorded_for_tools(gcs: GcsBucket) -> None:
-    from kfp_gpu.devcluster import boot
+    from kfp_gpu_rehearsal.devcluster import boot
 
     assert gcs_profile.url(cluster_dir()) == gcs.url and gcs_profile.env() == {EMULATOR_ENV: gcs.url}
     pid = gcs_profile.running_pid(boot._ctx())
@@ -130,7 +130,7 @@ def test_missing_binary_is_one_line_naming_the_build(monkeypatch: pytest.MonkeyP
 def test_profile_lifecycle_in_its_own_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """up starts it and records the URL, a second up re-uses it, stop ends it (a private cache: the shared
     emulator other tests use is not touched)."""
-    from kfp_gpu.devcluster import boot, runner
+    from kfp_gpu_rehearsal.devcluster import boot, runner
 
     real = gcs.require_binary()
     monkeypatch.setenv("KFP_GPU_CACHE", str(tmp_path))

@@ -1,7 +1,7 @@
-"""Fixtures for tests against the local control plane (kfp_gpu.devcluster).
+"""Fixtures for tests against the local control plane (kfp_gpu_rehearsal.devcluster).
 
 ``kube``       session fixture: boots the dev cluster (or re-uses a running, healthy one) and
-               returns a :class:`kfp_gpu.devcluster.client.Kube` with ``kubeconfig`` (Path) and ``api`` (kubernetes ApiClient).
+               returns a :class:`kfp_gpu_rehearsal.devcluster.client.Kube` with ``kubeconfig`` (Path) and ``api`` (kubernetes ApiClient).
                If binaries are missing or boot fails the test FAILS (never skips).
 ``namespace``  a fresh namespace per test, deleted afterwards.
 ``kwok_nodes`` factory ``kwok_nodes(n, gpus=8, boot_delay_s=0.0, spot=False) -> (pool, [names])``
@@ -20,19 +20,19 @@
                assertions and the stand-in.
 ``janitor_identity`` / ``janitor_api`` the janitor's ServiceAccount (kfp-gpu-janitor), the same way.
 ``autoscaler`` session fixture: the cluster-autoscaler profile running (``devcluster up --autoscaler
-               cluster-autoscaler``, idempotent); a :class:`kfp_gpu.devcluster.ca_profile.Profile` (kubeconfig,
+               cluster-autoscaler``, idempotent); a :class:`kfp_gpu_rehearsal.devcluster.ca_profile.Profile` (kubeconfig,
                node_groups, log, pid). FAILS (never skips) when cluster-autoscaler cannot run.
 ``kueue``      session fixture: the Kueue profile running (``devcluster up --kueue``, idempotent; leaves the
-               cluster-autoscaler profile as it is); a :class:`kfp_gpu.devcluster.kueue_profile.Profile`
+               cluster-autoscaler profile as it is); a :class:`kfp_gpu_rehearsal.devcluster.kueue_profile.Profile`
                (kubeconfig, log, pid, api_version). FAILS (never skips) when Kueue cannot run.
 ``trainer``    session fixture: the Trainer profile running (``devcluster up --with trainer``, idempotent): the real
                JobSet and Kubeflow Trainer v2 controllers, their webhooks and the torch-distributed
-               ClusterTrainingRuntime; a :class:`kfp_gpu.devcluster.trainer_profile.Profile`. FAILS (never skips).
+               ClusterTrainingRuntime; a :class:`kfp_gpu_rehearsal.devcluster.trainer_profile.Profile`. FAILS (never skips).
 ``karpenter``  session fixture: the Karpenter profile running (``devcluster up --autoscaler karpenter``, idempotent;
                leaves the cluster-autoscaler profile as it is): Karpenter's kwok provider with AWS GPU instance types
-               and no NodePool; a :class:`kfp_gpu.devcluster.karpenter_profile.Profile` (kubeconfig, log, pid,
+               and no NodePool; a :class:`kfp_gpu_rehearsal.devcluster.karpenter_profile.Profile` (kubeconfig, log, pid,
                node_class). FAILS (never skips) when the binary is missing or Karpenter cannot run.
-``built_images`` session fixture: ``make images`` (kfp_gpu.devcluster.images.ensure: builds what is missing or
+``built_images`` session fixture: ``make images`` (kfp_gpu_rehearsal.devcluster.images.ensure: builds what is missing or
                stale by content hash, seconds when warm); returns podman's environment. FAILS (never skips) when
                podman is missing or a build fails.
 """
@@ -48,9 +48,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import ca_profile, karpenter_profile, kueue_profile, trainer_profile
-from kfp_gpu.devcluster.client import Kube, ensure_up
-from kfp_gpu.devcluster.nodes import make_gpu_node
+from kfp_gpu_rehearsal.devcluster import ca_profile, karpenter_profile, kueue_profile, trainer_profile
+from kfp_gpu_rehearsal.devcluster.client import Kube, ensure_up
+from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 from tests.integration.controller_support import tenant  # noqa: F401 - a fixture, for every test here
 from tests.integration.rbac_support import (
     CONTROLLER_SA,
@@ -74,7 +74,7 @@ def kube(request: pytest.FixtureRequest) -> Kube:
     try:
         return ensure_up()
     except Exception as e:  # noqa: BLE001 - any boot failure must fail loudly, never skip
-        pytest.fail(f"dev cluster failed to boot (python -m kfp_gpu.devcluster build; ... up): {e}",
+        pytest.fail(f"dev cluster failed to boot (python -m kfp_gpu_rehearsal.devcluster build; ... up): {e}",
                     pytrace=False)
 
 
@@ -113,7 +113,7 @@ def karpenter(kube: Kube) -> karpenter_profile.Profile:
 
 @pytest.fixture(scope="session")
 def built_images() -> dict[str, str]:
-    from kfp_gpu.devcluster import images
+    from kfp_gpu_rehearsal.devcluster import images
 
     images.ensure()
     return images.podman_env(images.cache_dir())

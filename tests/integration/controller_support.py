@@ -17,16 +17,16 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import controller as local_controller
-from kfp_gpu.devcluster import crds
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.gang import api as gang
 from kfp_gpu.gang import client as gang_client
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu_rehearsal.devcluster import controller as local_controller
+from kfp_gpu_rehearsal.devcluster import crds
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def scenario(cluster: str, median_s: float = 0.3, **changes: Any) -> Any:
     """The bundled scenario, renamed so parallel tests never share nodes, with fast boots."""
-    data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     data["cluster"] = cluster
     for i, p in enumerate(data["pools"]):
         p["boot"] = {"dist": "lognormal", "median_s": median_s, "sigma": 0.3, "seed": i}

@@ -29,8 +29,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu import install
-from kfp_gpu.devcluster.controller import token_kubeconfig
 from kfp_gpu.gang import api as gang
+from kfp_gpu_rehearsal.devcluster.controller import token_kubeconfig
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,10 +18,10 @@ from kfp_gpu.cluster.nodes import SCALE_DOWN_DISABLED
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.ownership import LABEL_RUN_ID, PROTECTED_BY, label_safe
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def world(kube):
 
     def make(autoscaled: bool) -> tuple[SimServer, str]:
         cluster = f"c{uuid.uuid4().hex[:6]}"
-        data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+        data = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
         data["cluster"] = cluster
         for i, p in enumerate(data["pools"]):
             p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}

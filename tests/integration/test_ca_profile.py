@@ -1,5 +1,5 @@
 """The cluster-autoscaler profile of the dev cluster (issue 13): the real cluster-autoscaler (kwok provider) serves
-``autoscaling.x-k8s.io/v1`` ProvisioningRequests for the GPU node groups of ``kfp_gpu.devcluster.ca_profile``.
+``autoscaling.x-k8s.io/v1`` ProvisioningRequests for the GPU node groups of ``kfp_gpu_rehearsal.devcluster.ca_profile``.
 
 Each test uses its own namespace and a node group the others here do not use; requests are deleted at the end
 and CA removes its nodes after its (short) scale-down timings.
@@ -18,10 +18,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster.nodes import NodeView
-from kfp_gpu.devcluster import ca_profile
-from kfp_gpu.devcluster.ca_profile import CLUSTER, CLUSTER_LABEL, NODE_GROUPS, NodeGroup
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.provreq_crd import CRD_NAME
+from kfp_gpu_rehearsal.devcluster import ca_profile
+from kfp_gpu_rehearsal.devcluster.ca_profile import CLUSTER, CLUSTER_LABEL, NODE_GROUPS, NodeGroup
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.provreq_crd import CRD_NAME
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ from kfp_gpu.cluster.nodes import (
     read_node,
     run_taint,
 )
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
+from kfp_gpu_rehearsal.devcluster.client import Kube
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.nodes import (
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.nodes import (
     GPU_RESOURCE,
     NOT_READY_TAINT,
     POOL_LABEL,

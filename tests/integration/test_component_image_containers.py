@@ -14,9 +14,9 @@ import pytest
 import yaml
 from kfp import compiler
 
-from kfp_gpu.devcluster import images
 from kfp_gpu.image import STEP_ENTRY, VERSION
 from kfp_gpu.steps.entry import STEPS
+from kfp_gpu_rehearsal.devcluster import images
 from tests.import_closure import CHECK, REPO, closure, imports_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # a cold run builds the images first

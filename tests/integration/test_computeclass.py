@@ -1,5 +1,5 @@
 """The compute-class backend on the local cluster: the controller's identity creates a GKE custom ComputeClass from
-the spec's capacity chain, and the GKE stand-in's node auto-provisioning (kfp_gpu/sim/computeclass.py, docs/sim.md
+the spec's capacity chain, and the GKE stand-in's node auto-provisioning (kfp_gpu_rehearsal/sim/computeclass.py, docs/sim.md
 "ComputeClass") walks its rules for the gang's placeholder pods.
 
 Fault rows of issue 31: reservation exhausted -> flex-start; flex-start not obtained in time -> spot; spot stockout
@@ -20,15 +20,15 @@ from kubernetes import client
 
 from kfp_gpu import provisioners
 from kfp_gpu.cluster import computeclass as api_cc
-from kfp_gpu.devcluster import computeclass_crd
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import computeclass as plan
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster import computeclass_crd
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.integration.test_train_support import wait_until
 from tests.sim._helpers import default_dict
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def _ensure_crd(api: client.ApiClient) -> None:
 
 
 def _scenario(cluster: str, **dws: Any) -> dict[str, Any]:
-    data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     data["cluster"] = cluster
     data["api"] = {"error_rate": 0.0}
     data["pools"].append({"name": POOL, "zone": "us-central1-a", "accelerator": "h100-80gb", "gpus_per_node": 8,

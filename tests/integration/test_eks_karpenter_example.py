@@ -25,12 +25,12 @@ from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.balloons import balloon_name
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.demo import extras_for, leftovers
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
+from kfp_gpu_rehearsal.demo import extras_for, leftovers
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from pipelines.llm_finetune_karpenter import SPEC
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> str:
     """The AWS stand-in's URL: teardown's EKS provider calls (node groups, reservations) go there, not to AWS."""
-    from kfp_gpu.sim import daemon
+    from kfp_gpu_rehearsal.sim import daemon
 
     for k, v in iam.sim_controller_env().items():  # the controller's principal (deploy/aws-policy.json)
         monkeypatch.setenv(k, v)

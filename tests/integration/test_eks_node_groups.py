@@ -1,5 +1,5 @@
 """The EKS example (pipelines/llm_finetune_eks.py) end to end through the node-pool backend: real boto3 ->
-the AWS stand-in (kfp_gpu.sim.aws) -> EKS-labelled KWOK nodes in the local control plane, a Spot interruption
+the AWS stand-in (kfp_gpu_rehearsal.sim.aws) -> EKS-labelled KWOK nodes in the local control plane, a Spot interruption
 (two minutes' notice, cordon + drain) recovered from the checkpoint, and nothing left after teardown.
 Plus a fast test: the PyTorchJob built for an EKS target carries no ``cloud.google.com/*`` key."""
 
@@ -18,14 +18,14 @@ from kubernetes import client
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.capacity import Capacity, Placement
-from kfp_gpu.demo import leftovers
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.providers.eks import EksProvider
-from kfp_gpu.sim.aws import AwsSimServer
-from kfp_gpu.sim.aws.scenario import default
-from kfp_gpu.sim.worldspec import BootLatency
 from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
+from kfp_gpu_rehearsal.demo import leftovers
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.aws import AwsSimServer
+from kfp_gpu_rehearsal.sim.aws.scenario import default
+from kfp_gpu_rehearsal.sim.worldspec import BootLatency
 from pipelines.llm_finetune_eks import SPEC
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until

@@ -23,12 +23,12 @@ import yaml
 
 from kfp_gpu.cluster import identity, pytorchjob
 from kfp_gpu.cluster.kube import api_client
-from kfp_gpu.devcluster import boot, procs
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import CrdMissing, WrongCluster
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.spec import ProvisioningSpec, Target, TargetKind
 from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu_rehearsal.devcluster import boot, procs
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

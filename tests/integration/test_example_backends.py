@@ -42,7 +42,7 @@ def test_example_on_the_cluster_autoscaler(kube, autoscaler):
 
 
 def test_example_on_dws_flex_start(kube):
-    _, choice, log = _run(["pipelines/llm_finetune_flex.py", "--scenario", "kfp_gpu/sim/scenarios/flex-start.yaml"],
+    _, choice, log = _run(["pipelines/llm_finetune_flex.py", "--scenario", "kfp_gpu_rehearsal/sim/scenarios/flex-start.yaml"],
                           kube)
     assert choice["name"] == "provisioning-request" and "queued provisioning" in choice["reason"], choice
     assert "- a100-80gb-dws-a (us-central1-a): 2 nodes" in log, log[-3000:]  # scale-up's report: the queued pool

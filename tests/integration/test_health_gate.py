@@ -16,15 +16,15 @@ from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import TrainingFailed
 from kfp_gpu.plan.health import EXIT_DCGM_DIAG
-from kfp_gpu.sim.clock import compress, expand
-from kfp_gpu.sim.gpuhealth import GpuFault, GpuHealthWorld
 from kfp_gpu.spec import Health
 from kfp_gpu.steps import train
 from kfp_gpu.steps.health_gate import UNHEALTHY_TAINT
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.clock import compress, expand
+from kfp_gpu_rehearsal.sim.gpuhealth import GpuFault, GpuHealthWorld
 from tests.integration.fault_rows import record
 from tests.integration.test_train_support import (
     Reprovisioner,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.sim.clock import compress, expand
-from kfp_gpu.sim.gpuhealth import GpuFault, GpuHealthWorld
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.clock import compress, expand
+from kfp_gpu_rehearsal.sim.gpuhealth import GpuFault, GpuHealthWorld
 from tests.integration.fault_rows import record
 from tests.integration.test_health_gate import CRASH_S, GPUS, STEP_S, XID_CRASH_S, Trainer
 from tests.integration.test_train_support import wait_until

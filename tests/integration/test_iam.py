@@ -24,10 +24,10 @@ from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.providers.gke import pools as gke_pools
 from kfp_gpu.provisioners.node_pool import release_slots
 from kfp_gpu.retry import RetryPolicy
-from kfp_gpu.sim import SimServer
-from kfp_gpu.sim.aws import AwsSimServer
-from kfp_gpu.sim.aws.scenario import from_dict as aws_scenario
-from kfp_gpu.sim.clock import Timeline, compress
+from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim.aws import AwsSimServer
+from kfp_gpu_rehearsal.sim.aws.scenario import from_dict as aws_scenario
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
 from tests.waiting import wait_until
 

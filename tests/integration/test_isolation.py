@@ -18,11 +18,11 @@ from kubernetes import client
 from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.cluster.nodes import claim, is_claim_taint, labels_of, read_node, run_taint, unclaim
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL
 from tests.waiting import wait_until
 
 NodeFactory = Callable[..., tuple[str, list[str]]]

@@ -32,8 +32,8 @@ from kubernetes.client import (
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration.test_train_support import StepThread, job_pods, make_capacity, make_spec
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 Steps run as the controller's identity (``step_api``). Capacity comes only from Karpenter: kfp-gpu creates a NodePool
 scoped to the run plus placeholder pods, Karpenter makes NodeClaims and (kwok) Nodes, the step claims them. The
-profile's instance types (:mod:`kfp_gpu.devcluster.karpenter_types`) have p4d.24xlarge (8 x A100 40GB) spot out of
+profile's instance types (:mod:`kfp_gpu_rehearsal.devcluster.karpenter_types`) have p4d.24xlarge (8 x A100 40GB) spot out of
 stock in us-east-1c: a launch there fails with an InsufficientCapacityError and Karpenter deletes the NodeClaim.
 A spot interruption is what Karpenter does on one: the NodeClaim is deleted, the node tainted
 ``karpenter.sh/disrupted`` and drained.
@@ -51,7 +51,7 @@ def _spec(ns: str, nodes: int = 2, *, zones: tuple[str, ...] = (STOCKED,), deadl
 def aws(monkeypatch: pytest.MonkeyPatch) -> str:
     """The AWS stand-in's URL (EKS/EC2/Auto Scaling), as an EKS target's endpoint: teardown's EKS provider calls
     (reservations, node groups) go there instead of to AWS."""
-    from kfp_gpu.sim import daemon
+    from kfp_gpu_rehearsal.sim import daemon
 
     for k, v in iam.sim_controller_env().items():  # the controller's principal (deploy/aws-policy.json)
         monkeypatch.setenv(k, v)

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import karpenter_profile, karpenter_types
-from kfp_gpu.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster import karpenter_profile, karpenter_types
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,12 +23,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.provisioners import detect
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster import ca_profile
 from tests.integration.test_kueue_profile import Queues
 from tests.integration.test_train_support import StepThread, job_json, wait_until
 
@@ -77,7 +77,7 @@ def test_example_pipeline_is_admitted_through_a_local_queue(kube, kueue, namespa
     try:
         lq = q.queue(gpus=32)
         cluster = f"kq{uuid.uuid4().hex[:6]}"
-        scenario = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+        scenario = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
         scenario["cluster"] = cluster
         (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
         pipeline = tmp_path / "queued_finetune.py"

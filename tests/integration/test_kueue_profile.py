@@ -17,10 +17,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster import ca_profile
-from kfp_gpu.devcluster.ca_profile import CLUSTER, CLUSTER_LABEL, NODE_GROUPS
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.kueue_profile import API_GROUP, API_VERSION, QUEUE_LABEL, Profile
+from kfp_gpu_rehearsal.devcluster import ca_profile
+from kfp_gpu_rehearsal.devcluster.ca_profile import CLUSTER, CLUSTER_LABEL, NODE_GROUPS
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.kueue_profile import API_GROUP, API_VERSION, QUEUE_LABEL, Profile
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -23,10 +23,10 @@ from kubernetes import client
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.kueue_workload import owner_uid
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import QueueTimeout
 from kfp_gpu.plan.kueue import GROUP, QUEUE_LABEL, VERSION
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration import test_kueue_preflight
 from tests.integration.test_kueue_preflight import GPU, Kueue
 from tests.integration.test_train_support import (
@@ -303,8 +303,8 @@ def test_gang_provisioned_at_admission_is_adopted_and_a_lost_node_is_a_preemptio
     """The kueue-admission backend: the capacity has no nodes (Kueue provisions the gang when it admits the job).
     Here the "provisioned" nodes are KWOK nodes of an accelerator label unique to the test; the nodes the pods bind
     to become the gang, so a lost one is a preemption; the recreated job is re-admitted and lands on a new node."""
-    from kfp_gpu.devcluster.nodes import make_gpu_node
     from kfp_gpu.steps.capacity import Capacity
+    from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
     from tests.integration.test_train_support import ZONE
 
     label = f"nvidia-h100-80gb-{kq.suffix}"

@@ -27,11 +27,11 @@ from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, trainjob
 from kfp_gpu.cluster.kueue_workload import owner_uid
 from kfp_gpu.cluster.podtemplate import ENV_RESUME_STEP
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.jobkinds import TrainJobKind
 from kfp_gpu.plan.kueue import GROUP, QUEUE_LABEL, VERSION
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration import test_kueue_preflight
 from tests.integration.test_kueue_preflight import Kueue
 from tests.integration.test_kueue_train import _admitted, _events, _high_priority_job, _queue, _workloads

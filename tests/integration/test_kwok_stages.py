@@ -1,10 +1,10 @@
-"""The dev cluster's KWOK node stages against the stand-in's node backend (kfp_gpu.sim.kube).
+"""The dev cluster's KWOK node stages against the stand-in's node backend (kfp_gpu_rehearsal.sim.kube).
 
 A GPU node registers with ``nvidia.com/gpu`` 0 and the device plugin's write raises it later. KWOK renders a
 queued node-initialize job from the Node as it was when the job was queued; when another controller writes the
 Node meanwhile, two jobs play. Upstream's template then wrote allocatable/capacity back from the stale copy, and
 about 1 node in 10 of a burst lost its GPUs for good (seen in the benchmark as a gang never placed, and measured
-here at 6 of 64 before kfp_gpu/devcluster/kwok/stages.yaml stopped writing fields the Node already has).
+here at 6 of 64 before kfp_gpu_rehearsal/devcluster/kwok/stages.yaml stopped writing fields the Node already has).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from functools import partial
 
 import pytest
 
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.fanout import run_all
-from kfp_gpu.sim.kube import KubeBackend
-from kfp_gpu.sim.scenario import PoolSpec
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.kube import KubeBackend
+from kfp_gpu_rehearsal.sim.scenario import PoolSpec
 
 pytestmark = pytest.mark.integration  # the dev cluster's KWOK stages
 

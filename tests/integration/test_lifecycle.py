@@ -1,7 +1,7 @@
 """The run lifecycle under the realistic stand-in: overlapping preemptions, MIG recreation, on-demand fallback.
 
 Everything is real: the GKE stand-in with its default (hard) world (async operations, boot latency in
-minutes compressed by ``kfp_gpu.sim.clock.TIME_SCALE``, preemption notices, same-name VM recreation), the
+minutes compressed by ``kfp_gpu_rehearsal.sim.clock.TIME_SCALE``, preemption notices, same-name VM recreation), the
 google-cloud clients through GkeProvider, the local control plane with the Training Operator, and the steps
 running as the controller's identity (kfp_gpu/manifests/controller-rbac.yaml).
 """
@@ -23,14 +23,14 @@ from kubernetes import client
 from kfp_gpu import ownership
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _world(kube: Kube, **changes: Any) -> SimServer:
     """The default scenario (the realistic world, untouched) under a cluster name of its own."""
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     data["cluster"] = f"c{uuid.uuid4().hex[:6]}"
     data.update(changes)
     server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
@@ -236,8 +236,8 @@ def _stockout_now(sim: SimServer, zone: str) -> None:
     """The zone runs out of stock from now on (the world's clock; windows are in real-world seconds)."""
     import dataclasses
 
-    from kfp_gpu.sim.clock import expand
-    from kfp_gpu.sim.scenario import Stockout
+    from kfp_gpu_rehearsal.sim.clock import expand
+    from kfp_gpu_rehearsal.sim.scenario import Stockout
 
     with sim.state.lock:
         sc = sim.state.scenario

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from kfp_gpu.checkpoint import CheckpointStore, spot_grace_s
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.sim.clock import expand
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.clock import expand
 from tests.integration.fault_rows import record
 from tests.integration.test_spot_rank_loss import SpotTrainer, _trainer_pod, gke  # noqa: F401 - gke: a fixture
 from tests.integration.test_train_support import wait_until

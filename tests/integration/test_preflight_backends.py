@@ -15,13 +15,13 @@ import pytest
 from kubernetes import client
 
 from kfp_gpu.cluster import provreq as api_req
-from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.ownership import Owner
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.preflight import FOUND, NOT_FOUND
 from kfp_gpu.provisioners.provreq import pod_spec
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import check_capacity
+from kfp_gpu_rehearsal.devcluster import ca_profile
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -24,9 +24,9 @@ from kfp_gpu.cluster.nodes import run_toleration
 from kfp_gpu.errors import CapacityUnavailable, ProvisioningTimeout
 from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target, WarmPool
 from kfp_gpu.steps import janitor, scale_up, teardown, warm_pool
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.integration.controller_support import scenario
 from tests.integration.rbac_support import Identity
 from tests.waiting import wait_until

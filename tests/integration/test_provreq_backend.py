@@ -1,7 +1,7 @@
 """The provisioning-request backend against the real cluster-autoscaler (kwok provider) of the dev cluster's
 cluster-autoscaler profile (issue 13). The step functions run as the controller's identity (``step_api``).
 
-Capacity comes only from CA's node groups (:data:`kfp_gpu.devcluster.ca_profile.NODE_GROUPS`): kfp-gpu creates a
+Capacity comes only from CA's node groups (:data:`kfp_gpu_rehearsal.devcluster.ca_profile.NODE_GROUPS`): kfp-gpu creates a
 PodTemplate and a ProvisioningRequest, CA scales a group up and reports Provisioned, the step claims the booked
 nodes. Stockouts are the groups' max sizes, as CA sees them.
 """
@@ -18,7 +18,6 @@ from kubernetes import client
 
 from kfp_gpu.cluster import provreq as api_req
 from kfp_gpu.cluster.nodes import is_claim_taint
-from kfp_gpu.devcluster import ca_profile
 from kfp_gpu.errors import CapacityUnavailable
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import provreq as plan
@@ -26,6 +25,7 @@ from kfp_gpu.provisioners import detect
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster import ca_profile
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration

@@ -22,15 +22,15 @@ from kubernetes import client
 from kfp_gpu import provisioners
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -45,7 +45,7 @@ def sim(kube: Kube, request: pytest.FixtureRequest) -> Iterator[SimServer]:
     mark = request.node.get_closest_marker("booking_s")
     stockout = request.node.get_closest_marker("stockout")
     cluster = f"c{uuid.uuid4().hex[:6]}"
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/flex-start.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/flex-start.yaml").read_text())
     data["cluster"] = cluster
     for i, p in enumerate(data["pools"]):
         p["boot"] = {"dist": "lognormal", "median_s": 60, "sigma": 0.3, "seed": i}

@@ -12,11 +12,11 @@ from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.nodes import SIM_EXIT_CODE_ANNOTATION
 from kfp_gpu.errors import RecoveryBudgetExhausted, TrainingFailed
 from kfp_gpu.steps import train
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.nodes import SIM_EXIT_CODE_ANNOTATION
 from tests.integration.test_train_support import (
     Reprovisioner,
     StepThread,

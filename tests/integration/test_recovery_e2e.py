@@ -15,13 +15,13 @@ from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def sim(kube: Kube) -> Iterator[SimServer]:
     cluster = f"c{uuid.uuid4().hex[:6]}"
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     data["cluster"] = cluster
     for i, p in enumerate(data["pools"]):
         p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}

@@ -26,11 +26,11 @@ from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.providers.base import ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.report.cost import RESERVATION_HELD, cost_report
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
 from tests.sim._helpers import client_kwargs
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def world(kube: Any) -> Iterator[Callable[..., tuple[SimServer, str]]]:
 
     def make(team_res_in_use: int = 0) -> tuple[SimServer, str]:
         cluster = f"r{uuid.uuid4().hex[:6]}"
-        data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+        data = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
         data["cluster"] = cluster
         data["pools"].append({"name": TEAM_POOL, "zone": ZONE, "accelerator": "a100-80gb", "max_nodes": 8,
                               "reservation_affinity": {"consume": "specific", "values": ["team-res"]}})

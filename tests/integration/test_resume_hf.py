@@ -13,8 +13,8 @@ from kubernetes import client
 
 from kfp_gpu.checkpoint.backends import open_backend
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.checkpoint.test_formats import hf_checkpoint
 from tests.integration.test_train_support import (
     Reprovisioner,

@@ -35,7 +35,7 @@ def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 def test_run_rehearses_a_user_pipeline_quietly_and_leaves_nothing(kube, namespace, tmp_path):
     cluster = f"run{uuid.uuid4().hex[:6]}"
-    scenario = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    scenario = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     scenario["cluster"] = cluster
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "TINY_CLUSTER": cluster, "TINY_NAMESPACE": namespace}
@@ -94,8 +94,8 @@ def test_run_refuses_an_unknown_arg_in_one_line_before_booting(kube):
 
 
 def test_leak_check_names_what_a_run_left(kube, namespace, kwok_nodes):
-    from kfp_gpu.demo import leftovers
     from kfp_gpu.ownership import LABEL_RUN_ID, LEDGER_LABEL
+    from kfp_gpu_rehearsal.demo import leftovers
 
     core = client.CoreV1Api(kube.api)
     run = f"9{uuid.uuid4().int % 10**7:07d}"

@@ -40,7 +40,7 @@ def _let_user_steps_read_jobs(kube, namespace: str) -> None:
 def _run(kube, namespace: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     _let_user_steps_read_jobs(kube, namespace)
     cluster = f"rt{uuid.uuid4().hex[:6]}"
-    scenario = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    scenario = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     scenario["cluster"] = cluster
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
     record = tmp_path / "job.json"

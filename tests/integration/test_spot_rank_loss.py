@@ -8,7 +8,7 @@
 * ``test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout``: the same loss under the train step:
   the whole gang is recreated from the newest checkpoint while the old peers would still hang.
 
-World durations are real-world seconds, compressed by kfp_gpu.sim.clock.TIME_SCALE (120: 15 s = 0.125 s here). The
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120: 15 s = 0.125 s here). The
 spot test runs its world at 12 (15 s = 1.25 s): at 120 one API call (10-30 ms on this machine) is 1-4 world
 seconds, as long as the emergency save it measures.
 """
@@ -30,23 +30,23 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu.checkpoint import CheckpointStore, PreemptionGuard, spot_grace_s
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import SimServer, clock, from_dict
-from kfp_gpu.sim.clock import compress, expand
-from kfp_gpu.sim.ranks import (
+from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
+from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import SimServer, clock, from_dict
+from kfp_gpu_rehearsal.sim.clock import compress, expand
+from kfp_gpu_rehearsal.sim.ranks import (
     PG_TIMEOUT_ANNOTATION,
     RENDEZVOUS_ANNOTATION,
     RESTARTS_ANNOTATION,
     RESUMES_ANNOTATION,
     STALLED_ANNOTATION,
 )
-from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
-from kfp_gpu.steps import scale_up, teardown
-from kfp_gpu.steps.capacity import Capacity, Placement
 from tests.integration.test_train_support import StepThread, job_pods, running_pods, wait_until
 from tests.sim._helpers import PROJECT, REGION, scenario
 

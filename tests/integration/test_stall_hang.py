@@ -1,5 +1,5 @@
 """A rank that hangs (no progress, its pod still Running) and a rank that runs slow, on the real control plane + KWOK,
-with the rehearsal trainer writing per-rank progress through the progress API (kfp_gpu.sim.progress, scenario key
+with the rehearsal trainer writing per-rank progress through the progress API (kfp_gpu_rehearsal.sim.progress, scenario key
 ``training``).
 
 * ``test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint``: the train step's stall
@@ -10,7 +10,7 @@ with the rehearsal trainer writing per-rank progress through the progress API (k
   process-group timeout.
 * ``test_straggler_is_reported``: one rank 1.5 x slower: reported (ledger, timeline) while the gang keeps training.
 
-World durations are real-world seconds, compressed by kfp_gpu.sim.clock.TIME_SCALE (120). Each test records its
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120). Each test records its
 measured row in the fault table (tests/integration/fault_rows.py, docs/faults.md).
 """
 
@@ -31,18 +31,18 @@ from kfp_gpu.checkpoint import CheckpointStore
 from kfp_gpu.checkpoint import progress as rank_progress
 from kfp_gpu.checkpoint.backends import open_backend
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import SimServer, from_dict
-from kfp_gpu.sim.clock import compress, expand
-from kfp_gpu.sim.progress import STEP_ANNOTATION
-from kfp_gpu.sim.ranks import PG_TIMEOUT_ANNOTATION
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim.clock import compress, expand
+from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
+from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
 from tests.integration.fault_rows import record
 from tests.integration.test_spot_rank_loss import PodLog, _pods_by_node
 from tests.integration.test_train_support import StepThread, job_pods, running_pods, wait_until

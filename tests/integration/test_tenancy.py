@@ -20,10 +20,10 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu import install, ownership
 from kfp_gpu.cli import main
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import KfpGpuError
 from kfp_gpu.gang import api as gang
 from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration.rbac_support import Identity, identity
 from tests.waiting import wait_until
 

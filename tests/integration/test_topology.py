@@ -1,5 +1,5 @@
 """Topology-aware gangs on the local cluster, with the GKE stand-in's nodes carrying GKE's block / sub-block / host
-labels (kfp_gpu.sim.topology): a topology-required gang admitted by the real Kueue's TAS into one block; a
+labels (kfp_gpu_rehearsal.sim.topology): a topology-required gang admitted by the real Kueue's TAS into one block; a
 replacement kept in the survivors' block by the node-pool backend (no Kueue); a gang no block can hold refused at
 preflight, naming the block sizes.
 """
@@ -20,18 +20,18 @@ from kubernetes import client
 
 from kfp_gpu import install
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import ProvisioningTimeout, QuotaExceeded
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan import topology
 from kfp_gpu.plan.kueue import GROUP, VERSION
 from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import scenario as scenario_mod
-from kfp_gpu.sim.server import SimServer
-from kfp_gpu.sim.topology import BLOCK
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
 from kfp_gpu.steps.preflight import check, run_preflight
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import scenario as scenario_mod
+from kfp_gpu_rehearsal.sim.server import SimServer
+from kfp_gpu_rehearsal.sim.topology import BLOCK
 from tests.integration import test_kueue_preflight
 from tests.integration.test_kueue_preflight import Kueue
 from tests.integration.test_train_support import ACCEL_LABEL, job_json, job_pods, make_capacity
@@ -46,7 +46,7 @@ ZONE = "us-central1-a"
 def _world(kube: Kube, topo: dict[str, int], pool_name: str = POOL, **pool: Any) -> SimServer:
     """The default scenario under a cluster name of its own, with a ``topology:`` block and ``pool`` changes to
     ``pool_name`` (an h100 pool of us-central1-a)."""
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     data["cluster"] = f"t{uuid.uuid4().hex[:6]}"
     data["topology"] = topo
     for p in data["pools"]:

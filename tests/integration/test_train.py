@@ -21,10 +21,10 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu import ownership
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import GangPlacementFailed
 from kfp_gpu.steps import train
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration.rbac_support import Identity
 from tests.integration.test_train_support import (
     StepThread,
@@ -94,7 +94,7 @@ def test_gate_fails_fast_when_capacity_never_gets_ready(
 ) -> None:
     """A gang node that exists but never turns Ready is waited for, then named in GangPlacementFailed. (A node
     that is *gone* is a loss and gets replaced: see tests/integration/test_lifecycle.py.)"""
-    from kfp_gpu.devcluster.nodes import make_gpu_node
+    from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     stuck = f"{pool}-stuck"

@@ -21,12 +21,12 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.devcluster.nodes import make_gpu_node
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import train
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu.steps.result import StepResult
+from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 from tests.waiting import wait_until as _wait_until
 
 ACCEL, ACCEL_LABEL, ZONE = "h100-80gb", "nvidia-h100-80gb", "us-central1-a"
@@ -121,7 +121,7 @@ def preempt(kubeconfig: Path, core: client.CoreV1Api, node: str) -> float:
     """Reclaim ``node`` like GCE reclaims a spot VM. Returns the time of the first disruptive call."""
     t0 = time.time()
     try:
-        from kfp_gpu.sim.kube import KubeBackend
+        from kfp_gpu_rehearsal.sim.kube import KubeBackend
     except ImportError:  # the stand-in is not there: same calls by hand
         n = core.read_node(node)
         taints = [{"key": t.key, "value": t.value, "effect": t.effect} for t in (n.spec.taints or [])]

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kfp_gpu.devcluster import images
+from kfp_gpu_rehearsal.devcluster import images
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # a cold run builds the images first

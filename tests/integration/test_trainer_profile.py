@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster import kueue_profile, runner, trainer_profile
-from kfp_gpu.devcluster.client import Kube
-from kfp_gpu.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL, SIM_DURATION_ANNOTATION
-from kfp_gpu.devcluster.trainer_profile import GROUP, RUNTIME, VERSION, Profile
+from kfp_gpu_rehearsal.devcluster import kueue_profile, runner, trainer_profile
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.nodes import GPU_RESOURCE, GPU_TAINT, POOL_LABEL, SIM_DURATION_ANNOTATION
+from kfp_gpu_rehearsal.devcluster.trainer_profile import GROUP, RUNTIME, VERSION, Profile
 from tests.integration.conftest import NodeFactory
 from tests.waiting import wait_until
 

@@ -77,7 +77,7 @@ def _running(core: client.CoreV1Api, ns: str, job: dict[str, Any]) -> list[clien
 
 def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube, trainer, namespace, tmp_path):
     cluster = f"tj{uuid.uuid4().hex[:6]}"
-    scenario = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    scenario = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     scenario["cluster"] = cluster
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
     ckpt = tmp_path / "ckpt"

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _regions(**quotas: Any) -> dict[str, Any]:
-    data = yaml.safe_load((ROOT / "kfp_gpu/sim/scenarios/default.yaml").read_text())
+    data = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     regions = copy.deepcopy(data["regions"])
     regions["us-central1"]["quotas"].update(quotas)
     return dict(regions)

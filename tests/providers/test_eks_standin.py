@@ -1,4 +1,4 @@
-"""EksProvider (real boto3) against the AWS stand-in (kfp_gpu.sim.aws) in virtual time."""
+"""EksProvider (real boto3) against the AWS stand-in (kfp_gpu_rehearsal.sim.aws) in virtual time."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from kfp_gpu.errors import CapacityUnavailable, RateLimited
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import OpStatus, PoolRef
 from kfp_gpu.providers.eks import EksProvider
-from kfp_gpu.sim.aws import AwsSimServer
-from kfp_gpu.sim.aws.scenario import from_dict
-from kfp_gpu.sim.clock import Timeline, compress
+from kfp_gpu_rehearsal.sim.aws import AwsSimServer
+from kfp_gpu_rehearsal.sim.aws.scenario import from_dict
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
 
 OWNER = Owner("run-1", "scale-up", 2_000_000_000.0)
 BOOT = {"dist": "fixed", "median_s": 200}

@@ -20,8 +20,8 @@ from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, ReservationRequest
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.retry import RetryPolicy
-from kfp_gpu.sim import SimServer
 from kfp_gpu.spec import Target, TargetKind
+from kfp_gpu_rehearsal.sim import SimServer
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
 from tests.waiting import wait_until
 
@@ -263,7 +263,7 @@ def test_reserve_over_quota_and_in_stockout() -> None:
 def test_request_quota_increase(sim: SimServer) -> None:
     from google.oauth2.credentials import Credentials
 
-    from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
+    from kfp_gpu_rehearsal.sim.gcp_iam import QUOTA_TOKEN
 
     p = GkeProvider(PROJECT, REGION, CLUSTER, endpoint=sim.url, contact_email="ml@example.com",
                     credentials=Credentials(token=QUOTA_TOKEN))  # deploy/gcp-quota-requester-role.yaml
@@ -297,7 +297,7 @@ def test_no_google_import_at_kfp_gpu_import() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, kfp_gpu, kfp_gpu.providers.gke, kfp_gpu.sim; "
+    code = ("import sys, kfp_gpu, kfp_gpu.providers.gke, kfp_gpu_rehearsal.sim; "
             "bad=[m for m in sys.modules if m.startswith(('google.cloud.', 'google.api_core', 'google.auth'))]; "
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -13,8 +13,8 @@ from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import Operation, OpStatus, PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.retry import RetryPolicy
-from kfp_gpu.sim import SimServer
-from kfp_gpu.sim import api as sim_api
+from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim import api as sim_api
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, running, scenario
 from tests.waiting import wait_until
 

@@ -17,8 +17,8 @@ from google.protobuf import field_mask_pb2
 from kfp_gpu import iam
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import SimServer
-from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
+from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim.gcp_iam import QUOTA_TOKEN
 from tests.sim._helpers import CLUSTER, PROJECT, REGION, client_kwargs, running
 
 PARENT = f"projects/{PROJECT}/locations/global"

@@ -12,8 +12,8 @@ from google.api_core.client_options import ClientOptions
 from google.oauth2.credentials import Credentials
 
 from kfp_gpu import iam
-from kfp_gpu.sim import SimServer, from_dict
-from kfp_gpu.sim.state import NodeBackend
+from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim.state import NodeBackend
 
 PROJECT = "local-project"
 CLUSTER = "kfp-gpu-local"
@@ -24,7 +24,7 @@ PARENT = f"projects/{PROJECT}/locations/{REGION}/clusters/{CLUSTER}"
 def default_dict() -> dict[str, Any]:
     from importlib import resources
 
-    text = resources.files("kfp_gpu.sim").joinpath("scenarios/default.yaml").read_text()
+    text = resources.files("kfp_gpu_rehearsal.sim").joinpath("scenarios/default.yaml").read_text()
     data: dict[str, Any] = yaml.safe_load(text)
     return data
 

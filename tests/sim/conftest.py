@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kfp_gpu.sim import SimServer
+from kfp_gpu_rehearsal.sim import SimServer
 from tests.sim._helpers import running
 
 

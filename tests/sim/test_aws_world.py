@@ -13,10 +13,10 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from kfp_gpu import iam
-from kfp_gpu.sim.aws import AwsSimServer
-from kfp_gpu.sim.aws.nodes import MemoryNodes
-from kfp_gpu.sim.aws.scenario import from_dict
-from kfp_gpu.sim.clock import Timeline, compress
+from kfp_gpu_rehearsal.sim.aws import AwsSimServer
+from kfp_gpu_rehearsal.sim.aws.nodes import MemoryNodes
+from kfp_gpu_rehearsal.sim.aws.scenario import from_dict
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
 
 CLUSTER = "kfp-gpu-eks"
 
@@ -212,7 +212,7 @@ def test_unknown_nodegroup_is_resource_not_found(world: Any) -> None:
 def test_throttle_buckets_refill_per_wall_second_not_per_compressed_second() -> None:
     """Requests are real requests in real time: EC2's 20 tokens/s refill is 20 per wall second (refilled per
     compressed second it was 2,400 per wall second and the bucket never bound beyond its burst)."""
-    from kfp_gpu.sim.aws.server import Buckets
+    from kfp_gpu_rehearsal.sim.aws.server import Buckets
 
     now = [0.0]
     buckets = Buckets(from_dict(scenario(throttle={"read_burst": 2, "read_refill_per_s": 20.0})), now=lambda: now[0])

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import from_dict
-from kfp_gpu.sim.clock import Timeline, compress
-from kfp_gpu.sim.computeclass import CLASS_LABEL, SCAN_S, ComputeClassWorld
-from kfp_gpu.sim.computeclass_controller import waiting
-from kfp_gpu.sim.state import MemoryBackend, SimState
+from kfp_gpu_rehearsal.sim import from_dict
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
+from kfp_gpu_rehearsal.sim.computeclass import CLASS_LABEL, SCAN_S, ComputeClassWorld
+from kfp_gpu_rehearsal.sim.computeclass_controller import waiting
+from kfp_gpu_rehearsal.sim.state import MemoryBackend, SimState
 from tests.sim._helpers import default_dict
 
 CLS = "kfp-gpu-run-1"
@@ -50,7 +50,7 @@ class World:
     def nodes(self) -> dict[str, str]:
         """node -> the capacity of the rule it came from."""
         k = self.cc.classes[CLS]
-        from kfp_gpu.sim.computeclass import capacity_of
+        from kfp_gpu_rehearsal.sim.computeclass import capacity_of
 
         return {n: capacity_of(k.rules[r]) for n, r in k.nodes.items()}
 

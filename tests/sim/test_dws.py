@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import SimServer, from_dict
-from kfp_gpu.sim.clock import Timeline, compress
-from kfp_gpu.sim.dws import QUEUED_TAINT, REQUEST_LABEL, Demand, DwsWorld, Refusal
-from kfp_gpu.sim.dws_request import consumer, demand
-from kfp_gpu.sim.state import MemoryBackend, SimState
+from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
+from kfp_gpu_rehearsal.sim.dws import QUEUED_TAINT, REQUEST_LABEL, Demand, DwsWorld, Refusal
+from kfp_gpu_rehearsal.sim.dws_request import consumer, demand
+from kfp_gpu_rehearsal.sim.state import MemoryBackend, SimState
 from tests.sim._helpers import default_dict
 
 POOL = "h100-dws-a"

@@ -12,9 +12,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, container_v1
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import api as sim_api
-from kfp_gpu.sim import from_dict, load
-from kfp_gpu.sim.scenario import ApiSpec
+from kfp_gpu_rehearsal.sim import api as sim_api
+from kfp_gpu_rehearsal.sim import from_dict, load
+from kfp_gpu_rehearsal.sim.scenario import ApiSpec
 from tests.sim._helpers import PARENT, PROJECT, REGION, client_kwargs, running, scenario
 from tests.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""``python -m kfp_gpu.sim`` serves until SIGTERM and reports bad scenarios clearly."""
+"""``python -m kfp_gpu_rehearsal.sim`` serves until SIGTERM and reports bad scenarios clearly."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kfp_gpu import iam
 
 def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     url_file = tmp_path / "url"
-    proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu.sim", "--scenario", "six-regions", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu_rehearsal.sim", "--scenario", "six-regions", "--port", "0",
                              "--url-file", str(url_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30
@@ -36,6 +36,6 @@ def test_cli_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_cli_rejects_an_invalid_scenario(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("api_latency_ms: -1\n")
-    out = subprocess.run([sys.executable, "-m", "kfp_gpu.sim", "--scenario", str(bad), "--port", "0"],
+    out = subprocess.run([sys.executable, "-m", "kfp_gpu_rehearsal.sim", "--scenario", str(bad), "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "api_latency_ms" in out.stderr

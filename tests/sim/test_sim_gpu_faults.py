@@ -8,9 +8,9 @@ import pytest
 
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.plan.health import EXIT_DCGM_DIAG, EXIT_DEVICE_COUNT
-from kfp_gpu.sim import from_dict
-from kfp_gpu.sim.gpuhealth import DIAG_S, EXIT_ANNOTATION, GpuFault, fate
-from kfp_gpu.sim.ranks import rfc3339
+from kfp_gpu_rehearsal.sim import from_dict
+from kfp_gpu_rehearsal.sim.gpuhealth import DIAG_S, EXIT_ANNOTATION, GpuFault, fate
+from kfp_gpu_rehearsal.sim.ranks import rfc3339
 from tests.sim._helpers import scenario
 
 

@@ -13,9 +13,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import cloudquotas_v1, compute_v1, container_v1
 
 from kfp_gpu import iam
-from kfp_gpu.sim import SimServer
-from kfp_gpu.sim.gcp_iam import QUOTA_TOKEN
-from kfp_gpu.sim.state import MemoryBackend
+from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim.gcp_iam import QUOTA_TOKEN
+from kfp_gpu_rehearsal.sim.state import MemoryBackend
 from tests.sim._helpers import CLUSTER, PARENT, PROJECT, REGION, client_kwargs, running, scenario
 
 
@@ -260,7 +260,7 @@ def test_preflight_fan_out_six_regions_three_accelerators_with_200ms_rtt() -> No
     from concurrent.futures import ThreadPoolExecutor
 
     from kfp_gpu.providers.gke import GkeProvider
-    from kfp_gpu.sim import load
+    from kfp_gpu_rehearsal.sim import load
 
     sc = load("six-regions")
     assert sc.api_latency_ms == 200 and len(sc.regions) == 6

@@ -13,13 +13,13 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.devcluster.client import Kube
 from kfp_gpu.errors import CapacityUnavailable, Scope
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import OpStatus, PoolRef
 from kfp_gpu.providers.gke import GkeProvider
-from kfp_gpu.sim import SimServer, from_dict
-from kfp_gpu.sim.clock import compress
+from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim.clock import compress
 from tests.integration.conftest import kube, namespace  # noqa: F401 - fixtures
 from tests.sim._helpers import PROJECT, REGION, scenario
 from tests.waiting import wait_until

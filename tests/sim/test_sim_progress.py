@@ -1,4 +1,4 @@
-"""The rehearsal trainer's rules (kfp_gpu.sim.progress, docs/sim.md "Training ranks"): pure functions, virtual time,
+"""The rehearsal trainer's rules (kfp_gpu_rehearsal.sim.progress, docs/sim.md "Training ranks"): pure functions, virtual time,
 and the ``training`` scenario key's validation."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import from_dict
-from kfp_gpu.sim.progress import incarnation, rank_of, step_at
-from kfp_gpu.sim.trainingspec import RankFault, TrainingSpec, parse_training
+from kfp_gpu_rehearsal.sim import from_dict
+from kfp_gpu_rehearsal.sim.progress import incarnation, rank_of, step_at
+from kfp_gpu_rehearsal.sim.trainingspec import RankFault, TrainingSpec, parse_training
 from tests.sim._helpers import scenario
 
 

@@ -1,8 +1,8 @@
-"""What the surviving ranks of a job do when one rank is lost (kfp_gpu.sim.ranks.peer_fate), in virtual time."""
+"""What the surviving ranks of a job do when one rank is lost (kfp_gpu_rehearsal.sim.ranks.peer_fate), in virtual time."""
 
 from __future__ import annotations
 
-from kfp_gpu.sim.ranks import DEFAULT_PG_TIMEOUT_S, HANG_EXIT_CODE, JobShape, peer_fate
+from kfp_gpu_rehearsal.sim.ranks import DEFAULT_PG_TIMEOUT_S, HANG_EXIT_CODE, JobShape, peer_fate
 
 
 def test_rank_loss_peers_hang_until_torchs_default_timeout_then_exit_non_zero() -> None:

@@ -14,8 +14,8 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, container_v1
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import from_dict
-from kfp_gpu.sim.clock import Timeline
+from kfp_gpu_rehearsal.sim import from_dict
+from kfp_gpu_rehearsal.sim.clock import Timeline
 from tests.sim._helpers import PARENT, PROJECT, REGION, client_kwargs, scenario
 from tests.sim.test_sim_world import igm, pools, real, set_size, world
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import load
-from kfp_gpu.sim.scenario import BootLatency, from_dict
+from kfp_gpu_rehearsal.sim import load
+from kfp_gpu_rehearsal.sim.scenario import BootLatency, from_dict
 from tests.sim._helpers import scenario
 
 

@@ -12,8 +12,8 @@ import pytest
 from google.cloud import container_v1
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.sim import from_dict
-from kfp_gpu.sim.topology import BLOCK, HOST, SUBBLOCK
+from kfp_gpu_rehearsal.sim import from_dict
+from kfp_gpu_rehearsal.sim.topology import BLOCK, HOST, SUBBLOCK
 from tests.sim._helpers import PARENT, client_kwargs, scenario
 from tests.sim.test_sim_world import gke_op, pools, real, set_size, world
 

@@ -1,4 +1,4 @@
-"""The dev cluster's Go builds (kfp_gpu/devcluster/build.py, buildtimes.py): the core targets build one Go module per
+"""The dev cluster's Go builds (kfp_gpu_rehearsal/devcluster/build.py, buildtimes.py): the core targets build one Go module per
 worker, two modules at once, the targets of one module in turn; each cold build records its duration, and the next
 build line shows it as the estimate. No Go toolchain runs here (build_target is replaced)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kfp_gpu.devcluster import build, buildtimes
+from kfp_gpu_rehearsal.devcluster import build, buildtimes
 
 
 def test_two_modules_build_at_once_and_one_module_s_targets_in_turn(monkeypatch: pytest.MonkeyPatch,

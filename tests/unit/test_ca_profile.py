@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from kfp_gpu import accelerators
-from kfp_gpu.devcluster import autoscaler, ca_profile, provreq_crd
-from kfp_gpu.devcluster.ca_profile import NODE_GROUPS, TAINT
+from kfp_gpu_rehearsal.devcluster import autoscaler, ca_profile, provreq_crd
+from kfp_gpu_rehearsal.devcluster.ca_profile import NODE_GROUPS, TAINT
 
 
 def test_node_groups_as_the_lead_tests_expect() -> None:

@@ -1,4 +1,4 @@
-"""The one component runner of the dev cluster (kfp_gpu/devcluster/runner.py), on a fake table of trivial
+"""The one component runner of the dev cluster (kfp_gpu_rehearsal/devcluster/runner.py), on a fake table of trivial
 processes (``sleep``) in a private state dir: start, re-use, restart on a changed fingerprint, status, cleanup and
 stop. The shared cluster is never touched (no real component starts here)."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kfp_gpu.devcluster import procs, runner
-from kfp_gpu.devcluster.procs import BootError
-from kfp_gpu.devcluster.runner import Component, Ctx, Unit
-from kfp_gpu.devcluster.versions import Versions
+from kfp_gpu_rehearsal.devcluster import procs, runner
+from kfp_gpu_rehearsal.devcluster.procs import BootError
+from kfp_gpu_rehearsal.devcluster.runner import Component, Ctx, Unit
+from kfp_gpu_rehearsal.devcluster.versions import Versions
 
 SLEEP = Path(shutil.which("sleep") or "/bin/sleep")
 
@@ -106,8 +106,8 @@ def test_an_unhealthy_process_fails_the_start_with_its_log(tmp_path: Path) -> No
 
 
 def test_the_table_has_one_row_per_unit_and_every_process_once() -> None:
-    from kfp_gpu.devcluster import extras
-    from kfp_gpu.devcluster.table import UNITS
+    from kfp_gpu_rehearsal.devcluster import extras
+    from kfp_gpu_rehearsal.devcluster.table import UNITS
 
     names = [u.name for u in UNITS]
     processes = [p.name for u in UNITS for p in u.processes]
@@ -118,7 +118,7 @@ def test_the_table_has_one_row_per_unit_and_every_process_once() -> None:
 
 
 def test_down_only_names_an_optional_unit_or_says_which_exist() -> None:
-    from kfp_gpu.devcluster import boot
+    from kfp_gpu_rehearsal.devcluster import boot
 
     with pytest.raises(BootError, match="unknown local-cluster component 'core': choose from cluster-autoscaler, "
                                         "trainer, kueue, gcs, karpenter"):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from kfp_gpu.cluster.gang import GangTracker
-from kfp_gpu.devcluster.nodes import make_gpu_node
 from kfp_gpu.ownership import LABEL_RUN_ID
 from kfp_gpu.timeline import Timeline
+from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 
 BLOCK = "cloud.google.com/gce-topology-block"
 ZONE = "us-central1-a"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kfp_gpu import iam
-from kfp_gpu.sim import routes
-from kfp_gpu.sim.gcp_iam import denied
+from kfp_gpu_rehearsal.sim import routes
+from kfp_gpu_rehearsal.sim.gcp_iam import denied
 
 PKG = Path(iam.__file__).parent
 GKE = PKG / "providers" / "gke"

@@ -1,4 +1,4 @@
-"""`make images` (kfp_gpu.devcluster.images) and `kfp-gpu run --containers` (kfp_gpu.devcluster.containers) without
+"""`make images` (kfp_gpu_rehearsal.devcluster.images) and `kfp-gpu run --containers` (kfp_gpu_rehearsal.devcluster.containers) without
 podman: the content hash, the podman command lines, the step's environment, the import closure the image test
 uses, and a kfp.local run whose kfp-gpu task goes to a recording stand-in for ``podman`` with the compiled argv."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kfp import compiler, dsl, local
 
-from kfp_gpu.devcluster import containers, images
+from kfp_gpu_rehearsal.devcluster import containers, images
 from tests.import_closure import closure, imports_of
 
 
@@ -201,7 +201,7 @@ def test_containers_without_the_image_fail_in_one_line_naming_make_images(tmp_pa
 def test_progress_names_the_image_each_task_ran_in() -> None:
     import io
 
-    from kfp_gpu.demo import Progress
+    from kfp_gpu_rehearsal.demo import Progress
 
     log, terminal = io.StringIO(), io.StringIO()
     p = Progress(log, terminal, clock=lambda: 0.0)

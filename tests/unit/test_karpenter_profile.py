@@ -1,4 +1,4 @@
-"""The Karpenter profile's instance-types file (kfp_gpu.devcluster.karpenter_types) and its process flags, without a
+"""The Karpenter profile's instance-types file (kfp_gpu_rehearsal.devcluster.karpenter_types) and its process flags, without a
 cluster: AWS shapes, one offering per zone and capacity type, prices, the stockouts the profile documents."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kfp_gpu import accelerators
-from kfp_gpu.devcluster import karpenter, karpenter_profile, karpenter_types, procs
-from kfp_gpu.devcluster.runner import Ctx
-from kfp_gpu.devcluster.versions import Versions
+from kfp_gpu_rehearsal.devcluster import karpenter, karpenter_profile, karpenter_types, procs
+from kfp_gpu_rehearsal.devcluster.runner import Ctx
+from kfp_gpu_rehearsal.devcluster.versions import Versions
 
 AWS_NAME = re.compile(r"^\w+\.(nano|micro|small|medium|large|\d*xlarge|metal)$")  # the kwok provider's awsRegexp
 

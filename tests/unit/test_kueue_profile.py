@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfp_gpu.devcluster import kueue, kueue_profile
-from kfp_gpu.devcluster.cli import main as devcluster_main
-from kfp_gpu.devcluster.procs import BootError
+from kfp_gpu_rehearsal.devcluster import kueue, kueue_profile
+from kfp_gpu_rehearsal.devcluster.cli import main as devcluster_main
+from kfp_gpu_rehearsal.devcluster.procs import BootError
 
 UPSTREAM_MAIN = (
     "func main() {\n"
@@ -107,7 +107,7 @@ def test_only_the_crds_upstream_converts_get_the_conversion_webhook(tmp_path: Pa
 
 def test_cli_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: dict[str, object] = {}
-    from kfp_gpu.devcluster import boot, build
+    from kfp_gpu_rehearsal.devcluster import boot, build
 
     monkeypatch.setattr(boot, "main_up", lambda autoscaler, kueue, extras: seen.update(up=(autoscaler, kueue)) or 0)
     monkeypatch.setattr(boot, "main_down", lambda **kw: seen.update(down=kw) or 0)
@@ -144,7 +144,7 @@ def test_trainer_integrations_get_their_webhooks_and_a_dashed_group_matches_only
 
 
 def test_the_trainer_extra_boots_before_kueue_and_stops_after_it() -> None:
-    from kfp_gpu.devcluster import extras
+    from kfp_gpu_rehearsal.devcluster import extras
 
     order = extras.names()
     assert order.index("trainer") < order.index("kueue")

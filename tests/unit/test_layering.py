@@ -83,9 +83,9 @@ def test_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 450, f"{path.name} is too big; split it by concern"
 
 
-# ---- the rehearsal (kfp_gpu/sim, kfp_gpu/devcluster, kfp_gpu/demo.py) and bench/ ----------------------------------
+# ---- the rehearsal (kfp_gpu_rehearsal/sim, kfp_gpu_rehearsal/devcluster, kfp_gpu_rehearsal/demo.py) and bench/ ----------------------------------
 REHEARSAL = ("sim/", "devcluster/", "demo.py")  # the rehearsal world: its own package after the split
-REHEARSAL_MODULES = ("kfp_gpu.sim", "kfp_gpu.devcluster", "kfp_gpu.demo")
+REHEARSAL_MODULES = ("kfp_gpu_rehearsal.sim", "kfp_gpu_rehearsal.devcluster", "kfp_gpu_rehearsal.demo")
 STOOD_IN = ("kfp_gpu.steps", "kfp_gpu.provisioners", "kfp_gpu.providers", "kfp_gpu.controller")
 BENCH = PKG.parent / "bench"
 
@@ -122,7 +122,7 @@ def test_core_reaches_the_rehearsal_only_through_its_seam(path):
 @pytest.mark.parametrize("path", sorted((PKG / "devcluster").rglob("*.py")), ids=lambda p: p.name)
 def test_the_dev_cluster_never_imports_the_standins(path):
     """One direction inside the rehearsal: the stand-ins (sim/) drive the dev cluster's nodes, never the reverse."""
-    bad = [m for m in _names(path) if _under(m, ("kfp_gpu.sim",))]
+    bad = [m for m in _names(path) if _under(m, ("kfp_gpu_rehearsal.sim",))]
     assert bad == [], f"devcluster/{path.name} imports {bad}"
 
 

@@ -1,5 +1,5 @@
 """`make demo` installs no torch (Makefile: the demo's venv has no TORCH_CPU/FRAMEWORKS), so `kfp-gpu run
-pipelines/llm_finetune.py` must not import it: not the CLI, the rehearsal (kfp_gpu.demo, the dev cluster, the
+pipelines/llm_finetune.py` must not import it: not the CLI, the rehearsal (kfp_gpu_rehearsal.demo, the dev cluster, the
 stand-in, the controller), loading and compiling the example pipeline, nor any step module the kfp.local
 subprocesses import (the train step creates a PyTorchJob whose pods KWOK plays; no torch runs here)."""
 
@@ -21,11 +21,11 @@ class NoTorch(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r} (the demo venv has no torch)")
         return None
 sys.meta_path.insert(0, NoTorch())
-import kfp_gpu.cli, kfp_gpu.demo, kfp_gpu.controller.runner, kfp_gpu.sim.server, kfp_gpu.devcluster.boot
+import kfp_gpu.cli, kfp_gpu_rehearsal.demo, kfp_gpu.controller.runner, kfp_gpu_rehearsal.sim.server, kfp_gpu_rehearsal.devcluster.boot
 from kfp_gpu.steps.entry import STEPS
 for mod in STEPS.values():
     importlib.import_module(mod.split(":")[0])
-graph = kfp_gpu.demo.load("pipelines/llm_finetune.py")
+graph = kfp_gpu_rehearsal.demo.load("pipelines/llm_finetune.py")
 from kfp import compiler
 import tempfile, os
 with tempfile.TemporaryDirectory() as d:

@@ -1,5 +1,5 @@
 """What a local rehearsal and the warm pool take from the spec and the backend: `kfp-gpu run` boots the extras
-the spec needs (:func:`kfp_gpu.demo.extras_for`), and only a backend that holds its own placeholders skips the
+the spec needs (:func:`kfp_gpu_rehearsal.demo.extras_for`), and only a backend that holds its own placeholders skips the
 generic warm-pool balloons (:func:`kfp_gpu.provisioners.base.holds_placeholders`)."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from kfp_gpu.demo import aws_standin_port, extras_for
-from kfp_gpu.devcluster import extras
 from kfp_gpu.providers.fake import FakeProvider
 from kfp_gpu.provisioners import backends
 from kfp_gpu.provisioners.base import holds_placeholders
 from kfp_gpu.spec import ProvisioningSpec, Target
+from kfp_gpu_rehearsal.demo import aws_standin_port, extras_for
+from kfp_gpu_rehearsal.devcluster import extras
 from pipelines.llm_finetune import SPEC as GKE_EXAMPLE
 from pipelines.llm_finetune_eks import SPEC as EKS_EXAMPLE
 from pipelines.llm_finetune_karpenter import SPEC as KARPENTER_EXAMPLE
@@ -77,7 +77,7 @@ def test_the_rehearsal_starts_the_aws_standin_an_eks_target_names(kind: str, end
 
 
 def test_the_eks_examples_name_the_default_aws_standin() -> None:
-    from kfp_gpu.sim.daemon import AWS_PORT
+    from kfp_gpu_rehearsal.sim.daemon import AWS_PORT
 
     assert aws_standin_port(EKS_EXAMPLE) == aws_standin_port(KARPENTER_EXAMPLE) == AWS_PORT
 

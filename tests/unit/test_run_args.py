@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from kfp_gpu import cli, demo
+from kfp_gpu import cli
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu_rehearsal import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests/integration/pipelines/tiny_pipeline.py"

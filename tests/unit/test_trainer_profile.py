@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kfp_gpu.devcluster import extras, trainer, trainer_profile
-from kfp_gpu.devcluster.procs import BootError
+from kfp_gpu_rehearsal.devcluster import extras, trainer, trainer_profile
+from kfp_gpu_rehearsal.devcluster.procs import BootError
 
 PORTS = {"jobset-webhook": 1, "jobset-health": 2, "trainer-webhook": 3, "trainer-health": 4}
 
@@ -23,7 +23,7 @@ def test_pins_and_registry_entry() -> None:
 
 def test_missing_pin_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trainer, "load_versions", lambda: {"KUEUE_VERSION": "v0.17.0"})
-    with pytest.raises(trainer.TrainerError, match="JOBSET_VERSION is empty in kfp_gpu/devcluster/versions.env"):
+    with pytest.raises(trainer.TrainerError, match="JOBSET_VERSION is empty in kfp_gpu_rehearsal/devcluster/versions.env"):
         trainer.JOBSET.version()
 
 

@@ -1,4 +1,4 @@
-"""Rehearsal reports in the world's clock: the local rehearsal compresses time (kfp_gpu.sim.clock.TIME_SCALE), and
+"""Rehearsal reports in the world's clock: the local rehearsal compresses time (kfp_gpu_rehearsal.sim.clock.TIME_SCALE), and
 every time and cost it reports is stretched back (Timeline.scaled, report._common.world), with the factor said
 once. On a real cluster (no KFP_GPU_WORLD_TIME_SCALE) nothing changes."""
 

@@ -113,7 +113,7 @@ class EksProvider(ReservationsMixin):
         import boto3
         from botocore.config import Config
 
-        # the standard credential chain, also for the local stand-in (kfp_gpu.sim.aws), which maps the access key
+        # the standard credential chain, also for the local stand-in (kfp_gpu_rehearsal.sim.aws), which maps the access key
         # id to a principal and its policy (the rehearsal gives the controller AWS_ACCESS_KEY_ID; docs/sim.md)
         session = boto3.session.Session(profile_name=self.profile or None)
         return session.client(

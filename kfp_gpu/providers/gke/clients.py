@@ -1,7 +1,7 @@
 """The google-cloud REST clients GkeProvider talks through, and the credentials they use.
 
 google.cloud / google.auth are imported here, lazily, so ``import kfp_gpu`` never needs them. A plain
-``http://`` endpoint (the local stand-in, :mod:`kfp_gpu.sim`) gets the stand-in's OAuth access token from
+``http://`` endpoint (the local stand-in, :mod:`kfp_gpu_rehearsal.sim`) gets the stand-in's OAuth access token from
 ``$KFP_GPU_SIM_GCP_TOKEN`` (:data:`kfp_gpu.iam.SIM_GCP_TOKEN_ENV`; the rehearsal sets it for the controller process
 only), or anonymous credentials without it, which the stand-in refuses (401) as Google does; anything else
 resolves Application Default Credentials. Real credentials never travel over plain http.

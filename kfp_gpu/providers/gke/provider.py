@@ -54,7 +54,7 @@ class GkeProvider:
         project: GCP project id.
         location: the cluster's location (region for regional clusters, zone for zonal ones).
         cluster: GKE cluster name.
-        endpoint: API base URL override (the kfp_gpu.sim stand-in, e.g. ``http://127.0.0.1:8787``);
+        endpoint: API base URL override (the kfp_gpu_rehearsal.sim stand-in, e.g. ``http://127.0.0.1:8787``);
             "" talks to the real Google APIs.
         credentials: google.auth credentials. None means Application Default Credentials, except
             for a plain ``http://`` endpoint (the local stand-in), which gets the stand-in token of

@@ -1,7 +1,0 @@
-"""``python -m kfp_gpu.devcluster build|up|down|status``."""
-
-from __future__ import annotations
-
-from .cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,401 @@
+"""The stand-in's world as a validated YAML scenario.
+
+A scenario names one project and one GKE cluster, the regions/zones it may use, the GPU node
+pools (one zone each), quota limits and usage, boot-latency distributions, stockout windows,
+injected API faults, preemption events, a simulated API round-trip time, and the world's timing
+(:mod:`kfp_gpu_rehearsal.sim.worldspec`: operations, device plugin, MIG retries, preemption notice; durations in
+real-world seconds, compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`). Every validation
+failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the offending field, e.g.
+``pools[2].boot.median_s``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kfp_gpu import accelerators
+from kfp_gpu.errors import InvalidSpec
+from kfp_gpu_rehearsal.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
+from kfp_gpu_rehearsal.sim.gpufaultspec import GpuFaults, parse_gpu_faults
+from kfp_gpu_rehearsal.sim.topology import TopologySpec, parse_placement, parse_topology
+from kfp_gpu_rehearsal.sim.trainingspec import TrainingSpec, parse_training
+from kfp_gpu_rehearsal.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
+    Autoscaling,
+    BootLatency,
+    Operations,
+    ReservationAffinity,
+    ReservationSpec,
+    World,
+    parse_affinity,
+    parse_autoscaling,
+    parse_boot,
+    parse_reservations,
+    parse_world,
+)
+from kfp_gpu_rehearsal.sim.worldspec import listing as _list
+from kfp_gpu_rehearsal.sim.worldspec import num as _num
+from kfp_gpu_rehearsal.sim.worldspec import obj as _obj
+
+PROVISIONING_MODELS = ("spot", "standard", "flex-start")  # Compute Engine provisioning models a stockout can hit
+_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    zone: str
+    accelerator: str  # catalog name
+    gpus_per_node: int = 8
+    spot: bool = False
+    max_nodes: int = 16
+    initial_size: int = 0
+    machine_type: str = ""  # derived from the catalog when empty
+    boot: BootLatency = field(default_factory=BootLatency)
+    autoscaling: Autoscaling = field(default_factory=Autoscaling)
+    reservation_affinity: ReservationAffinity = field(default_factory=ReservationAffinity)
+    queued_provisioning: bool = False  # GKE queuedProvisioning.enabled (flex-start, DWS): ProvisioningRequests only
+    placement: str = ""  # GKE placementPolicy.type: "COMPACT" keeps the pool's VMs in one block (kfp_gpu_rehearsal.sim.topology)
+    flex_start: bool = False  # flex-start VMs without queued provisioning (a ComputeClass flexStart rule's pools)
+    compute_class: str = ""  # the ComputeClass whose rule node auto-provisioning created this pool for (kfp_gpu_rehearsal.sim.computeclass)
+    class_rule: int = -1  # that rule's index in the class's priorities
+
+    @property
+    def provisioning_model(self) -> str:
+        """The Compute Engine provisioning model of the pool's VMs: spot, flex-start or standard."""
+        if self.spot:
+            return "spot"
+        return "flex-start" if self.queued_provisioning or self.flex_start else "standard"
+
+    @property
+    def region(self) -> str:
+        m = _ZONE_RE.match(self.zone)
+        return m.group(1) if m else ""
+
+    @property
+    def quota_metric(self) -> str:
+        acc = accelerators.get(self.accelerator)
+        return acc.gcp_preemptible_metric if self.spot else acc.gcp_quota_metric
+
+
+@dataclass(frozen=True)
+class QuotaSpec:
+    limit: float
+    usage: float = 0.0  # consumed by things outside the simulated cluster
+
+
+@dataclass(frozen=True)
+class RegionSpec:
+    name: str
+    zones: tuple[str, ...]
+    quotas: dict[str, QuotaSpec] = field(default_factory=dict)  # Compute regional metrics
+    gpu_families: dict[str, float] = field(default_factory=dict)  # Cloud Quotas gpu_family -> limit
+
+
+@dataclass(frozen=True)
+class Stockout:
+    """``zone`` has no stock between ``start_s`` and ``end_s`` (seconds since server start)."""
+
+    zone: str
+    start_s: float = 0.0
+    end_s: float | None = None  # None = forever ("always")
+    accelerator: str = ""  # empty = every accelerator
+    with_details: bool = False  # use ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS
+    capacity: int | None = None  # room for this many VMs (of the accelerator) in the zone; None = none at all
+    provisioning: str = ""  # only VMs of this provisioning model: spot | standard | flex-start; "" = every model
+
+    def active(self, t: float, accelerator: str, model: str = "") -> bool:
+        if self.accelerator and self.accelerator != accelerator:
+            return False
+        if self.provisioning and model and self.provisioning != model:
+            return False
+        return self.start_s <= t and (self.end_s is None or t < self.end_s)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """The first ``count`` requests whose path matches ``path`` (regex, searched) fail with ``status``."""
+
+    path: str
+    status: int = 429
+    count: int = 1
+    method: str = ""  # empty = any method
+    reason: str = ""  # errors[].reason override
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class PreemptionEvent:
+    at_s: float
+    pool: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    """The API layer's hardness (docs/sim.md, "API layer"): a per-project, per-service request budget
+    per compressed minute, and a seeded rate of 5xx answers.
+
+    ``requests_per_minute`` 0 = unlimited; ``retry_after_s`` None = the real seconds until the budget
+    refills; ``committed_5xx`` = fraction of mutation 5xx answers sent after the change took effect.
+    """
+
+    requests_per_minute: int = 1500
+    error_rate: float = 0.01
+    seed: int = 0
+    committed_5xx: float = 0.5
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    project: str = "local-project"
+    cluster: str = "kfp-gpu-local"
+    regions: dict[str, RegionSpec] = field(default_factory=dict)
+    global_quotas: dict[str, QuotaSpec] = field(default_factory=dict)
+    pools: tuple[PoolSpec, ...] = ()
+    stockouts: tuple[Stockout, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    preemptions: tuple[PreemptionEvent, ...] = ()
+    api_latency_ms: float = 0.0
+    node_create_workers: int = 32
+    api: ApiSpec = field(default_factory=ApiSpec)
+    world: World = field(default_factory=World)  # cloud flavour, operation/boot/notice timing
+    dws: DwsSpec = field(default_factory=DwsSpec)  # queued provisioning (kfp_gpu_rehearsal.sim.dwsspec)
+    provisioning_revocations: tuple[Revocation, ...] = ()
+    reservations: tuple[ReservationSpec, ...] = ()  # Compute reservations that exist at the start
+    topology: TopologySpec = field(default_factory=TopologySpec)  # blocks, sub-blocks, hosts (kfp_gpu_rehearsal.sim.topology)
+    gpu_faults: GpuFaults = field(default_factory=GpuFaults)  # bad GPUs at birth, Xid events (sim.gpufaultspec)
+    training: TrainingSpec | None = None  # simulated ranks' progress, hangs and slow ranks (kfp_gpu_rehearsal.sim.trainingspec)
+
+    def pool(self, name: str) -> PoolSpec:
+        """Raises: KeyError for an unknown pool."""
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def load(path: str | Path | None = None) -> Scenario:
+    """Load and validate a scenario file. ``None`` loads the bundled ``default.yaml``; a bare name
+    such as ``"six-regions"`` loads ``kfp_gpu_rehearsal/sim/scenarios/<name>.yaml``.
+
+    Raises:
+        InvalidSpec: the file is missing, not YAML, or fails validation (naming the field).
+    """
+    bundled = resources.files("kfp_gpu_rehearsal.sim").joinpath("scenarios")
+    if path is None or (isinstance(path, str) and not Path(path).exists()
+                        and bundled.joinpath(f"{path}.yaml").is_file()):
+        text = bundled.joinpath(f"{path or 'default'}.yaml").read_text()
+    else:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise InvalidSpec("scenario", str(path), f"cannot be read ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSpec("scenario", str(path), f"is not valid YAML ({exc})") from None
+    return from_dict(data or {})
+
+
+def from_dict(data: Any) -> Scenario:
+    """Build a validated :class:`Scenario` from plain data.
+
+    Raises:
+        InvalidSpec: naming the offending field (``pools[1].zone``, ``regions.us-east1.quotas.X``...).
+    """
+    d = _obj(data, "scenario", {
+        "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
+        "preemptions", "api_latency_ms", "node_create_workers", "api",
+        "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
+        "dws", "provisioning_revocations", "topology", "gpu_faults", "training",
+    })
+    regions = {
+        str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()
+    }
+    gq = {str(k): _quota(v, f"global_quotas.{k}") for k, v in _obj(d.get("global_quotas", {}), "global_quotas").items()}
+    pools = tuple(_pool(p, f"pools[{i}]", regions) for i, p in enumerate(_list(d.get("pools", []), "pools")))
+    names = [p.name for p in pools]
+    for n in names:
+        if names.count(n) > 1:
+            raise InvalidSpec("pools.name", n, "pool names must be unique")
+    zones = {z for r in regions.values() for z in r.zones}
+    stockouts = []
+    for i, s in enumerate(_list(d.get("stockouts", []), "stockouts")):
+        f = f"stockouts[{i}]"
+        so = _obj(s, f, {"zone", "start_s", "end_s", "window", "accelerator", "with_details", "capacity",
+                         "provisioning"})
+        zone = str(so.get("zone", ""))
+        if zone not in zones:
+            raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; known: {sorted(zones)}")
+        start, end = _num(so.get("start_s", 0.0), f"{f}.start_s", 0.0), so.get("end_s")
+        if so.get("window", "") == "always":
+            start, end = 0.0, None
+        elif so.get("window") not in (None, "always"):
+            raise InvalidSpec(f"{f}.window", so.get("window"), "only 'always' is allowed (or use start_s/end_s)")
+        end_f = None if end is None else _num(end, f"{f}.end_s", start)
+        acc = str(so.get("accelerator", ""))
+        if acc:
+            acc = accelerators.get(acc).name
+        cap = so.get("capacity")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise InvalidSpec(f"{f}.capacity", cap, "must be a whole number of VMs >= 0 (omit it for no room at all)")
+        model = str(so.get("provisioning", ""))
+        if model not in ("", *PROVISIONING_MODELS):
+            raise InvalidSpec(f"{f}.provisioning", model, f"allowed: {', '.join(PROVISIONING_MODELS)} (omit it for "
+                              "every provisioning model)")
+        stockouts.append(Stockout(zone, start, end_f, acc, bool(so.get("with_details", False)), cap, model))
+    faults = []
+    for i, x in enumerate(_list(d.get("faults", []), "faults")):
+        f = f"faults[{i}]"
+        fo = _obj(x, f, {"path", "status", "count", "method", "reason", "message"})
+        try:
+            re.compile(str(fo.get("path", "")))
+        except re.error as exc:
+            raise InvalidSpec(f"{f}.path", fo.get("path"), f"not a regex ({exc})") from None
+        status = int(_num(fo.get("status", 429), f"{f}.status", 400))
+        if status > 599:
+            raise InvalidSpec(f"{f}.status", status, "must be an HTTP error status 400..599")
+        faults.append(Fault(
+            str(fo.get("path", "")), status, int(_num(fo.get("count", 1), f"{f}.count", 0)),
+            str(fo.get("method", "")).upper(), str(fo.get("reason", "")), str(fo.get("message", "")),
+        ))
+    events = []
+    for i, x in enumerate(_list(d.get("preemptions", []), "preemptions")):
+        f = f"preemptions[{i}]"
+        eo = _obj(x, f, {"at_s", "pool", "count"})
+        if eo.get("pool") not in names:
+            raise InvalidSpec(f"{f}.pool", eo.get("pool"), f"unknown pool; known: {names}")
+        events.append(PreemptionEvent(
+            _num(eo.get("at_s", 0.0), f"{f}.at_s", 0.0), str(eo["pool"]),
+            int(_num(eo.get("count", 1), f"{f}.count", 1)),
+        ))
+    sc = Scenario(
+        project=str(d.get("project", "local-project")), cluster=str(d.get("cluster", "kfp-gpu-local")),
+        regions=regions, global_quotas=gq, pools=pools, stockouts=tuple(stockouts), faults=tuple(faults),
+        preemptions=tuple(events), api_latency_ms=_num(d.get("api_latency_ms", 0.0), "api_latency_ms", 0.0),
+        node_create_workers=int(_num(d.get("node_create_workers", 32), "node_create_workers", 1)),
+        api=parse_api(d.get("api", {})), world=parse_world(d), dws=parse_dws(d.get("dws")),
+        provisioning_revocations=parse_revocations(d.get("provisioning_revocations"),
+                                                   {p.name: p.queued_provisioning for p in pools}),
+        reservations=parse_reservations(d.get("reservations"), zones),
+        topology=parse_topology(d.get("topology")),
+        gpu_faults=parse_gpu_faults(d.get("gpu_faults"), names),
+        training=parse_training(d.get("training")),
+    )
+    _check_quota_usage(sc)
+    return sc
+
+
+def parse_api(data: Any, f: str = "api") -> ApiSpec:
+    """Validate the ``api:`` block. Raises: InvalidSpec naming the field (``api.error_rate``...)."""
+    a = _obj(data, f, {"requests_per_minute", "error_rate", "seed", "committed_5xx", "retry_after_s"})
+    d = ApiSpec()
+    rate, committed = (_num(a.get(k, getattr(d, k)), f"{f}.{k}", 0.0) for k in ("error_rate", "committed_5xx"))
+    for k, v in (("error_rate", rate), ("committed_5xx", committed)):
+        if v > 1:
+            raise InvalidSpec(f"{f}.{k}", v, "must be a fraction in [0, 1]")
+    ra = a.get("retry_after_s")
+    return ApiSpec(
+        int(_num(a.get("requests_per_minute", d.requests_per_minute), f"{f}.requests_per_minute", 0.0)),
+        rate, int(_num(a.get("seed", d.seed), f"{f}.seed", 0.0)), committed,
+        None if ra is None else _num(ra, f"{f}.retry_after_s", 0.0),
+    )
+
+
+def _region(name: str, data: Any) -> RegionSpec:
+    f = f"regions.{name}"
+    r = _obj(data, f, {"zones", "quotas", "gpu_families"})
+    zones = tuple(str(z) for z in _list(r.get("zones", []), f"{f}.zones"))
+    for z in zones:
+        m = _ZONE_RE.match(z)
+        if not m or m.group(1) != name:
+            raise InvalidSpec(f"{f}.zones", z, f"must be a zone of region {name} (e.g. {name}-a)")
+    quotas = {str(k): _quota(v, f"{f}.quotas.{k}") for k, v in _obj(r.get("quotas", {}), f"{f}.quotas").items()}
+    fams = {
+        str(k): _num(v, f"{f}.gpu_families.{k}", 0.0)
+        for k, v in _obj(r.get("gpu_families", {}), f"{f}.gpu_families").items()
+    }
+    return RegionSpec(name, zones, quotas, fams)
+
+
+def _quota(data: Any, f: str) -> QuotaSpec:
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return QuotaSpec(_num(data, f"{f}.limit", 0.0))
+    q = _obj(data, f, {"limit", "usage"})
+    limit = _num(q.get("limit"), f"{f}.limit", 0.0)
+    usage = _num(q.get("usage", 0.0), f"{f}.usage", 0.0)
+    if usage > limit:
+        raise InvalidSpec(f"{f}.limit", limit, f"quota limit is below its usage ({usage:g})")
+    return QuotaSpec(limit, usage)
+
+
+def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
+    p = _obj(data, f, {
+        "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
+        "machine_type", "boot", "autoscaling", "reservation_affinity",
+        "queued_provisioning", "placement_policy",
+    })
+    name = str(p.get("name", ""))
+    if not _NAME_RE.match(name):
+        raise InvalidSpec(f"{f}.name", name, "must be a lowercase RFC 1035 label of at most 40 chars")
+    zone = str(p.get("zone", ""))
+    known = sorted(z for r in regions.values() for z in r.zones)
+    if zone not in known:
+        raise InvalidSpec(f"{f}.zone", zone, f"unknown zone; the scenario's regions have {known}")
+    try:
+        acc = accelerators.get(str(p.get("accelerator", "")))
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"{f}.accelerator", p.get("accelerator"), exc.fields["allowed"]) from None
+    gpus = int(_num(p.get("gpus_per_node", 8), f"{f}.gpus_per_node", 1))
+    try:
+        machine = acc.gce_machine_for(gpus).name
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"{f}.gpus_per_node", gpus, exc.fields["allowed"]) from None
+    max_nodes = int(_num(p.get("max_nodes", 16), f"{f}.max_nodes", 0))
+    initial = int(_num(p.get("initial_size", 0), f"{f}.initial_size", 0))
+    if initial > max_nodes:
+        raise InvalidSpec(f"{f}.initial_size", initial, f"must be <= max_nodes ({max_nodes})")
+    autoscaling = parse_autoscaling(p.get("autoscaling"), f"{f}.autoscaling", max_nodes)
+    queued = parse_queued(p.get("queued_provisioning"), f"{f}.queued_provisioning")
+    if queued and not autoscaling.enabled:  # gcloud ... --enable-queued-provisioning --enable-autoscaling
+        raise InvalidSpec(f"{f}.autoscaling", p.get("autoscaling"),
+                          "a queued-provisioning pool needs autoscaling: {enabled: true} (GKE requires it)")
+    if queued and initial:  # GKE: --num-nodes=0; nodes come only through ProvisioningRequests
+        raise InvalidSpec(f"{f}.initial_size", initial, "must be 0 for a queued-provisioning pool")
+    return PoolSpec(
+        name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
+        str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
+        autoscaling, parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"), queued,
+        parse_placement(p.get("placement_policy"), f"{f}.placement_policy"),
+    )
+
+
+def _check_quota_usage(sc: Scenario) -> None:
+    """Initial pool sizes (their GPUs, and vCPUs for CPU metrics) must fit into the quotas the scenario declares."""
+    from kfp_gpu_rehearsal.sim import vmquota  # it imports this module
+
+    for rname, region in sc.regions.items():
+        for metric, q in region.quotas.items():
+            gpus = sum(p.initial_size * p.gpus_per_node for p in sc.pools if p.region == rname and p.quota_metric == metric)
+            vcpus = sum(p.initial_size * vmquota.vcpus(p) for p in sc.pools
+                        if p.region == rname and metric in vmquota.cpu_metrics(p, region))
+            used = q.usage + gpus + vcpus
+            if used > q.limit:
+                unit = "vCPUs" if vcpus else "GPUs"
+                raise InvalidSpec(
+                    f"regions.{rname}.quotas.{metric}.limit", q.limit,
+                    f"below the usage of the initial pool sizes ({used:g} {unit})",
+                )
+    for metric, q in sc.global_quotas.items():
+        if metric == accelerators.GCP_ALL_REGIONS_METRIC:
+            used = q.usage + sum(p.initial_size * p.gpus_per_node for p in sc.pools)
+            if used > q.limit:
+                raise InvalidSpec(f"global_quotas.{metric}.limit", q.limit, f"below initial usage ({used:g} GPUs)")
