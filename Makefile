@@ -60,9 +60,10 @@ images: imagedeps venv
 # `venv-torch` adds the CPU torch and the frameworks for the trainer and the test paths (test, test-unit, lint,
 # faults): ~2.35 GB that a first demo never downloads.
 venv: $(STAMP)
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml kfp_gpu_rehearsal/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints.txt -e '.[gke,eks,vertex,storage,dev,controller]'
+	$(BIN)/pip install -q --no-deps -e ./kfp_gpu_rehearsal  # the rehearsal world (kfp-gpu[rehearsal]), from this tree
 	touch $(STAMP)
 
 venv-torch: $(TORCH_STAMP)
@@ -73,8 +74,8 @@ $(TORCH_STAMP): $(STAMP)
 	touch $(TORCH_STAMP)
 
 lint: venv-torch
-	$(BIN)/ruff check kfp_gpu tests pipelines bench
-	$(BIN)/mypy kfp_gpu
+	$(BIN)/ruff check kfp_gpu kfp_gpu_rehearsal tests pipelines bench
+	$(BIN)/mypy
 
 # Builds what is missing from ~/.cache/kfp-gpu/bin (Go builds, in parallel): the control plane, KWOK and the
 # Training Operator always; cluster-autoscaler and/or Karpenter as AUTOSCALER names them, Kueue with KUEUE=1,

@@ -9,7 +9,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
 CLOUD = ("google.cloud", "boto3", "botocore", "google.auth", "google.api_core")
-CLOUD_OK = ("providers/gke", "providers/eks", "submit", "checkpoint", "sim")
+CLOUD_OK = ("providers/gke", "providers/eks", "submit", "checkpoint")
 IO_MODULES = ("kubernetes", "requests", "socket", "urllib3", "subprocess", "http", "boto3", "google")
 
 
@@ -83,9 +83,9 @@ def test_modules_stay_small(path):
     assert len(path.read_text().splitlines()) <= 450, f"{path.name} is too big; split it by concern"
 
 
-# ---- the rehearsal (kfp_gpu_rehearsal/sim, kfp_gpu_rehearsal/devcluster, kfp_gpu_rehearsal/demo.py) and bench/ ----------------------------------
-REHEARSAL = ("sim/", "devcluster/", "demo.py")  # the rehearsal world: its own package after the split
-REHEARSAL_MODULES = ("kfp_gpu_rehearsal.sim", "kfp_gpu_rehearsal.devcluster", "kfp_gpu_rehearsal.demo")
+# ---- the rehearsal (kfp_gpu_rehearsal/: sim, devcluster, demo) and bench/ -----------------------------------------
+REH = PKG.parent / "kfp_gpu_rehearsal"  # the rehearsal world: its own distribution (kfp-gpu[rehearsal])
+REHEARSAL_MODULES = ("kfp_gpu_rehearsal",)
 STOOD_IN = ("kfp_gpu.steps", "kfp_gpu.provisioners", "kfp_gpu.providers", "kfp_gpu.controller")
 BENCH = PKG.parent / "bench"
 
@@ -106,11 +106,12 @@ def _under(mod: str, roots: tuple[str, ...]) -> bool:
     return any(mod == r or mod.startswith(r + ".") for r in roots)
 
 
-def _core_files() -> list[Path]:
-    return [p for p in _py_files() if not str(p.relative_to(PKG)).startswith(REHEARSAL)]
+def test_the_product_holds_no_rehearsal_code():
+    """The stand-ins, the dev cluster and the rehearsal command live in kfp_gpu_rehearsal/, not in the wheel."""
+    assert [p for p in ("sim", "devcluster", "demo.py") if (PKG / p).exists()] == []
 
 
-@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(PKG)))
+@pytest.mark.parametrize("path", _py_files(), ids=lambda p: str(p.relative_to(PKG)))
 def test_core_reaches_the_rehearsal_only_through_its_seam(path):
     """Core code never imports the stand-ins, the dev cluster, the rehearsal command or the benchmarks, not even
     lazily: it knows only kfp_gpu/rehearsal_seam.py (paths, environment names, the local node-label scheme, and
@@ -119,20 +120,28 @@ def test_core_reaches_the_rehearsal_only_through_its_seam(path):
     assert bad == [], f"{path.relative_to(PKG)} imports {bad}; go through kfp_gpu.rehearsal_seam"
 
 
-@pytest.mark.parametrize("path", sorted((PKG / "devcluster").rglob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REH / "devcluster").rglob("*.py")), ids=lambda p: p.name)
 def test_the_dev_cluster_never_imports_the_standins(path):
     """One direction inside the rehearsal: the stand-ins (sim/) drive the dev cluster's nodes, never the reverse."""
     bad = [m for m in _names(path) if _under(m, ("kfp_gpu_rehearsal.sim",))]
     assert bad == [], f"devcluster/{path.name} imports {bad}"
 
 
-@pytest.mark.parametrize("path", sorted(p for d in ("sim", "devcluster") for p in (PKG / d).rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PKG)))
+@pytest.mark.parametrize("path", sorted(p for d in ("sim", "devcluster") for p in (REH / d).rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(REH)))
 def test_the_rehearsal_never_reuses_what_it_stands_in_for(path):
     """The stand-ins and the dev cluster never import the steps, backends, providers or the controller: a world
-    built from the code under test could not catch its mistakes (nor import the benchmarks)."""
+    built from the code under test could not catch its mistakes (nor import the benchmarks). demo.py, the rehearsal
+    command, runs the product and is not checked here."""
     bad = [m for m in _names(path) if _under(m, (*STOOD_IN, "bench"))]
-    assert bad == [], f"{path.relative_to(PKG)} imports {bad}"
+    assert bad == [], f"{path.relative_to(REH)} imports {bad}"
+
+
+@pytest.mark.parametrize("path", sorted(REH.rglob("*.py")), ids=lambda p: str(p.relative_to(REH)))
+def test_the_rehearsal_imports_cloud_sdks_only_lazily_and_stays_small(path):
+    for mod in _imports(path, top_level_only=True):
+        assert not mod.startswith(CLOUD), f"{path.relative_to(REH)} imports {mod} at module level; import it lazily"
+    assert len(path.read_text().splitlines()) <= 450, f"{path.name} is too big; split it by concern"
 
 
 @pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
