@@ -331,7 +331,8 @@ def _progress(tracker: GangTracker, gang: int) -> None:
     """One line for long waits: nodes Ready x/N and an ETA from the observed boot latencies."""
     from kfp_gpu.report.terminal import progress_from_timeline
 
-    print(f"[scale-up] {progress_from_timeline(tracker.timeline, gang, time.time())}", flush=True)
+    line = progress_from_timeline(tracker.timeline, gang, time.time(), rehearsal_seam.world_time_scale())
+    print(f"[scale-up] {line}", flush=True)
 
 
 def _refresh(provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]]

@@ -174,9 +174,11 @@ def eta_from_timeline(tl: Timeline, total: int, now: float) -> float | None:
     return max(waits) if waits else 0.0
 
 
-def progress_from_timeline(tl: Timeline, total: int, now: float) -> str:
-    """:func:`progress_line` filled from a live timeline (elapsed from the first request). Raises: nothing."""
+def progress_from_timeline(tl: Timeline, total: int, now: float, scale: float = 1.0) -> str:
+    """:func:`progress_line` filled from a live timeline (elapsed from the first request); ``scale`` real-world
+    seconds per second puts elapsed and ETA in the world's clock (the rehearsal). Raises: nothing."""
     t0, _ = span(tl)
     ready = sum(1 for n in tl.nodes.values() if n.state is NodeState.READY)
-    return progress_line(ready, total, elapsed_s=max(0.0, now - t0) if tl.nodes else 0.0,
-                         eta_s=eta_from_timeline(tl, total, now))
+    eta = eta_from_timeline(tl, total, now)
+    return progress_line(ready, total, elapsed_s=(max(0.0, now - t0) if tl.nodes else 0.0) * scale,
+                         eta_s=None if eta is None else eta * scale)

@@ -47,3 +47,13 @@ def test_progress_from_live_timeline() -> None:
     assert eta_from_timeline(tl, 4, now=T0 + 70) == 60.0  # one node not even requested yet
     line = progress_from_timeline(tl, 3, now=T0 + 50)
     assert line.startswith("nodes Ready 1/3") and "50s elapsed" in line and "ETA 10s" in line
+
+
+def test_progress_in_the_world_s_clock() -> None:
+    tl = Timeline()
+    tl.node("n0").advance(NodeState.REQUESTED, 1000.0)
+    tl.node("n1").advance(NodeState.REQUESTED, 1002.5)  # expected Ready at 1002.5 + the 2 s median
+    tl.nodes["n0"].advance(NodeState.REGISTERED, 1001.0)
+    tl.nodes["n0"].advance(NodeState.READY, 1002.0)
+    assert progress_from_timeline(tl, 2, now=1003.0).endswith("3s elapsed, ETA 2s")
+    assert progress_from_timeline(tl, 2, now=1003.0, scale=120.0).endswith("360s elapsed, ETA 180s")
