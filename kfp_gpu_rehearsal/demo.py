@@ -195,7 +195,7 @@ def _teardown_output(root: str) -> dict[str, object]:
 
 
 def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str] = (),
-              timeout_s: float = 20.0) -> dict[str, list[str]]:
+              timeout_s: float = 20.0, ledger_home: str = "") -> dict[str, list[str]]:
     """What ``run_id`` still owns: its GpuGang, ledger ConfigMaps, balloon pods, claimed Nodes, PyTorchJobs/TrainJobs, run
     Leases, ProvisioningRequests and PodTemplates in ``namespace`` (Nodes and Karpenter NodePools cluster-wide),
     plus any of ``deleted_nodes`` (the Nodes teardown deleted through the cloud or with the run's NodePool) still
@@ -204,7 +204,7 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
 
     Raises: kubernetes ApiException (refused or failed listing).
     """
-    from kfp_gpu.cluster import ledger, owned
+    from kfp_gpu.cluster import owned
     from kfp_gpu.gang import api as gang_api
     from kfp_gpu.ownership import LABEL_RUN_ID
 
@@ -216,10 +216,8 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
         found: dict[str, list[str]] = {}
         for kind, obj in owned.run_objects(api, namespace, run_id, kinds):
             found.setdefault(kind.name, []).append(str(owned.meta(obj).get("name")))
-        if namespace != gang_api.CONTROLLER_NAMESPACE:  # the controller keeps ledgers there (cluster/ledger.py)
-            for obj in owned.list_objects(api, owned.LEDGER, gang_api.CONTROLLER_NAMESPACE, owned.run_selector(
-                    owned.LEDGER, run_id) + f",{ledger.TENANT_LABEL}={namespace}"):
-                found.setdefault(owned.LEDGER.name, []).append(str(owned.meta(obj).get("name")))
+        for obj in _controller_ledgers(api, namespace, run_id, ledger_home):
+            found.setdefault(owned.LEDGER.name, []).append(str(owned.meta(obj).get("name")))
         if deleted_nodes:
             names = {str(owned.meta(n).get("name")) for n in owned.list_objects(api, owned.NODE, None, "")}
             if gone_not := sorted(names & set(deleted_nodes)):
@@ -227,6 +225,17 @@ def leftovers(api: Any, namespace: str, run_id: str, deleted_nodes: Sequence[str
         if not found or time.monotonic() >= deadline:
             return found
         time.sleep(0.5)
+
+
+def _controller_ledgers(api: Any, namespace: str, run_id: str, home: str) -> list[dict[str, Any]]:
+    """The run's ledgers a controller keeps in its own namespace ``home`` (kfp_gpu/cluster/ledger.py; "" or
+    ``namespace``: none apart). Raises: ApiException."""
+    from kfp_gpu.cluster import ledger, owned
+
+    if not home or home == namespace:
+        return []
+    selector = owned.run_selector(owned.LEDGER, run_id) + f",{ledger.TENANT_LABEL}={namespace}"
+    return owned.list_objects(api, owned.LEDGER, home, selector)
 
 
 def _run_of(teardown_output: Mapping[str, Any]) -> str:
@@ -383,7 +392,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                     say(f"the exit handler did not release {left_gang}: the controller released it on deletion")
                 if run_id:
                     left = leftovers(admin, ns, run_id, list(out.get("nodes_deleted") or []),  # type: ignore[call-overload]
-                                     timeout_s=60.0 + 0.25 * spec.nodes)
+                                     timeout_s=60.0 + 0.25 * spec.nodes, ledger_home=gang_api.CONTROLLER_NAMESPACE)
             finally:
                 ctl.stop()
                 sim.stop()

@@ -38,6 +38,7 @@ from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import computeclass as plan
 from kfp_gpu.plan.readiness import is_ready
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Provisioner, Released
+from kfp_gpu.rehearsal_seam import node_selector
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
@@ -82,7 +83,8 @@ class ComputeClassProvisioner(NothingExtra):
         if names:
             apierrors.call(functools.partial(api_k.create_placeholders, self.api, spec.target.namespace, names,
                                              labels=owner.labels(), nodepool="", gpus_per_node=spec.gpus_per_node,
-                                             tolerations=_tolerations(spec, name), selector={plan.CLASS_LABEL: name}),
+                                             tolerations=_tolerations(spec, name),
+                                             selector={plan.CLASS_LABEL: name, **node_selector(spec.target)}),
                            f"create ComputeClass {name}'s placeholder pods")
         timeline = Timeline(run_id)
         if not request.wait:  # the warm pool: GKE scales up for the placeholders; scale-up claims the nodes later
@@ -183,7 +185,7 @@ class ComputeClassProvisioner(NothingExtra):
             groups.setdefault(pz, []).append(node)
         acc = accelerators.get(spec.accelerator)
         extra: dict[str, Any] = {"provisioner": NAME, "compute_class": name,
-                                 "node_selector": {plan.CLASS_LABEL: name},
+                                 "node_selector": {plan.CLASS_LABEL: name, **node_selector(spec.target)},
                                  "tolerations": [*spec.target.tolerations, f"{plan.CLASS_LABEL}={name}:NoSchedule"]}
         return Capacity(run_id, tuple(Placement(p, z, tuple(sorted(ns))) for (p, z), ns in sorted(groups.items())),
                         spec.gpus_per_node, acc.gke_label, spec.spot, timeline.to_json(), extra,

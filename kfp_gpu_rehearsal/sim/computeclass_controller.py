@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
+from kfp_gpu.rehearsal_seam import LOCAL_CLUSTER_LABEL
 from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.computeclass import CLASS_LABEL, SCAN_S, ComputeClassWorld
 
@@ -25,10 +26,15 @@ EXPENDABLE_CUTOFF = -10
 SCALE_DOWN_DISABLED = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
 
 
-def waiting(pod: dict[str, Any]) -> str:
-    """The class a pod waits for ("" when it does not: bound, terminating, expendable, not marked unschedulable)."""
+def waiting(pod: dict[str, Any], cluster: str = "") -> str:
+    """The class a pod waits for ("" when it does not: bound, terminating, expendable, not marked unschedulable, or
+    selecting another stand-in's nodes: ``kfp-gpu.io/sim-cluster`` naming a cluster other than ``cluster``, when
+    several worlds share one control plane)."""
     spec, meta, status = pod.get("spec") or {}, pod.get("metadata") or {}, pod.get("status") or {}
-    name = str((spec.get("nodeSelector") or {}).get(CLASS_LABEL, ""))
+    selector = spec.get("nodeSelector") or {}
+    name = str(selector.get(CLASS_LABEL, ""))
+    if cluster and selector.get(LOCAL_CLUSTER_LABEL, cluster) != cluster:
+        return ""
     if not name or spec.get("nodeName") or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
         return ""
     if int(spec.get("priority") or 0) < EXPENDABLE_CUTOFF:
@@ -41,10 +47,11 @@ def waiting(pod: dict[str, Any]) -> str:
 class ComputeClassController:
     """Serve the cluster's ComputeClasses from ``world()`` (the stand-in replaces the world on reset)."""
 
-    def __init__(self, world: Callable[[], ComputeClassWorld], api_client: Any) -> None:
+    def __init__(self, world: Callable[[], ComputeClassWorld], api_client: Any, cluster: str = "") -> None:
         from kubernetes import client
 
         self.world = world
+        self.cluster = cluster  # this world's nodes' kfp-gpu.io/sim-cluster: the pods and nodes it serves
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self._lock = threading.Lock()
@@ -59,7 +66,8 @@ class ComputeClassController:
             Watcher("cc-class", self.custom.list_cluster_custom_object, self._on_class, GROUP, VERSION,
                     PLURAL).start(),
             Watcher("cc-pod", self.core.list_pod_for_all_namespaces, self._on_pod).start(),
-            Watcher("cc-node", self.core.list_node, self._on_node, label_selector=CLASS_LABEL).start(),
+            Watcher("cc-node", self.core.list_node, self._on_node, label_selector=CLASS_LABEL + (
+                f",{LOCAL_CLUSTER_LABEL}={self.cluster}" if self.cluster else "")).start(),
         ]
         self._thread.start()
         return self
@@ -106,7 +114,7 @@ class ComputeClassController:
         pending: dict[str, int] = {}
         busy: set[str] = set()
         for p in pods:
-            cls = waiting(p)
+            cls = waiting(p, self.cluster)
             if cls:
                 pending[cls] = pending.get(cls, 0) + 1
             bound = str((p.get("spec") or {}).get("nodeName") or "")

@@ -386,4 +386,5 @@ class SimServer:
         except client.ApiException:
             return
         self.backend.extras = self._node_extras  # type: ignore[union-attr]
-        self._cc_controller = ComputeClassController(lambda: self.cc, api_client).start()
+        self._cc_controller = ComputeClassController(lambda: self.cc, api_client,
+                                                     cluster=self.scenario.cluster).start()

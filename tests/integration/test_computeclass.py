@@ -116,9 +116,13 @@ def test_computeclass_flex_start_queue_timeout_falls_to_spot(kube, namespace, st
     run, cap, took = _acquire(step_api, spec)
     try:
         (labels,) = _node_labels(kube.api, cap)
-        assert labels.get("cloud.google.com/gke-spot") == "true", labels
         hist = world.cc.snapshot()[plan.class_name(run)]["history"]
-        assert any("(flex-start) not obtained in 900s" in h for h in hist), hist
+        assert any("(flex-start) not obtained in 900s" in h for h in hist), (labels, world.cc.snapshot())
+        # the next rung, spot, gives the node; on a loaded machine the spot VM itself may outlast
+        # --max-node-provision-time in wall time, and then the class rightly goes on to on-demand (history says so)
+        spot_stuck = any("(spot) VM" in h and "not created" in h for h in hist)
+        assert labels.get("cloud.google.com/gke-spot") == "true" or spot_stuck, (sorted(labels.items()), hist)
+        assert "cloud.google.com/gke-flex-start" not in labels, labels
         assert took >= 7.0  # flex-start was waited for up to --max-node-provision-time (15 min = 7.5 s here)
         print(f"[computeclass] flex-start timeout -> spot node Ready and claimed in {took:.2f}s")
     finally:

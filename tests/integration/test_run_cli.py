@@ -103,7 +103,15 @@ def test_leak_check_names_what_a_run_left(kube, namespace, kwok_nodes):
         "name": f"kfp-gpu-ledger-{run}-x", "labels": {LEDGER_LABEL: "true", LABEL_RUN_ID: run}}})
     client.CoordinationV1Api(kube.api).create_namespaced_lease(namespace, {"metadata": {
         "name": f"kfp-gpu-run-{run}", "labels": {ownership.RUN_LEASE_LABEL: "true", LABEL_RUN_ID: run}}})
-    _, nodes = kwok_nodes(1, gpus=1)
-    left = leftovers(kube.api, namespace, run, deleted_nodes=nodes, timeout_s=0.5)
-    assert left == {"configmap": [f"kfp-gpu-ledger-{run}-x"], "lease": [f"kfp-gpu-run-{run}"], "node": nodes}
+    home = "kfp-gpu-system"  # a controller's ledgers of this namespace's gangs (kfp_gpu/cluster/ledger.py)
+    core.create_namespaced_config_map(home, {"metadata": {
+        "name": f"kfp-gpu-ledger-{namespace}-{run}-y", "labels": {LEDGER_LABEL: "true", LABEL_RUN_ID: run,
+                                                                   "kfp-gpu.io/gang-namespace": namespace}}})
+    try:
+        _, nodes = kwok_nodes(1, gpus=1)
+        left = leftovers(kube.api, namespace, run, deleted_nodes=nodes, timeout_s=0.5, ledger_home=home)
+    finally:
+        core.delete_namespaced_config_map(f"kfp-gpu-ledger-{namespace}-{run}-y", home)
+    assert left == {"configmap": [f"kfp-gpu-ledger-{run}-x", f"kfp-gpu-ledger-{namespace}-{run}-y"],
+                    "lease": [f"kfp-gpu-run-{run}"], "node": nodes}
     assert leftovers(kube.api, namespace, f"{run}0", timeout_s=0.5) == {}  # another run's view is clean

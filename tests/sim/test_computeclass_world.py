@@ -186,3 +186,13 @@ def test_only_unschedulable_non_expendable_pods_wait_for_a_class() -> None:
     assert waiting(_pod(priority=-11)) == ""
     assert waiting(_pod(nodeName="n1")) == ""
     assert waiting(_pod(conditions=[])) == ""  # the scheduler has not looked at it yet
+
+
+def test_a_world_serves_only_pods_that_select_its_own_nodes() -> None:
+    """Several stand-ins share one control plane (the `kfp-gpu run` daemon beside a test's world): a pod that selects
+    another world's nodes (kfp-gpu.io/sim-cluster) is not this world's to provision for."""
+    pod = _pod()
+    pod["spec"]["nodeSelector"]["kfp-gpu.io/sim-cluster"] = "c-other"
+    assert waiting(pod, "c-mine") == ""
+    assert waiting(pod, "c-other") == CLS
+    assert waiting(_pod(), "c-mine") == CLS  # a pod that names no world (a real cluster's pods) is served
