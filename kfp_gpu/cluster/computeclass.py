@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kfp_gpu.cluster.kube import crd_version_served
 from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu.plan import computeclass as plan
 
@@ -20,13 +21,7 @@ Obj = dict[str, Any]
 
 def crd_served(api: client.ApiClient) -> bool:
     """True when the cluster serves ComputeClasses at cloud.google.com/v1. Raises: ApiException (non-404)."""
-    try:
-        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(plan.CRD_NAME)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return any(v.name == plan.VERSION and v.served for v in crd.spec.versions or [])
+    return crd_version_served(api, plan.CRD_NAME, plan.VERSION)
 
 
 def _custom(api: client.ApiClient) -> client.CustomObjectsApi:

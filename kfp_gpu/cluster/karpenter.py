@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import fanout
 from kfp_gpu.cluster.balloons import PAUSE_IMAGE, PRIORITY_CLASS, ensure_priority_class
-from kfp_gpu.cluster.kube import ignore_404
+from kfp_gpu.cluster.kube import crd_version_served, ignore_404
 from kfp_gpu.cluster.listwatch import ERROR, SYNC, Event, Watcher
 from kfp_gpu.cluster.nodes import GPU, NodeView, list_nodes
 from kfp_gpu.ownership import BALLOON_LABEL, PLACEHOLDER_SET
@@ -38,13 +38,7 @@ Obj = dict[str, Any]
 
 def crd_served(api: client.ApiClient) -> bool:
     """True when the cluster serves NodePools at karpenter.sh/v1. Raises: ApiException (non-404)."""
-    try:
-        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(plan.CRD_NAME)
-    except ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return any(v.name == plan.VERSION and v.served for v in crd.spec.versions or [])
+    return crd_version_served(api, plan.CRD_NAME, plan.VERSION)
 
 
 def node_class(api: client.ApiClient) -> dict[str, str]:

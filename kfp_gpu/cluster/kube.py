@@ -188,6 +188,17 @@ def _one_line(exc: object) -> str:
     return " ".join(str(exc).split())
 
 
+def crd_version_served(api: client.ApiClient, crd: str, version: str) -> bool:
+    """True when the CustomResourceDefinition ``crd`` exists and serves ``version``. Raises: ApiException (non-404)."""
+    try:
+        obj = client.ApiextensionsV1Api(api).read_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(v.name == version and v.served for v in obj.spec.versions or [])
+
+
 def ignore_404(fn: Callable[[], Any]) -> bool:
     """Call ``fn`` (a delete, usually); False when the object was already gone (404), True when it ran.
 
