@@ -11,7 +11,7 @@ Errors survive a trip between DAG steps: ``to_dict`` / ``from_dict`` round-trip 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 
@@ -201,6 +201,12 @@ class CrdMissing(NotFound):
     """A custom resource the step needs (e.g. PyTorchJob kubeflow.org/v1) is not installed in the cluster."""
 
     default_scope = Scope.PROVIDER
+
+    @classmethod
+    def builder(cls, what: str, remediation: str) -> Callable[[], CrdMissing]:
+        """The ``not_found=`` of :func:`kfp_gpu.cluster.apierrors.call` for a call on ``what`` (a CRD, as
+        "NodePool (karpenter.sh/v1)"): a 404 there means the cluster does not serve it."""
+        return lambda: cls(f"the cluster does not serve {what}", remediation=remediation)
 
 
 class CloudError(KfpGpuError):

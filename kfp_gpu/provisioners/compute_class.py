@@ -33,7 +33,7 @@ from kfp_gpu.cluster import computeclass as api_cc
 from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import NodeView, claim_all
-from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, NotFound, ProvisioningTimeout
+from kfp_gpu.errors import CapacityUnavailable, CrdMissing, NotFound, ProvisioningTimeout
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import computeclass as plan
 from kfp_gpu.plan.readiness import is_ready
@@ -227,9 +227,6 @@ def _tolerations(spec: ProvisioningSpec, name: str) -> list[dict[str, str]]:
             parse_toleration(f"{plan.CLASS_LABEL}={name}:NoSchedule")]
 
 
-def _crd_missing() -> KfpGpuError:
-    from kfp_gpu.errors import CrdMissing
-
-    return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
-                      remediation="use a GKE cluster of 1.30.3-gke.1451000 or later (ComputeClasses), or "
-                      "target.provisioner='provisioning-request' or 'node-pool'")
+_crd_missing = CrdMissing.builder(f"{plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
+                                  "use a GKE cluster of 1.30.3-gke.1451000 or later (ComputeClasses), or "
+                                  "target.provisioner='provisioning-request' or 'node-pool'")

@@ -36,7 +36,7 @@ from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim_all, unclaim
-from kfp_gpu.errors import KfpGpuError
+from kfp_gpu.errors import CrdMissing
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
@@ -309,9 +309,6 @@ def _pod_tolerations(spec: ProvisioningSpec, run_label: str) -> list[dict[str, s
             parse_toleration(plan.pool_toleration(run_label, spec.target.namespace))]
 
 
-def _crd_missing() -> KfpGpuError:
-    from kfp_gpu.errors import CrdMissing
-
-    return CrdMissing(f"the cluster does not serve {plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
-                      remediation="install Karpenter v1 (its NodePool/NodeClaim CRDs and controller), or use "
-                      "target.provisioner='node-pool'")
+_crd_missing = CrdMissing.builder(f"{plan.CRD_NAME} ({plan.GROUP}/{plan.VERSION})",
+                                  "install Karpenter v1 (its NodePool/NodeClaim CRDs and controller), or use "
+                                  "target.provisioner='node-pool'")

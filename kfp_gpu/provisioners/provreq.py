@@ -47,7 +47,7 @@ from kfp_gpu.cluster.nodes import (
     run_toleration,
     unclaim,
 )
-from kfp_gpu.errors import CapacityUnavailable, KfpGpuError, ProvisioningTimeout
+from kfp_gpu.errors import CapacityUnavailable, CrdMissing, KfpGpuError, ProvisioningTimeout
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import provreq as plan
 from kfp_gpu.plan.placement import matching_pools
@@ -364,8 +364,6 @@ def _fits_pools(pools: Sequence[str], pool: str) -> bool:
 
 
 def _crd_missing(namespace: str) -> Callable[[], KfpGpuError]:
-    from kfp_gpu.errors import CrdMissing
-
-    return lambda: CrdMissing(f"the cluster does not serve {plan.CRD_NAME} (namespace {namespace})",
-                              remediation="use target.provisioner='node-pool', or enable ProvisioningRequests "
+    return CrdMissing.builder(f"{plan.CRD_NAME} (namespace {namespace})",
+                              "use target.provisioner='node-pool', or enable ProvisioningRequests "
                               "(GKE >= 1.28 with autoscaled pools; cluster-autoscaler --enable-provisioning-requests)")

@@ -197,7 +197,9 @@ def load(path: str | Path | None = None) -> Scenario:
         try:
             text = Path(path).read_text()
         except OSError as exc:
-            raise InvalidSpec("scenario", str(path), f"cannot be read ({exc})") from None
+            names = sorted(p.name.removesuffix(".yaml") for p in bundled.iterdir() if p.name.endswith(".yaml"))
+            raise InvalidSpec("scenario", str(path), f"cannot be read ({exc.strerror})",
+                              remediation=f"give an existing YAML file or a bundled name: {', '.join(names)}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

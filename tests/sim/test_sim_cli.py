@@ -39,3 +39,14 @@ def test_cli_rejects_an_invalid_scenario(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "kfp_gpu_rehearsal.sim", "--scenario", str(bad), "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "api_latency_ms" in out.stderr
+
+
+def test_both_stand_in_commands_name_a_missing_file_in_one_line(tmp_path: Path) -> None:
+    for module in ("kfp_gpu_rehearsal.sim", "kfp_gpu_rehearsal.sim.aws"):
+        for flag in ("--scenario", "--kubeconfig"):
+            missing = str(tmp_path / f"missing-{flag[2:]}.yaml")
+            r = subprocess.run([sys.executable, "-m", module, flag, missing, "--port", "0"], capture_output=True,
+                               text=True, timeout=60)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1, (module, flag, r.stderr)
+            assert flag.lstrip("-") in lines[0] and missing in lines[0] and "Traceback" not in r.stderr
