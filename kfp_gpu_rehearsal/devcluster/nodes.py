@@ -29,7 +29,7 @@ REGION_LABEL = "topology.kubernetes.io/region"
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
 SIM_EXIT_CODE_ANNOTATION = "kfp-gpu.io/sim-exit-code"
 # "world": KWOK holds the bound pod Pending until PULLED_AT (its node's world says when the kubelet's image pull is
-# done), or IMAGE_PULL_TIMEOUT (Go duration, default 5s) when no world serves the node (docs/sim.md rule 2b).
+# done), or IMAGE_PULL_TIMEOUT (Go duration, default 1s: about the default pull) when no world serves the node (docs/sim.md rule 2b).
 IMAGE_PULL_ANNOTATION = "kfp-gpu.io/image-pull"
 PULLED_AT_ANNOTATION = "kfp-gpu.io/pulled-at"
 IMAGE_PULL_TIMEOUT_ANNOTATION = "kfp-gpu.io/image-pull-timeout"

@@ -15,6 +15,7 @@ from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 from kfp_gpu_rehearsal.sim import SimServer, from_dict
 from kfp_gpu_rehearsal.sim.clock import compress
 from tests.integration.conftest import kube, namespace  # noqa: F401 - fixtures
@@ -55,18 +56,19 @@ def node(kube: Kube) -> Iterator[str]:  # noqa: F811
                     raise
 
 
-def _pod(name: str, node: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "annotations": {
-                "kfp-gpu.io/image-pull": "world",
-                "kfp-gpu.io/image-pull-timeout": "60s"}},  # had the world's pulled-at been ignored: 60 s
+def _pod(name: str, node: str, timeout: str = "60s") -> dict[str, Any]:
+    notes = {"kfp-gpu.io/image-pull": "world"}
+    if timeout:  # 60 s: had the world's pulled-at been ignored, the pod would wait that long
+        notes["kfp-gpu.io/image-pull-timeout"] = timeout
+    return {"metadata": {"name": name, "annotations": notes},
             "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
                      "containers": [{"name": "main", "image": "us-docker.pkg.dev/p/r/train:1"}]}}
 
 
-def _running_after(kube: Kube, namespace: str, name: str, node: str) -> float:  # noqa: F811
+def _running_after(kube: Kube, namespace: str, name: str, node: str, timeout: str = "60s") -> float:  # noqa: F811
     """Create pod ``name`` on ``node``; seconds until it is Running (polled every 50 ms)."""
     t0 = time.monotonic()
-    kube.core.create_namespaced_pod(namespace, _pod(name, node))
+    kube.core.create_namespaced_pod(namespace, _pod(name, node, timeout))
     wait_until(f"{name} Running", lambda: kube.core.read_namespaced_pod(name, namespace).status.phase == "Running",
                timeout=30, every=0.05)
     return time.monotonic() - t0
@@ -79,3 +81,17 @@ def test_a_fresh_node_pulls_the_image_once(kube: Kube, namespace: str, node: str
     assert second < 0.5 * PULL_S, (second, PULL_S)  # cached on the node: no second pull
     ann = kube.core.read_namespaced_pod("first", namespace).metadata.annotations
     assert "kfp-gpu.io/pulled-at" in ann, ann
+
+
+def test_a_marked_pod_on_a_node_no_world_serves_does_not_hang(kube: Kube, namespace: str) -> None:  # noqa: F811
+    name = f"nopull-{uuid.uuid4().hex[:6]}"
+    kube.core.create_node(make_gpu_node(name, "nopull", "a100-80gb", "us-central1-a"))
+    try:
+        wait_until("the node Ready", lambda: any(c.type == "Ready" and c.status == "True" for c in
+                                                 kube.core.read_node(name).status.conditions or []), timeout=30)
+        took = _running_after(kube, namespace, "orphan", name, timeout="")  # the stage's default: 1 s
+        assert took >= 0.9, took  # KWOK held it for the timeout...
+        notes = kube.core.read_namespaced_pod("orphan", namespace).metadata.annotations
+        assert "kfp-gpu.io/pulled-at" not in notes, notes  # ...as no world answered for this node
+    finally:
+        kube.core.delete_node(name)
