@@ -33,6 +33,9 @@ SIM_EXIT_CODE_ANNOTATION = "kfp-gpu.io/sim-exit-code"
 IMAGE_PULL_ANNOTATION = "kfp-gpu.io/image-pull"
 PULLED_AT_ANNOTATION = "kfp-gpu.io/pulled-at"
 IMAGE_PULL_TIMEOUT_ANNOTATION = "kfp-gpu.io/image-pull-timeout"
+# RFC3339: a pod being deleted gracefully (deletionTimestamp set) stays until then, as a kubelet gives it its
+# terminationGracePeriodSeconds (in the world's time), then KWOK deletes it (stage kfp-gpu-pod-delete-graceful).
+TERMINATE_AT_ANNOTATION = "kfp-gpu.io/terminate-at"
 
 
 def region_of(zone: str) -> str:
