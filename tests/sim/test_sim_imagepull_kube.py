@@ -3,6 +3,7 @@ Pending until the world's ``kfp-gpu.io/pulled-at``; a second pod with the same i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,10 @@ from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
 from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim.aws.scenario import default as aws_default
+from kfp_gpu_rehearsal.sim.aws.server import AwsSimServer
 from kfp_gpu_rehearsal.sim.clock import compress
+from kfp_gpu_rehearsal.sim.worldspec import BootLatency, PullSpec
 from tests.integration.conftest import kube, namespace  # noqa: F401 - fixtures
 from tests.sim._helpers import PROJECT, REGION, scenario
 from tests.waiting import wait_until
@@ -29,19 +33,34 @@ IMAGE_GB, RATE = 60.0, 125.0  # 491.52 real-world seconds: 4.1 s here (KWOK itse
 PULL_S = compress(IMAGE_GB * 1024 / RATE)
 
 
-@pytest.fixture
-def node(kube: Kube) -> Iterator[str]:  # noqa: F811
-    """One fresh Ready node of a stand-in whose world pulls IMAGE_GB at RATE."""
-    name = f"t{uuid.uuid4().hex[:6]}"
+def _gke(kube: Kube, name: str) -> Any:  # noqa: F811
     data = scenario(cluster=name, api={"error_rate": 0.0}, device_plugin_s=0,
                     image_pull={"image_gb": IMAGE_GB, "pull_mib_s": RATE})
     for p in data["pools"]:
         p["boot"] = {"dist": "fixed", "median_s": 60}
     sim = SimServer(from_dict(data), str(kube.kubeconfig))
     sim.start()
+    GkeProvider(PROJECT, REGION, name, endpoint=sim.url).resize(POOL, 1, Owner("run-pull", "scale-up", 2_000_000_000.0))
+    return sim
+
+
+def _aws(kube: Kube, name: str) -> Any:  # noqa: F811
+    sc = aws_default()
+    groups = tuple(dataclasses.replace(g, desired_size=1 if i == 0 else 0, boot=BootLatency("fixed", 60.0))
+                   for i, g in enumerate(sc.nodegroups))
+    sc = dataclasses.replace(sc, cluster=name, nodegroups=groups, device_plugin_s=0,
+                             image_pull=PullSpec(IMAGE_GB, RATE))
+    sim = AwsSimServer(sc, str(kube.kubeconfig))
+    sim.start()
+    return sim
+
+
+@pytest.fixture(params=["gke", "aws"])
+def node(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:  # noqa: F811
+    """One fresh Ready node of a stand-in (GKE or AWS) whose world pulls IMAGE_GB at RATE."""
+    name = f"t{uuid.uuid4().hex[:6]}"
+    sim = (_gke if request.param == "gke" else _aws)(kube, name)
     try:
-        p = GkeProvider(PROJECT, REGION, name, endpoint=sim.url)
-        p.resize(POOL, 1, Owner("run-pull", "scale-up", 2_000_000_000.0))
         nodes = wait_until("the node Ready", lambda: [
             n.metadata.name for n in kube.core.list_node(label_selector=f"{LABEL}={name}").items
             if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])], timeout=30)
