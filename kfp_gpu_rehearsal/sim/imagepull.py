@@ -8,7 +8,10 @@ A KWOK pod stage cannot see the pod's node, so the world that owns the node says
 * the pull is paid once per (node, image): a second pod with the same image on the same node (IfNotPresent, e.g. a
   restarted rank on a surviving node) starts at once, or when the first pull of that image ends;
 * the kubelet pulls one image at a time (``serializeImagePulls`` defaults to true), and never in parallel for one pod;
-* a node that is deleted takes its cache with it (a VM recreated under the same name has a fresh disk).
+* a node that is deleted takes its cache with it (a VM recreated under the same name has a fresh disk);
+* with GKE Image streaming a container starts once part of its image is read, but only for an image the streaming
+  backend has cached: the first pull of an image in the world is a full one ("you might not notice the benefits of
+  Image streaming during the first pull of an eligible image").
 
 :class:`PullWatcher` watches the pods bound to the nodes a label selector picks (a stand-in's
 ``kfp-gpu.io/sim-cluster=<cluster>``, the bench's nodes) and writes ``pulled-at`` on each marked pod once.
@@ -16,7 +19,9 @@ A KWOK pod stage cannot see the pod's node, so the world that owns the node says
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -40,6 +45,8 @@ class NodeImages:
     def __init__(self, spec: PullSpec, scale: Callable[[float], float] = compress) -> None:
         self.spec = spec
         self._pull_s = scale(spec.pull_s())
+        self._full_s = scale(dataclasses.replace(spec, streaming=False).pull_s())
+        self._streamable: dict[str, float] = {}  # image -> when Image streaming has it (its first pull ended)
         self._lock = threading.Lock()
         self._cached: dict[tuple[str, str], float] = {}  # (node, image) -> when its pull ends (or ended)
         self._busy: dict[str, float] = {}  # node -> when its current pull ends
@@ -54,7 +61,10 @@ class NodeImages:
                     t = max(t, self._cached[key])
                     continue
                 start = max(t, self._busy.get(node, 0.0))
-                done = start + self._pull_s
+                streamed = self.spec.streaming and self._streamable.get(image, math.inf) <= start
+                done = start + (self._pull_s if streamed else self._full_s)
+                if self.spec.streaming:
+                    self._streamable.setdefault(image, done)
                 self._busy[node] = self._cached[key] = done
                 t = done
         return t
