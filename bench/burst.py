@@ -42,7 +42,17 @@ from kubernetes import client
 
 from bench.common import ROOT, new_api, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
-from bench.world import DEVICE_PLUGIN_S, GPUS, Injector, StandIn, pool_name, profile_boot_drawn, scenario
+from bench.world import (
+    DEVICE_PLUGIN_S,
+    GPUS,
+    PULL,
+    Injector,
+    StandIn,
+    pool_name,
+    profile_boot_drawn,
+    pull_watcher,
+    scenario,
+)
 from kfp_gpu_rehearsal.devcluster.nodes import (
     BOOT_DELAY_ANNOTATION,
     BOOT_INJECTION_LABEL,
@@ -264,6 +274,7 @@ class Harness:
         self.injector = Injector(lambda name, body: injector_core.patch_node(name, body),
                                  lambda name, body: injector_core.patch_node_status(name, body))
         self.obs.node_hooks.append(self.injector.on_node)
+        self.pulls = pull_watcher(new_api())  # the image pulls of the injector's nodes (the stand-in pulls for its own)
         self.ca: BenchCA | None = None
         self.ca_error = ""
         self.node_class = False  # the bench's KWOKNodeClass was created (deleted in close)
@@ -301,6 +312,7 @@ class Harness:
 
     def close(self) -> None:
         self.finish()
+        self.pulls.stop()
         if self.ca is not None:
             t = time.time()
             self.ca.stop()
@@ -448,7 +460,8 @@ class Harness:
             nodes = self.obs.matching(mine, t0)
             self.obs.wait(lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), self.after_cap_s)
             t_cap = time.time()
-            r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, compress(DEVICE_PLUGIN_S))
+            r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, compress(DEVICE_PLUGIN_S),
+                          compress(PULL.pull_s()))
             if len(nodes) < n:
                 r.error = r.error or f"only {len(nodes)} nodes attributed to the side"
             early = self.pods_before_ready(tag)

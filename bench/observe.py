@@ -258,10 +258,11 @@ def expected_ready(rec: NodeRec, plugin_s: float) -> float | None:
 
 
 def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: float, gpus: int,
-            plugin_s: float) -> Measured:
+            plugin_s: float, pull_s: float = 0.0) -> Measured:
     """One side-run's quantities from the external watch's record of its nodes. ``detail["undrawn_nodes"]``
     counts nodes that carry no draw of the world's sampler (the harness fails such a run: its limit would not be
-    the world's)."""
+    the world's). ``pull_s``: the world's image pull on a fresh node, which a pod can only start once its node is
+    Ready with GPUs: the limit adds it once."""
     ready = sorted(r.ready for r in nodes if r.ready is not None)
     drawn = [d for d in (drawn_boot(r, plugin_s) for r in nodes) if d is not None]
     lags = [r.ready - e for r in nodes if r.ready is not None and (e := expected_ready(r, plugin_s)) is not None]
@@ -270,7 +271,7 @@ def measure(nodes: list[NodeRec], t0: float, t_job: float, t_end: float, t_cap: 
     after = sum(max(0.0, min(r.gone if r.gone is not None else t_cap, t_cap) - t_end)
                 for r in nodes if r.ready is not None) * gpus
     return Measured(total_s=t_job - t0, nodes_ready_s=(ready[-1] - t0) if ready else -1.0,
-                    limit_s=max(drawn, default=0.0),
+                    limit_s=max(drawn) + pull_s if drawn else 0.0,
                     idle_before_gpu_s=before, idle_after_gpu_s=after, after_capped=capped, nodes=len(nodes),
                     detail={"first_node_added_s": round(min((r.added for r in nodes), default=t0) - t0, 4),
                             "last_node_added_s": round(max((r.added for r in nodes), default=t0) - t0, 4),

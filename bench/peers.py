@@ -38,6 +38,7 @@ from bench.observe import GANG_LABEL
 from bench.world import ACCEL, GPUS, POLL_S, REGION
 from kfp_gpu import iam
 from kfp_gpu.plan import readiness
+from kfp_gpu_rehearsal.devcluster.nodes import IMAGE_PULL_ANNOTATION
 
 GPU_TOL = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
 PROVREQ_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
@@ -55,7 +56,8 @@ def _gang_pod(tag: str, i: int, *, node: str = "", selector: dict[str, str] | No
     if selector:
         spec["nodeSelector"] = dict(selector)
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{tag}-w{i}", "labels": {GANG_LABEL: tag}, "annotations": dict(annotations or {})},
+            "metadata": {"name": f"{tag}-w{i}", "labels": {GANG_LABEL: tag},
+                         "annotations": {IMAGE_PULL_ANNOTATION: "world", **(annotations or {})}},  # world's pull
             "spec": spec}
 
 

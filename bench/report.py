@@ -278,12 +278,22 @@ def _plugin(w: dict[str, Any]) -> str:
             "every side's nodes get the same)")
 
 
+def _pull(w: dict[str, Any]) -> str:
+    """The image pull of the recorded world (results recorded before it was modelled paid none)."""
+    p = w.get("image_pull")
+    if not isinstance(p, dict):
+        return "no image pull (not modelled when this was recorded)"
+    return (f"every side's gang pods pull a {p.get('image_gb'):g} GB image at {p.get('pull_mib_s'):g} MiB/s on a fresh "
+            f"node ({p.get('pull_real_s')} s real, {p.get('pull_wall_s')} s here; once per node, serial; docs/sim.md "
+            "rule 2b); the limit adds it once)")
+
+
 def _world(w: dict[str, Any]) -> str:
     b = w.get("boot", {})
     return (f"TIME_SCALE = {w.get('time_scale')} (`kfp_gpu_rehearsal.sim.clock`: one real-world minute lasts 0.5 s); boot "
             f"{b.get('dist')}, median {b.get('median_real_s')} s real ({b.get('median_wall_s')} s here), sigma "
             f"{b.get('sigma')}, floor {b.get('min_real_s')} s, counted from the create request to GPUs usable "
-            f"{_plugin(w)}; asynchronous resize operations "
+            f"{_plugin(w)}; {_pull(w)}; asynchronous resize operations "
             f"(PENDING {w.get('operation_pending_real_s')} s); API latency {w.get('api_latency_ms')} ms per request "
             f"(not compressed); seeded 5xx on {w.get('api_error_rate', 0) * 100:g} % of requests; Compute's "
             f"1,500 requests/minute budget; the stand-in runs as its own process, one per side-run "

@@ -12,6 +12,9 @@ stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw t
   for the nodes the cluster-autoscalers and Karpenter create (:class:`BootDraws`: PENDING + the draw, then the
   same 90 s), so "the largest drawn boot + 90 s", read per node, is the physical limit on every side. The
   zero-boot world (control-plane overhead) keeps both at 0.
+* Image pull: every side's gang pods (``kfp-gpu.io/image-pull=world``) wait for :data:`PULL` (10 GB at 125 MiB/s, the
+  stand-ins' documented default, docs/sim.md rule 2b) on a fresh node, once per node: the stand-in for its nodes,
+  :func:`pull_watcher` for the injector's. The zero-boot world pulls nothing.
 * Asynchronous resize operations (PENDING 3 s, VM creations spread over 20 s), a seeded 1 % of 5xx answers
   (half of them after a mutation took effect), Compute's 1,500 requests/minute budget (docs/sim.md, API layer).
 * The stand-in runs as its own process (``python -m kfp_gpu_rehearsal.sim``), as a cloud does, one per side-run.
@@ -44,7 +47,7 @@ from kfp_gpu_rehearsal.devcluster.nodes import (
 )
 from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
 from kfp_gpu_rehearsal.sim.kube import BOOT_SAMPLE_ANNOTATION
-from kfp_gpu_rehearsal.sim.worldspec import BootLatency
+from kfp_gpu_rehearsal.sim.worldspec import BootLatency, PullSpec
 
 ACCEL = "a100-80gb"
 GPUS = 8
@@ -56,6 +59,7 @@ PENDING_S = 3.0
 DEVICE_PLUGIN_S = 90.0  # Node registered -> GPUs allocatable (driver installer + device plugin), docs/sim.md rule 2
 POLL_S = compress(10.0)  # a hand-written poll loop's 10 s, compressed like every other world duration
 ERROR_RATE = 0.01
+PULL = PullSpec()  # every side's gang pods pull the same image on a fresh node (docs/sim.md rule 2b)
 
 
 def pool_name(zone: str) -> str:
@@ -177,6 +181,7 @@ def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tup
     return {
         "project": "local-project", "cluster": cluster, "api_latency_ms": api_latency_ms, "cloud": "gcp",
         "device_plugin_s": 0.0 if zero_boot else DEVICE_PLUGIN_S,
+        "image_pull": {"image_gb": 0.0 if zero_boot else PULL.image_gb, "pull_mib_s": PULL.pull_mib_s},
         "operations": {"pending_s": 0.0 if zero_boot else PENDING_S, "set_size_s": 0.0 if zero_boot else 20.0,
                        "delete_instances_s": 45.0},
         "regions": {REGION: {"zones": list(ZONES), "quotas": {
@@ -199,9 +204,19 @@ def description() -> dict[str, Any]:
             "device_plugin_real_s": DEVICE_PLUGIN_S,
             "boot_draws": "one seeded sampler for every side's nodes (the stand-in's pools, the bench injector for "
                           "the autoscalers' and Karpenter's nodes); limit read per node",
-            "image_pull": "not modelled (no side pays it)",
+            "image_pull": {"image_gb": PULL.image_gb, "pull_mib_s": PULL.pull_mib_s, "serial": True,
+                           "pull_real_s": round(PULL.pull_s(), 2), "pull_wall_s": round(compress(PULL.pull_s()), 4)},
             "poll_interval_real_s": 10.0, "poll_interval_wall_s": round(POLL_S, 4), "accelerator": ACCEL,
             "gpus_per_node": GPUS}
+
+
+def pull_watcher(api_client: Any) -> Any:
+    """The image pulls of the injector's nodes (``kfp-gpu.io/boot-injection``): :data:`PULL` once per node and image,
+    as the stand-in does for its own (kfp_gpu_rehearsal.sim.imagepull). Call ``.stop()`` when done."""
+    from kfp_gpu_rehearsal.sim.imagepull import NodeImages, PullWatcher
+
+    images = NodeImages(PULL)
+    return PullWatcher(lambda: images, api_client, BOOT_INJECTION_LABEL).start()
 
 
 class StandIn:

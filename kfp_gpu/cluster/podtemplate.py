@@ -22,6 +22,9 @@ from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
 
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
+# The local rehearsal's KWOK holds a marked pod Pending until the world serving its node says its image pull is done
+# (kfp_gpu_rehearsal/devcluster/kwok/stages.yaml, docs/sim.md rule 2b), as a real kubelet pulls before it starts.
+IMAGE_PULL_ANNOTATION = "kfp-gpu.io/image-pull"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ENV_CHECKPOINT_URI = "KFP_GPU_CHECKPOINT_URI"
 ENV_RESUME_STEP = "KFP_GPU_RESUME_STEP"
@@ -78,7 +81,7 @@ def pod_template(
     """The pod template every gang node runs (see the module docstring). ``container`` names the one container
     (the job kind's required name); ``labels`` go on the pod (ownership and the job label); ``env`` and ``args``
     come from :func:`container_env` and :func:`resume_args`; ``local`` (the local rehearsal) adds the default
-    ``kfp-gpu.io/sim-duration`` under the template's and the provisioner's annotations."""
+    ``kfp-gpu.io/sim-duration`` and the image-pull marker under the template's and the provisioner's annotations."""
     resources: dict[str, Any] = {k: dict(v) for k, v in template.resources.items()}
     resources.setdefault("limits", {})[GPU_RESOURCE] = str(capacity.gpus_per_node)
     mounts = [dict(m) for m in template.volume_mounts]
@@ -107,7 +110,8 @@ def pod_template(
     affinity = node_affinity(template.node_affinity, gang_nodes, capacity.node_requirements())
     if affinity:
         spec["affinity"] = {"nodeAffinity": affinity}
-    annotations = {**({SIM_DURATION_ANNOTATION: "2s"} if local else {}), **dict(template.annotations),
+    sim = {SIM_DURATION_ANNOTATION: "2s", IMAGE_PULL_ANNOTATION: "world"} if local else {}
+    annotations = {**sim, **dict(template.annotations),
                    **(pod_annotations or {})}
     return {"metadata": {"labels": dict(labels), "annotations": annotations}, "spec": spec}
 

@@ -28,6 +28,14 @@ REGION_LABEL = "topology.kubernetes.io/region"
 # Pod annotations understood by the dev cluster's KWOK stages (kfp_gpu_rehearsal/devcluster/kwok/stages.yaml).
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
 SIM_EXIT_CODE_ANNOTATION = "kfp-gpu.io/sim-exit-code"
+# "world": KWOK holds the bound pod Pending until PULLED_AT (its node's world says when the kubelet's image pull is
+# done), or IMAGE_PULL_TIMEOUT (Go duration, default 1s: about the default pull) when no world serves the node (docs/sim.md rule 2b).
+IMAGE_PULL_ANNOTATION = "kfp-gpu.io/image-pull"
+PULLED_AT_ANNOTATION = "kfp-gpu.io/pulled-at"
+IMAGE_PULL_TIMEOUT_ANNOTATION = "kfp-gpu.io/image-pull-timeout"
+# RFC3339: a pod being deleted gracefully (deletionTimestamp set) stays until then, as a kubelet gives it its
+# terminationGracePeriodSeconds (in the world's time), then KWOK deletes it (stage kfp-gpu-pod-delete-graceful).
+TERMINATE_AT_ANNOTATION = "kfp-gpu.io/terminate-at"
 
 
 def region_of(zone: str) -> str:

@@ -217,7 +217,7 @@ def from_dict(data: Any) -> Scenario:
         "project", "cluster", "regions", "global_quotas", "pools", "stockouts", "faults",
         "preemptions", "api_latency_ms", "node_create_workers", "api",
         "cloud", "device_plugin_s", "mig_retry_s", "preemption", "operations", "reservations",
-        "dws", "provisioning_revocations", "topology", "gpu_faults", "training",
+        "dws", "provisioning_revocations", "topology", "gpu_faults", "training", "image_pull",
     })
     regions = {
         str(name): _region(str(name), r) for name, r in _obj(d.get("regions", {}), "regions").items()

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from kfp_gpu.rehearsal_seam import LOCAL_CLUSTER_LABEL
 from kfp_gpu_rehearsal.sim import routes
 from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.api import ApiGate, backend_error, project_of
@@ -30,6 +31,7 @@ from kfp_gpu_rehearsal.sim.computeclass import ComputeClassWorld
 from kfp_gpu_rehearsal.sim.dws import DwsWorld, Key
 from kfp_gpu_rehearsal.sim.dws_pools import refuse_set_size, render
 from kfp_gpu_rehearsal.sim.gcp_iam import Principals
+from kfp_gpu_rehearsal.sim.imagepull import NodeImages, PullWatcher
 from kfp_gpu_rehearsal.sim.scenario import Scenario
 from kfp_gpu_rehearsal.sim.shapes import SimHttpError, http_error
 from kfp_gpu_rehearsal.sim.state import NodeBackend, SimState
@@ -142,6 +144,8 @@ class SimServer:
         self._dws_controller: Any = None
         self.cc = ComputeClassWorld(self.state)  # GKE custom ComputeClasses (kfp_gpu_rehearsal.sim.computeclass)
         self._cc_controller: Any = None
+        self.images = NodeImages(self.scenario.world.image_pull)  # image pulls (kfp_gpu_rehearsal.sim.imagepull)
+        self._pull: PullWatcher | None = None
         self.progress_world: Any = None  # kfp_gpu_rehearsal.sim.progress.ProgressWorld when the scenario has `training`
         self.principals = Principals()  # bearer token -> role (kfp_gpu_rehearsal.sim.gcp_iam)
 
@@ -163,6 +167,10 @@ class SimServer:
         self._schedule_gpu_faults()
         self._start_dws()
         self._start_cc()
+        api_client = getattr(self.backend, "api_client", None)
+        if api_client is not None:  # nodes in a cluster: tell KWOK when each pod's image pull is done
+            self._pull = PullWatcher(lambda: self.images, api_client,
+                                     f"{LOCAL_CLUSTER_LABEL}={self.scenario.cluster}").start()
         if self.scenario.training is not None and self.backend is not None and hasattr(self.backend, "api_client"):
             from kfp_gpu_rehearsal.sim.progress import ProgressWorld
 
@@ -184,6 +192,8 @@ class SimServer:
             self._dws_controller.stop()
         if self._cc_controller is not None:
             self._cc_controller.stop()
+        if self._pull is not None:
+            self._pull.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -237,6 +247,7 @@ class SimServer:
         self._request_ids.clear()
         self.dws = DwsWorld(self.state, self._publish)
         self.cc = self.cc.moved_to(self.state)
+        self.images = NodeImages(self.scenario.world.image_pull)
         self.dws_status.clear()
         self._schedule_revocations()
 

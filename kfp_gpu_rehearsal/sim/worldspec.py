@@ -104,10 +104,49 @@ class ReservationSpec:
     machine_type: str = ""  # derived from the catalog when empty
 
 
+# Image pull on a fresh node (docs/sim.md rule 2b). IMAGE_GB is an assumption (a CUDA + PyTorch training image);
+# PULL_MIB_S is EBS gp3's documented baseline throughput, the node's boot disk bounding the write of the layers;
+# STREAM_FRACTION is an assumption from Harter et al., Slacker (FAST '16): 6.4 % of an image's data is read at start.
+IMAGE_GB, PULL_MIB_S, STREAM_FRACTION = 10.0, 125.0, 0.064
+
+
+@dataclass(frozen=True)
+class PullSpec:
+    """The kubelet's image pull on a node (real-world units): ``image_gb`` per image, at ``pull_mib_s``; with
+    ``streaming`` (GKE Image streaming) a container starts once ``streaming_fraction`` of the image is read."""
+
+    image_gb: float = IMAGE_GB
+    pull_mib_s: float = PULL_MIB_S
+    streaming: bool = False
+    streaming_fraction: float = STREAM_FRACTION
+
+    def pull_s(self) -> float:
+        """Real-world seconds from the pull's start to the container's start."""
+        full = self.image_gb * 1024.0 / self.pull_mib_s
+        return full * self.streaming_fraction if self.streaming else full
+
+
+def parse_pull(data: Any, f: str = "image_pull", *, streaming: bool = True) -> PullSpec:
+    """A scenario's ``image_pull:`` block (absent: the defaults). ``streaming`` False: the cloud has no image
+    streaming option. Raises: InvalidSpec naming the field."""
+    if data is None:
+        return PullSpec()
+    keys = {"image_gb", "pull_mib_s"} | ({"streaming", "streaming_fraction"} if streaming else set())
+    d = obj(data, f, keys)
+    on = d.get("streaming", False)
+    if not isinstance(on, bool):
+        raise InvalidSpec(f"{f}.streaming", on, "must be true or false")
+    frac = num(d.get("streaming_fraction", STREAM_FRACTION), f"{f}.streaming_fraction", 0.0)
+    if frac > 1:
+        raise InvalidSpec(f"{f}.streaming_fraction", frac, "must be <= 1 (the part of the image read at start)")
+    rate = num(d.get("pull_mib_s", PULL_MIB_S), f"{f}.pull_mib_s", 0.001)
+    return PullSpec(num(d.get("image_gb", IMAGE_GB), f"{f}.image_gb", 0.0), rate, on, frac)
+
+
 @dataclass(frozen=True)
 class World:
     """World-level timing: provider flavour, device plugin delay, MIG retry period, preemption notice, and the
-    pods' grace within it (``pod_grace_s``: from the notice to the kill of a pod on the node)."""
+    pods' grace within it (``pod_grace_s``: from the notice to the kill of a pod on the node), image pulls."""
 
     cloud: str = "gcp"
     device_plugin_s: float = 90.0
@@ -115,6 +154,7 @@ class World:
     notice_s: float = NOTICE_S["gcp"]
     operations: Operations = field(default_factory=Operations)
     pod_grace_s: float = POD_GRACE_S["gcp"]
+    image_pull: PullSpec = field(default_factory=PullSpec)
 
 
 def default_boot(accelerator: str, pool_name: str) -> BootLatency:
@@ -214,6 +254,7 @@ def parse_world(d: dict[str, Any]) -> World:
     return World(
         cloud, num(d.get("device_plugin_s", World.device_plugin_s), "device_plugin_s", 0.0),
         num(d.get("mig_retry_s", World.mig_retry_s), "mig_retry_s", 0.001), notice, ops, grace,
+        parse_pull(d.get("image_pull")),
     )
 
 

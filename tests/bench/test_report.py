@@ -131,6 +131,8 @@ def test_measure_reads_the_limit_per_node_from_the_worlds_draws() -> None:
     fixed = NodeRec("f", added=10.6, annotations={"kfp-gpu.io/boot-delay": "9s"}, ready=12.5)  # not the world's
     m2 = measure([a, fixed], t0=10.0, t_job=13.0, t_end=18.0, t_cap=21.0, gpus=8, plugin_s=0.75)
     assert m2.limit_s == 2.25 and m2.detail["undrawn_nodes"] == 1  # the harness fails such a run
+    # the world's image pull starts once the node is Ready with GPUs: the limit adds it once, not per node
+    assert measure([a, b, k], 10.0, 13.0, 18.0, 21.0, 8, plugin_s=0.75, pull_s=0.68).limit_s == pytest.approx(3.18)
 
 
 def test_a_pod_running_before_its_node_booted_is_counted() -> None:

@@ -82,3 +82,16 @@ def test_a_node_the_side_does_not_own_never_takes_one_of_its_draws() -> None:
     assert stray["metadata"]["annotations"]["kfp-gpu.io/boot-sample"] != mine[0]["metadata"]["annotations"][
         "kfp-gpu.io/boot-sample"]
 
+
+
+def test_every_side_pays_the_same_image_pull_and_the_report_says_so() -> None:
+    from bench.peers import _gang_pod
+    from bench.report import _world
+    from bench.world import PULL, description
+
+    assert from_dict(scenario("c", 1)).world.image_pull == PULL  # the stand-in's nodes
+    assert from_dict(scenario("c", 1, zero_boot=True)).world.image_pull.pull_s() == 0.0  # overhead world: no pull
+    assert _gang_pod("t", 0)["metadata"]["annotations"]["kfp-gpu.io/image-pull"] == "world"  # every side's pods
+    line = _world(description())
+    assert "10 GB image at 125 MiB/s" in line and f"{compress(PULL.pull_s()):.4g}" in line, line
+    assert "not modelled" in _world({**description(), "image_pull": "not modelled (no side pays it)"})

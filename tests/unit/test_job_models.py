@@ -151,10 +151,11 @@ def test_the_local_target_default_duration_gives_way_to_the_templates_and_the_st
         out: dict[str, str] = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"]
         return out
 
-    key = pytorchjob.SIM_DURATION_ANNOTATION
-    assert ann(JobTemplate(), local=True) == {key: "2s"}
-    assert ann(JobTemplate(annotations={key: "9s"}), local=True) == {key: "9s"}
-    assert ann(JobTemplate(annotations={key: "9s"}), local=True, pod_annotations={key: "1s"}) == {key: "1s"}
+    key, pull = pytorchjob.SIM_DURATION_ANNOTATION, "kfp-gpu.io/image-pull"
+    assert ann(JobTemplate(), local=True) == {key: "2s", pull: "world"}  # the local world charges the image pull
+    assert ann(JobTemplate(annotations={key: "9s"}), local=True) == {key: "9s", pull: "world"}
+    assert ann(JobTemplate(annotations={key: "9s"}), local=True, pod_annotations={key: "1s"}) == \
+        {key: "1s", pull: "world"}
     assert ann(JobTemplate()) == {}
 
 

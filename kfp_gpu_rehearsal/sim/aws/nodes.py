@@ -8,9 +8,13 @@ with EKS's. See docs/sim.md, "AWS stand-in", section A4.
 from __future__ import annotations
 
 import logging
+import threading
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from kfp_gpu import accelerators, rehearsal_seam
+from kfp_gpu_rehearsal.devcluster.nodes import TERMINATE_AT_ANNOTATION
+from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.kube import KubeBackend
 
 if TYPE_CHECKING:
@@ -20,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
 AMI = "ami-0kfpgpu0eksnvidia"
+DEFAULT_GRACE_S = 30  # a pod's terminationGracePeriodSeconds when unset (the Kubernetes API's default)
 
 
 def eks_node_body(inst: Instance, ng: NodegroupSpec, cluster: str, region: str, *, gpus_ready: bool) -> dict[str, Any]:
@@ -82,7 +87,11 @@ class EksKubeNodes(KubeBackend):
     def drain(self, name: str) -> None:
         """Cordon (``spec.unschedulable``; the node lifecycle controller adds the
         ``node.kubernetes.io/unschedulable:NoSchedule`` taint) and evict every pod through the Eviction API,
-        as EKS does to a managed Spot node on an interruption notice and to a node it scales in.
+        as EKS does to a managed Spot node on an interruption notice and to a node it scales in. An evicted pod
+        keeps running for its ``terminationGracePeriodSeconds`` (the API's default 30 s; in the world's time), as
+        the kubelet SIGTERMs it and kills it when the grace runs out: the stand-in marks it
+        ``kfp-gpu.io/terminate-at`` before the eviction (KWOK's stage kfp-gpu-pod-delete-graceful), and its
+        training peers learn of the loss then (a node reclaimed sooner takes the pod with it).
         Raises: ApiException other than the node or pod being gone."""
         from kubernetes import client
         from kubernetes.client import ApiException
@@ -93,11 +102,20 @@ class EksKubeNodes(KubeBackend):
             if exc.status == 404:
                 return
             raise
-        evicted = []
+        evicted: dict[float, list[Any]] = {}
         for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
             if pod.status.phase in ("Succeeded", "Failed"):
                 continue
-            evicted.append(pod)
+            grace_s = compress(DEFAULT_GRACE_S if pod.spec.termination_grace_period_seconds is None
+                               else pod.spec.termination_grace_period_seconds)
+            at = datetime.now(timezone.utc) + timedelta(seconds=grace_s)
+            try:
+                self.core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, {"metadata": {
+                    "annotations": {TERMINATE_AT_ANNOTATION: at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}}})
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
             body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.metadata.name,
                                                                   namespace=pod.metadata.namespace))
             try:
@@ -108,7 +126,12 @@ class EksKubeNodes(KubeBackend):
                              pod.metadata.name)
                 elif exc.status != 404:
                     raise
-        self.ranks.lost(evicted)  # KWOK deletes an evicted pod at once: its peers lose a rank
+                continue  # not evicted: it dies with the instance, if at all (KubeBackend.delete)
+            evicted.setdefault(grace_s, []).append(pod)
+        for grace_s, pods in evicted.items():  # the kubelet kills an evicted rank when its grace runs out
+            timer = threading.Timer(grace_s, self.ranks.lost, args=(pods,))
+            timer.daemon = True
+            timer.start()
 
 
 class MemoryNodes:

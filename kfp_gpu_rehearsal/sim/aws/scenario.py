@@ -13,7 +13,7 @@ from typing import Any
 from kfp_gpu import accelerators
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim.topology import TopologySpec, parse_topology
-from kfp_gpu_rehearsal.sim.worldspec import BootLatency
+from kfp_gpu_rehearsal.sim.worldspec import BootLatency, PullSpec, parse_pull
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}  # EKS API taint shape
 ALWAYS = 1e18
@@ -94,6 +94,7 @@ class AwsScenario:
     notice_s: float = 120.0  # Spot interruption notice -> termination
     api_latency_ms: float = 0.0
     topology: TopologySpec = TopologySpec()  # the network's layer-2 / layer-3 sizes (kfp_gpu_rehearsal.sim.topology)
+    image_pull: PullSpec = PullSpec()  # the kubelet's pull on a fresh node (docs/sim.md rule 2b; no image streaming)
 
     def nodegroup(self, name: str) -> NodegroupSpec | None:
         return next((g for g in self.nodegroups if g.name == name), None)
@@ -148,6 +149,7 @@ def from_dict(raw: dict[str, Any]) -> AwsScenario:
                  for i, s in enumerate(raw.pop("interruptions", [])))
     throttle = Throttle(**_build(Throttle, raw.pop("throttle", {}), "throttle"))
     raw["topology"] = parse_topology(raw.get("topology"))
+    raw["image_pull"] = parse_pull(raw.get("image_pull"), streaming=False)
     for k in ("update_s", "launch_retry_s", "terminate_s", "device_plugin_s", "notice_s", "api_latency_ms"):
         if k in raw and float(raw[k]) < 0:
             raise InvalidSpec(k, raw[k], "must be >= 0")

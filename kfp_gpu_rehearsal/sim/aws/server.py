@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from kfp_gpu.rehearsal_seam import LOCAL_CLUSTER_LABEL
 from kfp_gpu_rehearsal.sim.aws import api, wire
 from kfp_gpu_rehearsal.sim.aws.iam import Principals, Refusal
 from kfp_gpu_rehearsal.sim.aws.scenario import AwsScenario, load
 from kfp_gpu_rehearsal.sim.aws.world import AwsError, AwsWorld, EksNodeBackend
 from kfp_gpu_rehearsal.sim.clock import Timeline
+from kfp_gpu_rehearsal.sim.imagepull import NodeImages, PullWatcher
 
 THROTTLE = {"ec2": ("RequestLimitExceeded", "Request limit exceeded.", 503),
             "autoscaling": ("Throttling", "Rate exceeded", 400),
@@ -102,6 +104,8 @@ class AwsSimServer:
         self._httpd: ThreadingHTTPServer | None = None
         self.url = ""
         self.principals = Principals()  # access key id -> allowed actions (kfp_gpu_rehearsal.sim.aws.iam)
+        self.images = NodeImages(self.scenario.image_pull)  # image pulls (kfp_gpu_rehearsal.sim.imagepull)
+        self._pull: PullWatcher | None = None
 
     def grant(self, key_id: str, actions: Iterable[str]) -> None:
         """Make access key ``key_id`` a principal allowed exactly ``actions`` (a reduced policy, in tests)."""
@@ -138,9 +142,15 @@ class AwsSimServer:
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, name="aws-sim-http", daemon=True).start()
         self.url = f"http://{self.host}:{self._httpd.server_address[1]}"
+        api_client = getattr(self.backend, "api_client", None)
+        if api_client is not None:  # nodes in a cluster: tell KWOK when each pod's image pull is done
+            self._pull = PullWatcher(lambda: self.images, api_client,
+                                     f"{LOCAL_CLUSTER_LABEL}={self.scenario.cluster}").start()
         return self.url
 
     def stop(self) -> None:
+        if self._pull is not None:
+            self._pull.stop()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
