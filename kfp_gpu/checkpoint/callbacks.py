@@ -66,6 +66,11 @@ def lightning_progress_callback(progress: Progress | None = None) -> Any:
     class KfpGpuProgress(Callback):  # type: ignore[misc,unused-ignore]
         progress = hook.progress
 
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            # the step training starts from (0, or the resumed step) is no progress: with gradient accumulation
+            # the first batches end before the first optimizer step, at this same global_step
+            hook.seen = int(trainer.global_step)
+
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             hook(int(trainer.global_step))
 
