@@ -152,20 +152,29 @@ def test_aws_node_group_reports_its_launch_template_and_the_template_its_cluster
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
-    from tests.sim.test_aws_world import ng
+    from kfp_gpu.providers.eks import EksProvider
+    from tests.sim.test_aws_world import CLUSTER, ng
 
     groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "placement_group": "pg-1"},
               {"name": "plain-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a"}]
     with _aws(groups) as (sim, c, tl):
         lt = ng(c, "pg-a")["launchTemplate"]
         assert "launchTemplate" not in ng(c, "plain-a")
-        with pytest.raises(ClientError) as denied:  # the controller's policy has no business reading them
-            c["ec2"].describe_placement_groups()
-        assert denied.value.response["Error"]["Code"] == "UnauthorizedOperation"
-        sim.grant("AKIAKFPGPUTOPOLOGY01", ["ec2:DescribeLaunchTemplateVersions", "ec2:DescribePlacementGroups"])
+        # the controller's policy reads them (deploy/aws-policy.json): the EKS provider's placement of a pool
+        [ver] = c["ec2"].describe_launch_template_versions(LaunchTemplateName=lt["name"])["LaunchTemplateVersions"]
+        assert ver["LaunchTemplateData"]["Placement"]["GroupName"] == "pg-1"
+        [pg] = c["ec2"].describe_placement_groups(GroupNames=["pg-1"])["PlacementGroups"]
+        assert (pg["GroupName"], pg["Strategy"], pg["State"]) == ("pg-1", "cluster", "available")
+        with pytest.raises(ClientError) as unknown:  # EC2 names an unknown group
+            c["ec2"].describe_placement_groups(GroupNames=["pg-2"])
+        assert unknown.value.response["Error"]["Code"] == "InvalidPlacementGroup.Unknown"
+        sim.grant("AKIAKFPGPUTOPOLOGY01", ["ec2:DescribeLaunchTemplateVersions"])
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=sim.url, aws_access_key_id="AKIAKFPGPUTOPOLOGY01",
                            aws_secret_access_key="s", config=Config(retries={"total_max_attempts": 1}))
-        [ver] = ec2.describe_launch_template_versions(LaunchTemplateName=lt["name"])["LaunchTemplateVersions"]
-        assert ver["LaunchTemplateData"]["Placement"]["GroupName"] == "pg-1"
-        [pg] = ec2.describe_placement_groups()["PlacementGroups"]
-        assert (pg["GroupName"], pg["Strategy"], pg["State"]) == ("pg-1", "cluster", "available")
+        with pytest.raises(ClientError) as denied:  # a principal without the action is refused it
+            ec2.describe_placement_groups()
+        assert denied.value.response["Error"]["Code"] == "UnauthorizedOperation"
+        provider = EksProvider(CLUSTER, "us-east-1", client_factory=lambda service, region: c[service])
+        pools = {p.ref.pool: p for p in provider.pools("us-east-1")}
+        assert (pools["pg-a"].placement, pools["pg-a"].placement_group) == ("compact", "pg-1")
+        assert (pools["plain-a"].placement, pools["plain-a"].placement_group) == ("spread", "")
