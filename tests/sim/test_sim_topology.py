@@ -147,6 +147,25 @@ def test_aws_cluster_placement_group_keeps_its_instances_in_one_layer2_domain_an
             "train-cluster-pg"]) == 3  # never outside the group's domain, though the other has 3 free hosts
 
 
+def test_aws_spot_reclaim_frees_the_host_so_the_placement_groups_replacement_lands_in_its_domain() -> None:
+    from tests.sim.test_aws_world import advance, grow, ng
+
+    groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "max_size": 8,
+               "capacity_type": "SPOT", "placement_group": "pg-1", "boot": {"dist": "fixed", "median_s": 200}}]
+    with _aws(groups) as (sim, c, tl):  # layer-2 domains of 4 hosts: the group fills one
+        grow(c, "pg-a", 4)
+        advance(sim, tl, 300)
+        before = _layers(sim, "pg-a")
+        assert len(before) == 4 and len({lb["topology.k8s.aws/network-node-layer-2"] for lb in before}) == 1
+        victim = next(i.id for i in sim.world.instances.values() if i.state == "running")
+        sim.world.interrupt(victim)
+        advance(sim, tl, 600)  # the 2-minute notice, the reclaim, the replacement's launch and boot
+        after = _layers(sim, "pg-a")
+        assert len(after) == 4 and {lb["topology.k8s.aws/network-node-layer-2"] for lb in after} == \
+            {before[0]["topology.k8s.aws/network-node-layer-2"]}
+        assert not ng(c, "pg-a")["health"]["issues"]  # the reclaimed instance's host was free for its replacement
+
+
 def test_aws_node_group_reports_its_launch_template_and_the_template_its_cluster_placement_group() -> None:
     import boto3
     from botocore.config import Config
