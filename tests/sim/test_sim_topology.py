@@ -14,7 +14,7 @@ from google.cloud import container_v1
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim import from_dict
 from kfp_gpu_rehearsal.sim.topology import BLOCK, HOST, SUBBLOCK
-from tests.sim._helpers import PARENT, client_kwargs, scenario
+from tests.sim._helpers import CLUSTER, PARENT, PROJECT, client_kwargs, scenario
 from tests.sim.test_sim_world import gke_op, pools, real, set_size, world
 
 TOPO = {"block_nodes": 4, "subblock_nodes": 2, "blocks": 3}
@@ -51,6 +51,13 @@ def test_compact_pool_lands_in_one_block_and_reports_its_policy() -> None:
         assert got.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.COMPACT
         plain = cm.get_node_pool(name=f"{PARENT}/nodePools/h100-80gb-b")
         assert plain.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.TYPE_UNSPECIFIED
+        # the provider contract's placement, from nodePools.get/list
+        from kfp_gpu.providers.gke import GkeProvider
+
+        states = {s.ref.pool: s for s in GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url).pools(
+            "us-central1")}
+        assert (states["h100-80gb-a"].placement, states["h100-80gb-a"].placement_group) == ("compact", "COMPACT")
+        assert (states["h100-80gb-b"].placement, states["h100-80gb-b"].placement_group) == ("", "")
         op = set_size(cm, "h100-80gb-a", 4)
         tl.advance(real(3 + 20 + 3600))
         assert gke_op(cm, op.name).status == container_v1.Operation.Status.DONE
