@@ -30,7 +30,7 @@ GROUP_ANNOTATION = "kueue.x-k8s.io/podset-group-name"
 CHECK_NAME = "topology"
 # The level a compact pool keeps its nodes in. GKE: COMPACT is "node placement in the same availability domain"; EC2:
 # a cluster placement group packs instances "close together inside an Availability Zone". Neither names a level:
-# that it is one block (GKE gce-topology-block, EKS network-node-layer-2) is our assumption (docs/computeclass.md).
+# that it is one block (GKE gce-topology-block, EKS network-node-layer-2) is our assumption (docs/user-guide.md).
 COMPACT_LEVEL = "block"
 PLACEMENT_FIX = ("grow a pool that keeps its nodes together: an EKS node group whose launch template's Placement names "
                  "a placement group of strategy 'cluster', or a GKE node pool with placementPolicy COMPACT")
