@@ -10,9 +10,11 @@ rule names the machine family and the GPU (``gpu: {type, count}``) of the accele
 per rule; ``activeMigration.optimizeRulePriority`` is the spec's ``active_migration``; ``whenUnsatisfiable:
 DoNotScaleUp`` keeps GKE from creating nodes outside the rules when none of them can be satisfied.
 
-All-or-nothing: GKE documents that flex-start without queued provisioning (a ComputeClass ``flexStart`` rule) obtains
-nodes one at a time as capacity frees, not the gang at once (GKE docs, "About GPU obtainability with flex-start",
-https://cloud.google.com/kubernetes-engine/docs/concepts/dws); a gang of more than one node that asks for flex-start
+All-or-nothing: GKE documents all-at-once allocation only for flex-start *with* queued provisioning ("GKE allocates all
+requested resources at the same time", https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest);
+without it GKE provisions VMs "when capacity becomes available" (https://cloud.google.com/kubernetes-engine/docs/concepts/dws).
+That a ComputeClass ``flexStart`` rule therefore obtains each node on its own is our reading (docs/computeclass.md),
+an assumption on the safe side; a gang of more than one node that asks for flex-start
 gets it through queued provisioning (a ProvisioningRequest, class ``queued-provisioning.gke.io``, which is atomic)
 before the class's other rules: :func:`split`. Which backend is atomic is the contract's ``all_or_nothing``
 attribute, never a backend name.

@@ -68,6 +68,18 @@ def capacity_type(capacity: str) -> str:
                           "flex-start on GKE") from None
 
 
+def check_topology(topology: str) -> None:
+    """Refuse ``topology="required"``: the run's NodePool cannot keep a gang inside one network domain. Karpenter
+    core has no placement-group field; the AWS provider's ``EC2NodeClass.spec.placementGroupSelector`` is recent
+    (aws/karpenter-provider-aws#9030, for issue #3324) and kfp-gpu neither sets nor checks it yet, so the gang's
+    nodes land where EC2 has room. ``preferred`` runs (it may span domains). Raises: InvalidSpec."""
+    if topology == "required":
+        raise InvalidSpec("topology", topology, "the karpenter provisioner cannot keep a gang in one network domain "
+                          "(its NodePool places no EC2 placement group)",
+                          remediation="use target.provisioner='node-pool' with a node group whose launch template "
+                          "names a placement group of strategy 'cluster', or topology='preferred'")
+
+
 @dataclass(frozen=True)
 class Candidate:
     zone: str  # "" = any zone the NodePool allows

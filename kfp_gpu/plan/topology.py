@@ -10,7 +10,10 @@ The spec's ``topology`` says how hard the rule is: ``required`` never runs the g
   https://kueue.sigs.k8s.io/docs/concepts/topology_aware_scheduling/).
 * Without Kueue, kfp-gpu chooses the gang's nodes itself: :func:`choose` picks ``need`` nodes of one domain (the
   survivors' domain first, for a replacement), :func:`survivors_domain` says which domain the survivors hold.
-* Preflight: :func:`fit` says whether a gang fits one domain, naming the domain sizes it saw.
+* Preflight: :func:`fit` says whether a gang fits one domain, naming the domain sizes it saw; :func:`preflight_check`
+  also reasons about the nodes the pools would add (:class:`PoolReach`): a compact pool (GKE ``placementPolicy``
+  COMPACT, an EC2 cluster placement group) puts all its nodes in one block, a pool the cloud spreads gives none.
+* Which pools a required gang grows: :func:`placement_pools` (the compact ones; none when every pool spreads).
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ REQUIRED_ANNOTATION = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_ANNOTATION = "kueue.x-k8s.io/podset-preferred-topology"
 GROUP_ANNOTATION = "kueue.x-k8s.io/podset-group-name"
 CHECK_NAME = "topology"
+# The level a compact pool keeps its nodes in. GKE: COMPACT is "node placement in the same availability domain"; EC2:
+# a cluster placement group packs instances "close together inside an Availability Zone". Neither names a level:
+# that it is one block (GKE gce-topology-block, EKS network-node-layer-2) is our assumption (docs/user-guide.md).
+COMPACT_LEVEL = "block"
+PLACEMENT_FIX = ("grow a pool that keeps its nodes together: an EKS node group whose launch template's Placement names "
+                 "a placement group of strategy 'cluster', or a GKE node pool with placementPolicy COMPACT")
 
 
 def kueue_annotations(topology: str, label: str) -> dict[str, str]:
@@ -133,14 +142,86 @@ def fit(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str
                      f"largest holds {largest}; {seen}", dict(sizes))
 
 
+def placement_pools(placements: Mapping[str, str], topology: str, level: str) -> tuple[list[str], str]:
+    """The pools (name -> ``PoolState.placement``: "compact" | "spread" | "") a gang takes new nodes from, and a
+    refusal ("" = none). ``required`` at the compact level takes only the compact pools when there are any; a
+    ``required`` gang whose every pool spreads its nodes is refused (its nodes would land in several domains and
+    the gang could never start); otherwise every pool (nodes land where the cloud has room)."""
+    names = sorted(placements)
+    if topology != "required":
+        return names, ""
+    compact = [n for n in names if placements[n] == "compact"]
+    if compact and level == COMPACT_LEVEL:
+        return compact, ""
+    if names and all(placements[n] == "spread" for n in names):
+        return [], (f"no matching pool keeps its new nodes in one {level}: {', '.join(names)} "
+                    f"{'launches' if len(names) == 1 else 'launch'} them without a cluster placement group, "
+                    "and the cloud spreads them")
+    return names, ""
+
+
+@dataclass(frozen=True)
+class PoolReach:
+    """What a matching pool may add, for preflight: its ``placement`` (``PoolState.placement``), the nodes it may still
+    add, and the ``level`` domain its existing nodes hold ("" = none yet: a compact pool then starts a new one)."""
+
+    name: str
+    placement: str
+    headroom: int
+    domain: str = ""
+    group: str = ""  # the placement group or policy, for the row's text
+
+
+def _compact_reach(pools: Sequence[PoolReach], sizes: Mapping[str, int]) -> list[tuple[int, PoolReach]]:
+    """(nodes one domain can hold once the pool has grown, pool) for the compact pools, largest first."""
+    out = [((sizes.get(p.domain, 0) if p.domain else 0) + p.headroom, p)
+           for p in pools if p.placement == "compact" and p.headroom > 0]
+    return sorted(out, key=lambda np: (-np[0], np[1].name))
+
+
+def _with_pools(f: DomainFit, need: int, sizes: Mapping[str, int], pools: Sequence[PoolReach], *, level: str,
+                largest: int) -> ClusterCheck | None:
+    """The row when the existing nodes do not hold a required gang, reasoning about what the pools would add;
+    None when the pools say nothing beyond the existing nodes (no headroom)."""
+    growing = [p for p in pools if p.headroom > 0]
+    if not growing:
+        return None
+    reach = _compact_reach(growing, sizes) if level == COMPACT_LEVEL else []
+    if reach and reach[0][0] >= need:
+        n, p = reach[0]
+        where = f"its {level} {p.domain} (now {sizes.get(p.domain, 0)} Ready)" if p.domain else f"one new {level}"
+        return ClusterCheck(CHECK_NAME, Verdict.FITS, f"{f.reason}; pool {p.name} can add {p.headroom} node(s) into "
+                            f"{where}: {n} >= {need}. Assumed: a compact pool ({p.group or 'compact placement'}) puts "
+                            f"all its nodes in one {level} and the cloud has stock there", float(need), float(n))
+    if all(p.placement == "spread" for p in growing):
+        names = ", ".join(sorted(p.name for p in growing))
+        return ClusterCheck(CHECK_NAME, Verdict.SHORT, f"{f.reason}; the nodes pools {names} would add come without a "
+                            "cluster placement group, and the cloud spreads them", float(need), float(largest),
+                            f"{PLACEMENT_FIX}, or use topology='preferred'")
+    unknown = sorted(p.name for p in growing if p.placement != "compact" or level != COMPACT_LEVEL)
+    best = f"; the compact pools reach at most {reach[0][0]}" if reach else ""
+    if not unknown:
+        return ClusterCheck(CHECK_NAME, Verdict.SHORT, f"{f.reason}{best} (one {level} each)", float(need),
+                            float(max(largest, reach[0][0] if reach else 0)),
+                            f"raise the compact pools' max size or {PLACEMENT_FIX}")
+    return ClusterCheck(CHECK_NAME, Verdict.UNKNOWN, f"{f.reason}{best}; pools {', '.join(unknown)} may add "
+                        f"{sum(p.headroom for p in growing if p.name in unknown)} node(s) with no placement guarantee "
+                        f"at the {level} level: where they land is the cloud's choice", float(need), float(largest))
+
+
 def preflight_check(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str, label: str,
-                    headroom: int | None) -> ClusterCheck:
+                    headroom: int | None, pools: Sequence[PoolReach] | None = None) -> ClusterCheck:
     """Preflight's topology row. ``sizes`` counts the Ready nodes of the gang's shape per domain; ``headroom`` is how
-    many more nodes the matching pools may still add (None = unknown). Nodes a scale-up adds land where the cloud
-    puts them, so a required gang no existing domain holds is refused only when no pool can add a node; otherwise
-    the row is UNKNOWN (never ok)."""
+    many more nodes the matching pools may still add (None = unknown); ``pools`` says how each would place them
+    (None = unknown). A required gang no existing domain holds fits when a compact pool can grow one domain to hold
+    it (the row names that assumption), is refused when no pool can add a node or every pool spreads its nodes,
+    and is UNKNOWN (never ok) when the new nodes land where the cloud puts them."""
     f = fit(need, sizes, topology=topology, level=level, label=label)
     largest = max(sizes.values(), default=0) if sizes else 0
+    if topology == "required" and f.verdict is not Verdict.FITS and sizes is not None and pools is not None:
+        row = _with_pools(f, need, sizes, pools, level=level, largest=largest)
+        if row is not None:
+            return row
     if f.verdict is Verdict.SHORT and headroom != 0:
         more = "an unknown number of" if headroom is None else f"up to {headroom}"
         return ClusterCheck(CHECK_NAME, Verdict.UNKNOWN, f"{f.reason}; {more} more node(s) may come from pool "

@@ -54,7 +54,7 @@ making one):
   to judge when no cloud pool matches the target, instead of reporting "no pools".
 * **all_or_nothing: bool** (attribute; False on :class:`NothingExtra`): True when the platform grants the whole gang
   at once or nothing (a ProvisioningRequest's atomic and queued-provisioning classes). A backend whose own way adds
-  nodes one at a time (a GKE ComputeClass's flexStart rule) hands a multi-node flex-start gang to such a backend.
+  nodes as each can (a GKE ComputeClass's flexStart rule) hands a multi-node flex-start gang to such a backend.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
 
 NAME = "compute-class"
-# GKE documents that a ComputeClass flexStart rule obtains nodes one at a time (plan.computeclass docstring)
+# a ComputeClass flexStart rule has no documented all-at-once allocation (plan.computeclass docstring)
 CLASS_FLEX_ALL_OR_NOTHING = False
 QUEUED_SHARE = 0.5  # of scale_up_deadline_s, for the flex-start rung through queued provisioning
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class ComputeClassProvisioner(NothingExtra):
 
     name = NAME
     holds_placeholders = True  # acquire(wait=False)'s placeholders (selecting the class) are the warm pool
-    all_or_nothing = False  # a class's rules add nodes one at a time
+    all_or_nothing = False  # a class's rules add nodes as each can (GKE documents no all-at-once allocation)
 
     def __init__(self, api: client.ApiClient, queued: Provisioner | None = None) -> None:
         self.api = api

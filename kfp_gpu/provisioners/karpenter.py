@@ -62,11 +62,12 @@ class KarpenterProvisioner(NothingExtra):
     # ---- acquire -----------------------------------------------------------------------------------------
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity:
         """Raises: CapacityUnavailable (every candidate blocked), ProvisioningTimeout, PermissionDenied (RBAC),
-        CrdMissing (no karpenter.sh/v1 NodePool API), NotFound (no node class), InvalidSpec (flex-start, or no
-        EC2 instance type with ``gpus_per_node`` of the accelerator)."""
+        CrdMissing (no karpenter.sh/v1 NodePool API), NotFound (no node class), InvalidSpec (flex-start,
+        topology="required", or no EC2 instance type with ``gpus_per_node`` of the accelerator)."""
         return self._acquire(spec, run_id, request, list(spec.zones))
 
     def _acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest, zones: list[str]) -> Capacity:
+        plan.check_topology(spec.topology)
         ns = spec.target.namespace
         count = request.extra if request.extra is not None else (request.nodes or spec.nodes)
         keep = dict(request.keep or {})

@@ -30,6 +30,7 @@ from kfp_gpu.cluster.gang import GangTracker
 from kfp_gpu.cluster.nodes import NodeView, NodeWatch, claim, claim_all, list_nodes, name_of
 from kfp_gpu.errors import (
     CapacityUnavailable,
+    InvalidSpec,
     KfpGpuError,
     NotFound,
     PermissionDenied,
@@ -37,6 +38,7 @@ from kfp_gpu.errors import (
     QuotaExceeded,
 )
 from kfp_gpu.ownership import Owner
+from kfp_gpu.plan import topology
 from kfp_gpu.plan.autoscaled import protected_pools, refusal
 from kfp_gpu.plan.backoff import Backoff
 from kfp_gpu.plan.failover import Action, Candidate, FailoverState
@@ -78,7 +80,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
         ProvisioningTimeout: the deadline passed; this run's resizes were rolled back.
         CapacityUnavailable: every candidate zone is blocked (carries the failover history).
         NotFound: no node pool matches the spec.
-        InvalidSpec: the plan would resize an autoscaled pool and target.autoscaled_pools is "refuse".
+        InvalidSpec: the plan would resize an autoscaled pool and target.autoscaled_pools is "refuse"; a
+            ``topology="required"`` gang whose every matching pool spreads its nodes (no cluster placement group).
         QuotaExceeded, PermissionDenied: permanent cloud errors.
     """
     ns, region = spec.target.namespace, spec.target.region
@@ -98,6 +101,11 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
             f"({'spot' if spec.spot else 'on-demand'}){' among ' + ', '.join(spec.target.pools) if spec.target.pools else ''}",
             remediation="create a matching GPU node pool or fix target.pools / accelerator / capacity in the spec",
         )
+    use, apart = topology.placement_pools({s.ref.pool: s.placement for s in states}, spec.topology,
+                                          spec.topology_level)
+    if apart:
+        raise InvalidSpec("topology", spec.topology, apart, remediation=f"{topology.PLACEMENT_FIX}, or use topology='preferred'")
+    states = [s for s in states if s.ref.pool in use]  # a required gang grows its compact pools only
     protected = protected_pools(states, spec.target.autoscaled_pools)  # claims there: scale-down-disabled
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
     if led.get("rolled_back") and time.time() >= deadline:  # a KFP retry of a step that already timed out

@@ -25,7 +25,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from kfp_gpu import accelerators, fanout
 from kfp_gpu.cluster import node_labels
@@ -308,14 +308,21 @@ def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
     return labels.get("cloud.google.com/gke-accelerator") == acc.gke_label
 
 
-def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, int], dict[str, int]]:
-    """(Ready schedulable matching GPU nodes, node count per pool label, those nodes per ``spec.topology_level``
-    domain) from one raw Node list."""
+class _NodeCounts(NamedTuple):
+    ready: int  # Ready schedulable matching GPU nodes
+    per_pool: dict[str, int]  # node count per pool label
+    per_domain: dict[str, int]  # the Ready ones per ``spec.topology_level`` domain
+    pool_domain: dict[str, str]  # pool -> the domain most of its Ready nodes are in
+
+
+def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> _NodeCounts:
+    """:class:`_NodeCounts` from one raw Node list."""
     from kfp_gpu.cluster.nodes import NodeView, labels_of, list_nodes
     from kfp_gpu.plan.readiness import is_ready
 
     label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
     count, per_pool, per_domain = 0, dict[str, int](), dict[str, int]()
+    pool_domains: dict[str, dict[str, int]] = {}
     for node in list_nodes(api)[0]:
         view = NodeView.of(node)
         if view.pool:
@@ -326,7 +333,10 @@ def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> tuple[int, dict[str, i
             domain = labels_of(node).get(label, "")
             if domain:
                 per_domain[domain] = per_domain.get(domain, 0) + 1
-    return count, per_pool, per_domain
+                seen = pool_domains.setdefault(view.pool, {})
+                seen[domain] = seen.get(domain, 0) + 1
+    return _NodeCounts(count, per_pool, per_domain,
+                       {p: max(ds, key=lambda d: (ds[d], d)) for p, ds in pool_domains.items() if p})
 
 
 def _headroom(spec: ProvisioningSpec, pools: list[PoolState], per_pool: dict[str, int]) -> int:
@@ -336,23 +346,28 @@ def _headroom(spec: ProvisioningSpec, pools: list[PoolState], per_pool: dict[str
                for p in matching_pools(spec, pools))
 
 
-def _topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int], dict[str, int]]],
+def _topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[_NodeCounts],
                     pools: list[PoolState] | None) -> ClusterCheck:
     """Whether the gang fits one ``spec.topology_level`` domain (:func:`kfp_gpu.plan.topology.preflight_check`)."""
     label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
     try:
-        _, per_pool, per_domain = nodes_f.result()
+        counts = nodes_f.result()
     except Exception as exc:
         return _api_error(topology.CHECK_NAME, exc, "Nodes")
-    return topology.preflight_check(spec.nodes, per_domain, topology=spec.topology, level=spec.topology_level,
-                                    label=label, headroom=None if pools is None else _headroom(spec, pools, per_pool))
+    reach = None if pools is None else [
+        topology.PoolReach(p.ref.pool, p.placement, _headroom(spec, [p], counts.per_pool),
+                           counts.pool_domain.get(p.ref.pool, ""), p.placement_group)
+        for p in matching_pools(spec, pools)]
+    return topology.preflight_check(spec.nodes, counts.per_domain, topology=spec.topology, level=spec.topology_level,
+                                    label=label, pools=reach,
+                                    headroom=None if pools is None else _headroom(spec, pools, counts.per_pool))
 
 
-def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[tuple[int, dict[str, int], dict[str, int]]],
+def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[_NodeCounts],
                     pools: list[PoolState] | None) -> ClusterCheck:
     name = "gpu-capacity"
     try:
-        ready, per_pool, _ = nodes_f.result()
+        ready, per_pool, _, _ = nodes_f.result()
     except Exception as exc:
         return _api_error(name, exc, "Nodes")
     if pools is None:

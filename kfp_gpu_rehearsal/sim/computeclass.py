@@ -9,7 +9,7 @@ pending pods (docs/sim.md, section "ComputeClass"; every rule below cites GKE or
   as many nodes as are still missing: a gang can land on two rules.
 * A VM its MIG could not create within ``--max-node-provision-time`` (15 min: a stockout or quota hit after the
   autoscaler asked) is deleted and its rule backed off.
-* flex-start: each node waits its own turn (GKE obtains flex-start nodes one at a time, not the gang at once); the
+* flex-start: each node waits its own turn (GKE documents all-at-once only with queued provisioning: our reading, docs/sim.md [GKE-FLEX]); the
   wait is the scenario's flex-start obtainability (``dws.queue``); a node not obtained within
   ``--max-node-provision-time`` (15 min) is given up, the rule backed off and the next rule asked.
 * activeMigration (``optimizeRulePriority: true``): at each scan, the node of the lowest rule gets a node of a more

@@ -241,7 +241,10 @@ AWS_NOT_DRIVEN = {
     "servicequotas:GetAWSDefaultServiceQuota": "only after GetServiceQuota answers NoSuchResourceException, which "
                                                 "the stand-in never does for the P/G vCPU codes",
     "ec2:DescribeInstanceTypes": "only for an instance type outside kfp_gpu.accelerators without CpuOptions",
-    "ec2:DescribeLaunchTemplateVersions": "only for a node group with a launch template (the stand-in's have none)",
+    "ec2:DescribeLaunchTemplateVersions": "only for a node group with a launch template (the default scenario's have "
+                                          "none; tests/sim/test_sim_topology.py reads one as the controller)",
+    "ec2:DescribePlacementGroups": "only for a launch template naming a placement group (none in the default "
+                                   "scenario; tests/sim/test_sim_topology.py reads one as the controller)",
 }
 
 

@@ -22,7 +22,7 @@ from kfp_gpu import iam
 from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.cluster.nodes import claim_taint_key
-from kfp_gpu.errors import CapacityUnavailable
+from kfp_gpu.errors import CapacityUnavailable, InvalidSpec
 from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.provisioners import GangRequest, detect
@@ -202,6 +202,16 @@ def test_every_zone_out_of_stock_is_one_clear_error_and_rolls_back(kube, karpent
     assert f"{STOCKOUT}/spot: {plan.ICE_REASON}" in err.value.message, err.value.message
     assert err.value.remediation and err.value.fields["zones"] == [STOCKOUT]
     assert _nothing_left(kube.api, namespace, run) == {}
+
+
+def test_a_required_topology_is_refused_before_any_nodepool(kube, karpenter, namespace, step_api):
+    spec = _spec(namespace).replace(topology="required")
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(InvalidSpec) as err:
+        KarpenterProvisioner(step_api).acquire(spec, run, GangRequest(step="scale_up"))
+    assert "cannot keep a gang in one network domain" in err.value.message and "\n" not in err.value.message
+    assert "placement group of strategy 'cluster'" in err.value.remediation
+    assert _nothing_left(kube.api, namespace, run) == {}  # refused before it created anything
 
 
 def test_spot_out_of_stock_falls_back_to_on_demand_when_the_spec_allows(kube, karpenter, namespace, step_api):

@@ -196,3 +196,13 @@ def test_a_deleted_claim_that_launched_is_never_read_as_an_ice() -> None:
     assert view.state is k.ClaimState.DELETING and view.launched
     bare = {"metadata": {"name": "c", "deletionTimestamp": "2026-12-01T00:00:00Z"}, "status": {}}
     assert not k.read_claim(bare).launched  # deleted before any launch: the ICE shape
+
+
+def test_a_required_topology_is_refused_in_one_line_naming_the_node_group_fix() -> None:
+    with pytest.raises(InvalidSpec) as ei:
+        k.check_topology("required")
+    assert ei.value.message == ("invalid topology='required': the karpenter provisioner cannot keep a gang in one "
+                                "network domain (its NodePool places no EC2 placement group)")
+    assert "placement group of strategy 'cluster'" in ei.value.remediation and "\n" not in ei.value.message
+    k.check_topology("preferred")  # may span domains: runs
+    k.check_topology("none")

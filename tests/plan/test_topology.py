@@ -7,6 +7,7 @@ import pytest
 from kfp_gpu.cluster import node_labels
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.plan import topology
+from kfp_gpu.plan.preflight import ClusterCheck
 from kfp_gpu.plan.quota import Verdict
 from kfp_gpu.spec import ProvisioningSpec
 
@@ -154,3 +155,61 @@ def test_the_topology_example_compiles_with_the_topology_in_its_spec(tmp_path) -
     assert {"quota-preflight", "burst-scale-up", "train-pytorchjob", "teardown"} <= set(dag_edges(out))
     text = out.read_text()
     assert 'topology":"required' in text and 'topology_level":"block' in text
+
+
+def test_a_required_gang_grows_only_the_compact_pools_at_the_block_level() -> None:
+    placements = {"pg-a": "compact", "loose-a": "spread", "gke-plain": ""}
+    assert topology.placement_pools(placements, "required", "block") == (["pg-a"], "")
+    # compact means one block, nothing finer: a subblock gang may use every pool (no pool spreads them all)
+    assert topology.placement_pools(placements, "required", "subblock") == (["gke-plain", "loose-a", "pg-a"], "")
+    assert topology.placement_pools(placements, "preferred", "block")[0] == ["gke-plain", "loose-a", "pg-a"]
+    assert topology.placement_pools({"loose-a": "spread"}, "none", "block") == (["loose-a"], "")
+
+
+def test_a_required_gang_whose_every_pool_spreads_is_refused_naming_the_pools() -> None:
+    use, why = topology.placement_pools({"gpu-a": "spread", "gpu-b": "spread"}, "required", "block")
+    assert use == [] and why == ("no matching pool keeps its new nodes in one block: gpu-a, gpu-b launch them "
+                                 "without a cluster placement group, and the cloud spreads them")
+    # one pool whose placement is unknown (GKE without COMPACT) is not refused: its nodes may still share a block
+    assert topology.placement_pools({"gpu-a": "spread", "np": ""}, "required", "block") == (["gpu-a", "np"], "")
+    assert topology.placement_pools({"gpu-a": "spread"}, "preferred", "block") == (["gpu-a"], "")
+
+
+def _row(need: int, sizes: dict[str, int] | None, pools: list[topology.PoolReach], level: str = "block",
+         kind: str = "required") -> ClusterCheck:
+    return topology.preflight_check(need, sizes, topology=kind, level=level, label=BLOCK,
+                                    headroom=sum(p.headroom for p in pools), pools=pools)
+
+
+def test_preflight_counts_a_compact_pools_new_nodes_into_its_block_and_names_the_assumption() -> None:
+    # no node yet: a compact pool that may add 4 starts one block of 4
+    row = _row(4, {}, [topology.PoolReach("np-compact", "compact", 4, group="COMPACT")])
+    assert row.verdict is Verdict.FITS and row.free == 4.0
+    assert "pool np-compact can add 4 node(s) into one new block: 4 >= 4" in row.detail
+    assert "Assumed: a compact pool (COMPACT) puts all its nodes in one block" in row.detail
+    # its block holds 1 Ready node (b-1), another block 2: 1 + 2 more = 3 < 4, and no other pool: refused
+    short = _row(4, {"b-1": 1, "b-2": 2}, [topology.PoolReach("np-compact", "compact", 2, domain="b-1")])
+    assert short.verdict is Verdict.SHORT and "the compact pools reach at most 3" in short.detail
+    assert "raise the compact pools' max size" in short.remediation
+    # 2 more into b-1 (2 Ready) holds 4
+    ok = _row(4, {"b-1": 2, "b-2": 3}, [topology.PoolReach("np-compact", "compact", 2, domain="b-1")])
+    assert ok.verdict is Verdict.FITS and "into its block b-1 (now 2 Ready): 4 >= 4" in ok.detail
+
+
+def test_preflight_refuses_a_required_gang_whose_pools_all_spread_and_is_unknown_for_unplaced_pools() -> None:
+    spread = _row(3, {"b-1": 1}, [topology.PoolReach("gpu-a", "spread", 8)])
+    assert spread.verdict is Verdict.SHORT and "pools gpu-a would add come without a cluster placement group" in \
+        spread.detail
+    assert "strategy 'cluster'" in spread.remediation and "topology='preferred'" in spread.remediation
+    unplaced = _row(3, {"b-1": 1}, [topology.PoolReach("np", "", 8), topology.PoolReach("gpu-a", "spread", 2)])
+    assert unplaced.verdict is Verdict.UNKNOWN and "pools gpu-a, np may add 10 node(s) with no placement " \
+        "guarantee at the block level" in unplaced.detail
+    # a compact pool at the subblock level guarantees nothing: unknown, never ok
+    sub = _row(3, {}, [topology.PoolReach("np-compact", "compact", 8)], level="subblock")
+    assert sub.verdict is Verdict.UNKNOWN
+    # existing nodes that hold the gang decide alone; preferred is never refused
+    assert _row(2, {"b-1": 2}, [topology.PoolReach("gpu-a", "spread", 8)]).verdict is Verdict.FITS
+    assert _row(3, {"b-1": 1}, [topology.PoolReach("gpu-a", "spread", 8)], kind="preferred").verdict is Verdict.FITS
+    # no pool can add a node: the existing-nodes rule (SHORT naming the sizes)
+    none = _row(3, {"b-1": 1}, [topology.PoolReach("gpu-a", "spread", 0)])
+    assert none.verdict is Verdict.SHORT and "the largest holds 1" in none.detail

@@ -14,7 +14,7 @@ from google.cloud import container_v1
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim import from_dict
 from kfp_gpu_rehearsal.sim.topology import BLOCK, HOST, SUBBLOCK
-from tests.sim._helpers import PARENT, client_kwargs, scenario
+from tests.sim._helpers import CLUSTER, PARENT, PROJECT, client_kwargs, scenario
 from tests.sim.test_sim_world import gke_op, pools, real, set_size, world
 
 TOPO = {"block_nodes": 4, "subblock_nodes": 2, "blocks": 3}
@@ -51,6 +51,13 @@ def test_compact_pool_lands_in_one_block_and_reports_its_policy() -> None:
         assert got.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.COMPACT
         plain = cm.get_node_pool(name=f"{PARENT}/nodePools/h100-80gb-b")
         assert plain.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.TYPE_UNSPECIFIED
+        # the provider contract's placement, from nodePools.get/list
+        from kfp_gpu.providers.gke import GkeProvider
+
+        states = {s.ref.pool: s for s in GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url).pools(
+            "us-central1")}
+        assert (states["h100-80gb-a"].placement, states["h100-80gb-a"].placement_group) == ("compact", "COMPACT")
+        assert (states["h100-80gb-b"].placement, states["h100-80gb-b"].placement_group) == ("", "")
         op = set_size(cm, "h100-80gb-a", 4)
         tl.advance(real(3 + 20 + 3600))
         assert gke_op(cm, op.name).status == container_v1.Operation.Status.DONE
@@ -147,25 +154,53 @@ def test_aws_cluster_placement_group_keeps_its_instances_in_one_layer2_domain_an
             "train-cluster-pg"]) == 3  # never outside the group's domain, though the other has 3 free hosts
 
 
+def test_aws_spot_reclaim_frees_the_host_so_the_placement_groups_replacement_lands_in_its_domain() -> None:
+    from tests.sim.test_aws_world import advance, grow, ng
+
+    groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "max_size": 8,
+               "capacity_type": "SPOT", "placement_group": "pg-1", "boot": {"dist": "fixed", "median_s": 200}}]
+    with _aws(groups) as (sim, c, tl):  # layer-2 domains of 4 hosts: the group fills one
+        grow(c, "pg-a", 4)
+        advance(sim, tl, 300)
+        before = _layers(sim, "pg-a")
+        assert len(before) == 4 and len({lb["topology.k8s.aws/network-node-layer-2"] for lb in before}) == 1
+        victim = next(i.id for i in sim.world.instances.values() if i.state == "running")
+        sim.world.interrupt(victim)
+        advance(sim, tl, 600)  # the 2-minute notice, the reclaim, the replacement's launch and boot
+        after = _layers(sim, "pg-a")
+        assert len(after) == 4 and {lb["topology.k8s.aws/network-node-layer-2"] for lb in after} == \
+            {before[0]["topology.k8s.aws/network-node-layer-2"]}
+        assert not ng(c, "pg-a")["health"]["issues"]  # the reclaimed instance's host was free for its replacement
+
+
 def test_aws_node_group_reports_its_launch_template_and_the_template_its_cluster_placement_group() -> None:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
-    from tests.sim.test_aws_world import ng
+    from kfp_gpu.providers.eks import EksProvider
+    from tests.sim.test_aws_world import CLUSTER, ng
 
     groups = [{"name": "pg-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a", "placement_group": "pg-1"},
               {"name": "plain-a", "instance_type": "p4d.24xlarge", "zone": "us-east-1a"}]
     with _aws(groups) as (sim, c, tl):
         lt = ng(c, "pg-a")["launchTemplate"]
         assert "launchTemplate" not in ng(c, "plain-a")
-        with pytest.raises(ClientError) as denied:  # the controller's policy has no business reading them
-            c["ec2"].describe_placement_groups()
-        assert denied.value.response["Error"]["Code"] == "UnauthorizedOperation"
-        sim.grant("AKIAKFPGPUTOPOLOGY01", ["ec2:DescribeLaunchTemplateVersions", "ec2:DescribePlacementGroups"])
+        # the controller's policy reads them (deploy/aws-policy.json): the EKS provider's placement of a pool
+        [ver] = c["ec2"].describe_launch_template_versions(LaunchTemplateName=lt["name"])["LaunchTemplateVersions"]
+        assert ver["LaunchTemplateData"]["Placement"]["GroupName"] == "pg-1"
+        [pg] = c["ec2"].describe_placement_groups(GroupNames=["pg-1"])["PlacementGroups"]
+        assert (pg["GroupName"], pg["Strategy"], pg["State"]) == ("pg-1", "cluster", "available")
+        with pytest.raises(ClientError) as unknown:  # EC2 names an unknown group
+            c["ec2"].describe_placement_groups(GroupNames=["pg-2"])
+        assert unknown.value.response["Error"]["Code"] == "InvalidPlacementGroup.Unknown"
+        sim.grant("AKIAKFPGPUTOPOLOGY01", ["ec2:DescribeLaunchTemplateVersions"])
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=sim.url, aws_access_key_id="AKIAKFPGPUTOPOLOGY01",
                            aws_secret_access_key="s", config=Config(retries={"total_max_attempts": 1}))
-        [ver] = ec2.describe_launch_template_versions(LaunchTemplateName=lt["name"])["LaunchTemplateVersions"]
-        assert ver["LaunchTemplateData"]["Placement"]["GroupName"] == "pg-1"
-        [pg] = ec2.describe_placement_groups()["PlacementGroups"]
-        assert (pg["GroupName"], pg["Strategy"], pg["State"]) == ("pg-1", "cluster", "available")
+        with pytest.raises(ClientError) as denied:  # a principal without the action is refused it
+            ec2.describe_placement_groups()
+        assert denied.value.response["Error"]["Code"] == "UnauthorizedOperation"
+        provider = EksProvider(CLUSTER, "us-east-1", client_factory=lambda service, region: c[service])
+        pools = {p.ref.pool: p for p in provider.pools("us-east-1")}
+        assert (pools["pg-a"].placement, pools["pg-a"].placement_group) == ("compact", "pg-1")
+        assert (pools["plain-a"].placement, pools["plain-a"].placement_group) == ("spread", "")

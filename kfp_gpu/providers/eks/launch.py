@@ -7,6 +7,12 @@ and ``CapacityReservationPreference`` is ``open`` (any matching open reservation
 ``none`` or ``capacity-reservations-only``.
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_LaunchTemplateCapacityReservationSpecificationRequest.html
 https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html
+
+The template's ``Placement.GroupName`` says where the group's instances land (:func:`placement`): a placement group
+of strategy ``cluster`` packs them "close together inside an Availability Zone"; without one (or with a ``spread``
+or ``partition`` group) EC2 spreads instances across its hardware.
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html
+https://docs.aws.amazon.com/eks/latest/userguide/launch-templates.html
 """
 
 from __future__ import annotations
@@ -24,28 +30,58 @@ class _Caller(Protocol):
     def _call(self, service: str, op: str, *, region: str = "", zone: str = "", what: str = "", **kw: Any) -> Any: ...
 
 
-def reservation_target(p: _Caller, group: dict[str, Any], region: str) -> tuple[str, tuple[str, ...], int | None]:
-    """(affinity, reservation ids/ARNs, free instances of the targeted reservations) of ``group``.
-    ("", (), None) when it has no launch template or the template sets nothing. Best effort: a template
-    that cannot be read is logged and reported as not set. Raises: nothing."""
+def template_data(p: _Caller, group: dict[str, Any], region: str) -> dict[str, Any] | None:
+    """The ``LaunchTemplateData`` of the version ``group`` (a DescribeNodegroup answer) was built from; None when it
+    has none or the template cannot be read (logged). One DescribeLaunchTemplateVersions. Raises: nothing."""
     lt = group.get("launchTemplate") or {}
     if not (lt.get("id") or lt.get("name")):
-        return "", (), None
+        return None
     ref = {"LaunchTemplateId": lt["id"]} if lt.get("id") else {"LaunchTemplateName": lt["name"]}
     try:
         resp = p._call("ec2", "describe_launch_template_versions", region=region,
                        Versions=[str(lt.get("version") or "$Default")], **ref)
     except KfpGpuError as exc:
         log.warning("cannot read launch template %s of node group %s: %s", lt, group.get("nodegroupName"), exc)
-        return "", (), None
+        return None
     versions = resp.get("LaunchTemplateVersions") or [{}]
-    spec = (versions[0].get("LaunchTemplateData") or {}).get("CapacityReservationSpecification") or {}
+    return dict(versions[0].get("LaunchTemplateData") or {})
+
+
+def reservation_target(p: _Caller, data: dict[str, Any] | None, region: str
+                       ) -> tuple[str, tuple[str, ...], int | None]:
+    """(affinity, reservation ids/ARNs, free instances of the targeted reservations) of a node group's launch
+    template ``data`` (:func:`template_data`). ("", (), None) when it has no template or the template sets nothing.
+    Raises: nothing."""
+    if data is None:
+        return "", (), None
+    spec = data.get("CapacityReservationSpecification") or {}
     target = spec.get("CapacityReservationTarget") or {}
     ids = tuple(str(v) for v in (target.get("CapacityReservationId"), target.get("CapacityReservationResourceGroupArn"))
                 if v)
     if not ids:
         return PREFERENCE.get(str(spec.get("CapacityReservationPreference", "")), ""), (), None
     return "specific", ids, _free(p, ids, region)
+
+
+def placement(p: _Caller, data: dict[str, Any] | None, region: str) -> tuple[str, str]:
+    """(placement, placement group) of a node group's launch template ``data``: ("compact", name) when its
+    ``Placement.GroupName`` (or ``GroupId``) is a placement group of strategy ``cluster``; ("spread", name or "")
+    otherwise (no template, no group, a ``spread``/``partition`` group: EC2 spreads the instances); ("", name)
+    when the group cannot be described (ec2:DescribePlacementGroups refused or failed: logged). Raises: nothing."""
+    where = (data or {}).get("Placement") or {}
+    name, gid = str(where.get("GroupName") or ""), str(where.get("GroupId") or "")
+    if not (name or gid):
+        return "spread", ""
+    which: dict[str, Any] = {"GroupNames": [name]} if name else {"GroupIds": [gid]}
+    try:
+        resp = p._call("ec2", "describe_placement_groups", region=region, **which)
+    except KfpGpuError as exc:
+        log.warning("cannot read placement group %s: %s", name or gid, exc)
+        return "", name or gid
+    found = [g for g in resp.get("PlacementGroups") or [] if g.get("GroupName") == name or g.get("GroupId") == gid]
+    if not found:
+        return "", name or gid
+    return ("compact" if found[0].get("Strategy") == "cluster" else "spread"), str(found[0].get("GroupName") or name)
 
 
 def _free(p: _Caller, ids: tuple[str, ...], region: str) -> int | None:

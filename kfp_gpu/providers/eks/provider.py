@@ -294,7 +294,9 @@ class EksProvider(ReservationsMixin):
             zones = sorted({az[s] for s in g.get("subnets", []) if s in az})
             sc = g.get("scalingConfig", {})
             scaled = any(a in auto for a in _asg_names(g))
-            affinity, reservations, free = launch.reservation_target(self, g, region)
+            data = launch.template_data(self, g, region)
+            affinity, reservations, free = launch.reservation_target(self, data, region)
+            where, group = launch.placement(self, data, region)
             out.append(PoolState(
                 PoolRef(g["nodegroupName"], zones[0] if len(zones) == 1 else region, region),
                 int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), _ACC_OF[itype],
@@ -302,6 +304,7 @@ class EksProvider(ReservationsMixin):
                 autoscaling=scaled, autoscaling_min=int(sc.get("minSize", 0)) if scaled else 0,
                 autoscaling_max=int(sc.get("maxSize", 0)) if scaled else 0,
                 reservation_affinity=affinity, reservations=reservations, reservation_free=free,
+                placement=where, placement_group=group,
             ))
         return out
 

@@ -106,9 +106,15 @@ def _launch_templates(w: AwsWorld, q: dict[str, str]) -> wire.Answer:
     return wire.ec2_ok("DescribeLaunchTemplateVersions", {"launchTemplateVersionSet": out})
 
 
-def _placement_groups(w: AwsWorld) -> wire.Answer:
-    """DescribePlacementGroups: the node groups' cluster placement groups (strategy ``cluster``, available)."""
+def _placement_groups(w: AwsWorld, q: dict[str, str]) -> wire.Answer:
+    """DescribePlacementGroups: the node groups' cluster placement groups (strategy ``cluster``, available), only
+    those ``GroupName.N`` names when given; an unknown name is ``InvalidPlacementGroup.Unknown``."""
     names = sorted({g.placement_group for g in w.sc.nodegroups if g.placement_group})
+    want = wire.flat_list(q, "GroupName")
+    unknown = [n for n in want if n not in names]
+    if unknown:
+        raise AwsError("InvalidPlacementGroup.Unknown", f"The Placement Group '{unknown[0]}' is unknown.")
+    names = [n for n in names if not want or n in want]
     return wire.ec2_ok("DescribePlacementGroups", {"placementGroupSet": [
         {"groupName": n, "strategy": "cluster", "state": "available",
          "groupId": f"pg-{zlib.crc32(n.encode()):017x}"} for n in names]})
@@ -181,7 +187,7 @@ def ec2(w: AwsWorld, q: dict[str, str]) -> wire.Answer:
     if action == "DescribeLaunchTemplateVersions":
         return _launch_templates(w, q)
     if action == "DescribePlacementGroups":
-        return _placement_groups(w)
+        return _placement_groups(w, q)
     if action == "DescribeCapacityBlockOfferings":
         return wire.ec2_ok(action, {"capacityBlockOfferingSet": []})
     if action in ("DescribeCapacityReservations", "CreateCapacityReservation", "CancelCapacityReservation"):

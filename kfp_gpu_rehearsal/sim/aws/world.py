@@ -355,6 +355,7 @@ class AwsWorld:
 
             def reclaimed() -> None:
                 inst.state, inst.lifecycle = "terminated", "Terminated"
+                self.hosts.release(inst.id)  # a terminated instance holds no host, as in _terminate
                 self._activity(grp, f"Terminating EC2 instance: {inst.id}", f"instance {inst.id} was taken out of "
                                "service in response to an EC2 Spot Instance interruption", "Successful")
                 self._node(lambda: self.backend.delete(inst.dns))  # type: ignore[union-attr]
