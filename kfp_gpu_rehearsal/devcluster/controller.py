@@ -65,13 +65,19 @@ def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: An
 
 
 class LocalController:
-    """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials."""
+    """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials.
+
+    ``peering`` names a ClusterKopfPeering: the process is then one replica of the Deployment (``--peering``, as
+    kfp_gpu/manifests/controller.yaml runs it, ``POD_NAME`` = ``replica``) instead of the only one."""
 
     def __init__(self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path,
-                 env: Mapping[str, str] | None = None, metrics_port: int = 0) -> None:
+                 env: Mapping[str, str] | None = None, metrics_port: int = 0, *, peering: str = "",
+                 replica: str = "") -> None:
         self.kubeconfig, self.namespaces, self.log_path = kubeconfig, list(namespaces), log_path
         self.env = dict(os.environ if env is None else env)
-        self.metrics_port = metrics_port
+        if replica:
+            self.env["POD_NAME"] = replica
+        self.metrics_port, self.peering, self.replica = metrics_port, peering, replica
         self.proc: subprocess.Popen[bytes] | None = None
         self.last_peak_rss_mib = 0.0
 
@@ -80,8 +86,8 @@ class LocalController:
         # the stand-ins' controller credentials (deploy/gcp-role.yaml, deploy/aws-policy.json): the controller holds
         # the cloud identity, the steps none
         env = {**self.env, **iam.sim_controller_env(), "KUBECONFIG": str(self.kubeconfig)}
-        argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", "--standalone",
-                "--metrics-port", str(self.metrics_port),
+        mode = ["--peering", self.peering] if self.peering else ["--standalone"]
+        argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", *mode, "--metrics-port", str(self.metrics_port),
                 "--log-dir", str(self.log_path.parent / "controller-work")]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
