@@ -75,7 +75,7 @@ def peering(kube: Kube) -> Iterator[str]:
 
 
 def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(peering, tenant):
-    t = tenant(median_s=6.0, start=False)
+    t = tenant(median_s=5.0, start=False)
     custom = client.CustomObjectsApi(t.kube.api)
     replicas = {}
     for r in ("a", "b"):
