@@ -86,6 +86,8 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_timeout=30.0)  # type: ignore[arg-type]
 def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
     runner = _runner(namespace, name)
+    with runner.lock:  # a (re)started daemon reads the status afresh: while this replica was paused (peering), the
+        runner.status = None  # other one wrote it, and this replica's copy from before the pause is stale
     while not stopped:
         obj: Obj = json.loads(json.dumps(dict(body)))
         if (obj.get("metadata") or {}).get("deletionTimestamp"):

@@ -27,6 +27,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 _KOPF = ("kopf.dev", "v1", "clusterkopfpeerings")
+JOB_S = PEERING_LIFETIME_S + 10.0  # the job outlives the handover: the standby re-attaches to it running
 
 
 def _peers(custom: client.CustomObjectsApi, name: str) -> dict[str, dict[str, Any]]:
@@ -74,8 +75,8 @@ def peering(kube: Kube) -> Iterator[str]:
             raise
 
 
-def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(peering, tenant):
-    t = tenant(median_s=5.0, start=False)
+def _two_replicas(t: Any, peering: str) -> tuple[str, LocalController, LocalController]:
+    """Start the Deployment's two replicas; (the active one's name, the active one, the standby)."""
     custom = client.CustomObjectsApi(t.kube.api)
     replicas = {}
     for r in ("a", "b"):
@@ -87,7 +88,23 @@ def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(pee
                        _peers(custom, peering), timeout=30)
     assert set(peers) == set(replicas), peers  # the peer records are the pods' names
     active_name = max(peers, key=lambda p: peers[p]["priority"])
-    active, standby = replicas[active_name], next(c for n, c in replicas.items() if n != active_name)
+    return active_name, replicas[active_name], next(c for n, c in replicas.items() if n != active_name)
+
+
+def _handover(t: Any, peering: str, active_name: str, standby: LocalController) -> tuple[float, float]:
+    """After ``kill -9`` of the active replica: (seconds until its peer record is gone, until the standby works)."""
+    custom = client.CustomObjectsApi(t.kube.api)
+    killed_at = time.monotonic()
+    wait_until("the killed replica's record expired", lambda: active_name not in _peers(custom, peering),
+               timeout=PEERING_LIFETIME_S + 15, every=0.1)
+    handover = time.monotonic() - killed_at
+    wait_until("the standby works the gang", lambda: _descendants(standby.pid), timeout=15, every=0.05)
+    return handover, time.monotonic() - killed_at
+
+
+def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(peering, tenant):
+    t = tenant(median_s=5.0, start=False)
+    active_name, active, standby = _two_replicas(t, peering)
 
     spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
     t.step("preflight", spec, run)
@@ -105,11 +122,7 @@ def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(pee
     killed_at = time.monotonic()
     g = t.gang(run) or {}
     assert not gang.is_true(g, gang.PROVISIONED), g.get("status")
-    wait_until("the killed replica's record expired", lambda: active_name not in _peers(custom, peering),
-               timeout=PEERING_LIFETIME_S + 15, every=0.1)
-    handover = time.monotonic() - killed_at
-    wait_until("the standby works the gang", lambda: _descendants(standby.pid), timeout=15, every=0.05)
-    acting = time.monotonic() - killed_at
+    handover, acting = _handover(t, peering, active_name, standby)
     th.join(90)
     ready = time.monotonic() - killed_at
     print(f"kill -9 -> peer record gone {handover:.1f}s, standby working {acting:.1f}s, gang Ready "
@@ -129,3 +142,41 @@ def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(pee
     sel = f"{LEDGER_GANG_NAMESPACE_LABEL}={t.ns}"
     assert core.list_namespaced_config_map(gang.CONTROLLER_NAMESPACE, label_selector=sel).items == []
     assert not _descendants(active.pid)
+
+
+def test_the_standby_takes_over_a_running_job_with_one_job_copy(peering, tenant):
+    """The active replica is killed while the gang's job runs: the standby re-attaches to the train unit's job
+    through its ledger; one job copy ever, no second resize, nothing left."""
+    from kfp_gpu.cluster import pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    t = tenant()
+    active_name, active, standby = _two_replicas(t, peering)
+    spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    resizes = t.resizes()
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: box.update(result=t.step(
+        "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
+    th.start()
+    core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
+    job = pytorchjob.job_name(run, "train")
+    wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
+    assert not _descendants(standby.pid), "the standby runs nothing"
+    uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
+    active.kill()
+    jobs_state = ((t.gang(run) or {}).get("status") or {}).get("jobs") or {}
+    assert jobs_state.get("train", {}).get("state") == gang.JOB_RUNNING, jobs_state  # killed while the job runs
+    handover, acting = _handover(t, peering, active_name, standby)
+    th.join(90)
+    print(f"kill -9 during the job -> peer record gone {handover:.1f}s, standby working {acting:.1f}s")
+    assert "result" in box, f"{box}\n{t.controller_log()}"
+    jobs = custom.list_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs")["items"]
+    assert [(j["metadata"]["name"], j["metadata"]["uid"]) for j in jobs] == [(job, uid)]  # the same job: one copy
+    assert t.resizes() == resizes, t.sim.request_counts()  # the train takeover asked the cloud nothing
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
+    wait_until("no job left", lambda: not custom.list_namespaced_custom_object(
+        "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"], timeout=60)
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
