@@ -311,7 +311,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp_gpu.report._common import world
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
-    from kfp_gpu_rehearsal.devcluster import boot, controller, crds
+    from kfp_gpu_rehearsal.devcluster import boot, controller, controller_profile, crds
     from kfp_gpu_rehearsal.sim.clock import TIME_SCALE
     from kfp_gpu_rehearsal.sim.server import SimServer
 
@@ -360,6 +360,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")
     say(f"executor logs: {log_path}\n")
     ns = spec.target.namespace
+    controller_profile.refuse_served(ctx, ns)  # one controller per namespace: not the dev cluster's row as well
     ctl_kc, step_kc = controller.prepare(crds.api_client(ctx.kubeconfig), ns, Path(root),
                                          max_gpus_per_gang=max(64, spec.nodes * spec.gpus_per_node),
                                          max_gpus_per_namespace=max(128, 2 * spec.nodes * spec.gpus_per_node))

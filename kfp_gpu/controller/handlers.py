@@ -6,7 +6,11 @@ that cancels the gang's work and runs the release to the end before the object m
 controller exits (upgrade, ``kill``) leaves the work to the next replica: its children are killed without
 cleaning up (SIGKILL, as ``kill -9`` of the controller would), and the next controller re-attaches through the
 steps' ledgers. kopf's own state lives in annotations (``kfp-gpu.io/``), never in ``status``, which is ours.
-Two replicas: kopf peering (``--peering``) keeps one active; ``--standalone`` for a single local process.
+Two replicas: kopf peering (``--peering``) keeps one active; ``--standalone`` for a single local process. The
+peering object is always the ClusterKopfPeering named by ``--peering``, also for a controller run with
+``--namespace`` (kopf's cluster-wide peering for a namespaced operator): the controller's RBAC grants that object,
+not KopfPeerings in the tenants' namespaces. A replica's peer record is its pod name and lives
+:data:`PEERING_LIFETIME_S`: a standby takes over at most that long after the active replica is ``kill -9``-ed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import RELEASE_FINALIZER
 
 log = logging.getLogger(__name__)
+# kopf re-announces a live replica 5-10 s before its record expires (kopf.PeeringSettings.lifetime, default 60 s);
+# 15 s is Kubernetes' own leader-election lease (kube-controller-manager --leader-elect-lease-duration): a killed
+# active replica is replaced within 15 s instead of kopf's 60
+PEERING_LIFETIME_S = 15
 TURN_S = 0.5  # at the latest: a watch event of the gang or a unit's end wakes its loop at once (Runner.wake)
 _runners: dict[tuple[str, str], Runner] = {}
 _state: dict[str, Any] = {}
@@ -54,6 +62,11 @@ def _event(obj: Obj, etype: str, reason: str, message: str) -> None:
     post_event(_api(), obj, etype, reason, message)
 
 
+def _identity() -> str:
+    """This replica's name in the peering record: its pod (``POD_NAME``), else host and pid."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
 @kopf.on.startup()
 def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = RELEASE_FINALIZER
@@ -62,16 +75,19 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.INFO
     settings.execution.max_workers = int(os.environ.get("KFP_GPU_CONTROLLER_WORKERS", "256"))
     settings.watching.server_timeout = 300
-    settings.peering.name = "kfp-gpu-controller"
+    settings.peering.clusterwide = True  # the ClusterKopfPeering also when run with --namespace (module docstring)
+    settings.peering.lifetime = PEERING_LIFETIME_S
+    settings.peering.stealth = True  # no keep-alive line every few seconds; pauses and resumes are still logged
     # kopf freezes every peer of the highest priority when two share it: each replica gets its own (from its pod
     # name), so exactly one is active and the other takes over when the active one's peering record expires
-    ident = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-    settings.peering.priority = 1 + int(hashlib.sha256(ident.encode()).hexdigest()[:6], 16)
+    settings.peering.priority = 1 + int(hashlib.sha256(_identity().encode()).hexdigest()[:6], 16)
 
 
 @kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_timeout=30.0)  # type: ignore[arg-type]
 def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
     runner = _runner(namespace, name)
+    with runner.lock:  # a (re)started daemon reads the status afresh: while this replica was paused (peering), the
+        runner.status = None  # other one wrote it, and this replica's copy from before the pause is stale
     while not stopped:
         obj: Obj = json.loads(json.dumps(dict(body)))
         if (obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -115,6 +131,8 @@ def run(namespaces: list[str], *, standalone: bool, peering: str = "", metrics_p
     """Run the controller until SIGTERM/SIGINT. ``namespaces`` empty: every namespace (cluster-wide)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event lines; the gangs' decisions are ours
+    # but a replica pausing for its peer, and resuming when the peer's record expired, is the operator's business
+    logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
     _state["log_dir"] = log_dir or os.environ.get("KFP_GPU_CONTROLLER_LOGS", "/tmp/kfp-gpu-controller")
     # the step ledgers live in the controller's own namespace, out of tenants' reach (kfp_gpu/cluster/ledger.py);
     # set before the first work unit forks, so every unit inherits it
@@ -122,5 +140,6 @@ def run(namespaces: list[str], *, standalone: bool, peering: str = "", metrics_p
     _api()
     if metrics_port:
         metrics.serve(metrics_port)
+    os.environ.setdefault("POD_ID", _identity())  # kopf's peer identity (kopf reads POD_ID): the pod's name
     kopf.run(standalone=standalone, peering_name=peering or None, namespaces=namespaces,
              clusterwide=not namespaces, liveness_endpoint=liveness or None)

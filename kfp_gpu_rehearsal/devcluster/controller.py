@@ -65,29 +65,42 @@ def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: An
 
 
 class LocalController:
-    """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials."""
+    """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials.
+
+    ``peering`` names a ClusterKopfPeering: the process is then one replica of the Deployment (``--peering``, as
+    kfp_gpu/manifests/controller.yaml runs it, ``POD_NAME`` = ``replica``) instead of the only one."""
 
     def __init__(self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path,
-                 env: Mapping[str, str] | None = None, metrics_port: int = 0) -> None:
+                 env: Mapping[str, str] | None = None, metrics_port: int = 0, *, peering: str = "",
+                 replica: str = "") -> None:
         self.kubeconfig, self.namespaces, self.log_path = kubeconfig, list(namespaces), log_path
         self.env = dict(os.environ if env is None else env)
-        self.metrics_port = metrics_port
+        self.metrics_port, self.peering, self.replica = metrics_port, peering, replica
         self.proc: subprocess.Popen[bytes] | None = None
         self.last_peak_rss_mib = 0.0
 
-    def start(self) -> LocalController:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # the stand-ins' controller credentials (deploy/gcp-role.yaml, deploy/aws-policy.json): the controller holds
-        # the cloud identity, the steps none
-        env = {**self.env, **iam.sim_controller_env(), "KUBECONFIG": str(self.kubeconfig)}
-        argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", "--standalone",
-                "--metrics-port", str(self.metrics_port),
+    def argv(self) -> list[str]:
+        """The controller's command line (the Deployment's ``kfp-gpu controller``, namespaced, local)."""
+        mode = ["--peering", self.peering] if self.peering else ["--standalone"]
+        argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", *mode, "--metrics-port", str(self.metrics_port),
                 "--log-dir", str(self.log_path.parent / "controller-work")]
         for ns in self.namespaces:
             argv += ["--namespace", ns]
+        return argv
+
+    def identity_env(self) -> dict[str, str]:
+        """What the process gets on top of its base environment: the controller's ServiceAccount kubeconfig as its
+        only Kubernetes credentials, and the stand-ins' controller credentials (deploy/gcp-role.yaml,
+        deploy/aws-policy.json): the controller holds the cloud identity, the steps none."""
+        return {**iam.sim_controller_env(), "KUBECONFIG": str(self.kubeconfig),
+                **({"POD_NAME": self.replica} if self.replica else {})}
+
+    def start(self) -> LocalController:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(self.argv(), env={**self.env, **self.identity_env()},  # noqa: S603
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
         return self
 
     @property

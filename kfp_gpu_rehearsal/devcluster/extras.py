@@ -52,6 +52,10 @@ EXTRAS: tuple[Extra, ...] = (
     Extra("karpenter", "karpenter:build", "karpenter_profile",
           "Karpenter with its kwok cloud provider, AWS GPU instance types and stockouts, no default NodePool "
           "(sigs.k8s.io/karpenter/kwok)"),
+    # last: the kfp-gpu controller of this tree (nothing to build), for $KFP_GPU_CONTROLLER_NAMESPACES
+    Extra("controller", "controller_profile:build", "controller_profile",
+          "the kfp-gpu controller (this tree's code) under its ServiceAccount token, for the namespaces in "
+          "$KFP_GPU_CONTROLLER_NAMESPACES (default kfp-gpu-dev)"),
 )
 
 

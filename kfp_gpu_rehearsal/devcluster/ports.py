@@ -21,3 +21,6 @@ KARPENTER: Table = {
     "karpenter-metrics": ("KFP_GPU_KARPENTER_METRICS_PORT", 18095),
     "karpenter-health": ("KFP_GPU_KARPENTER_HEALTH_PORT", 18096),
 }
+CONTROLLER: Table = {
+    "controller-metrics": ("KFP_GPU_CONTROLLER_METRICS_PORT", 18097),  # the kfp-gpu controller row (its /metrics)
+}

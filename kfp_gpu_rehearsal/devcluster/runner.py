@@ -5,7 +5,7 @@ A **process** (:class:`Component`) is a binary with its argv, environment, ports
 ``up --with NAME`` / ``down --only NAME`` select: one or more processes started in order and stopped in reverse,
 with what has to happen around them (CRDs and config files before, webhooks after, webhooks removed before a stop).
 The table of units is :data:`kfp_gpu_rehearsal.devcluster.table.UNITS` (etcd ... Training Operator, cluster-autoscaler,
-JobSet + Trainer, Kueue, fake-gcs-server, Karpenter); every profile module holds only what is particular to it.
+JobSet + Trainer, Kueue, fake-gcs-server, Karpenter, the kfp-gpu controller); every profile module holds only what is particular to it.
 
 Rules every unit gets from here, not from its own copy:
 

@@ -13,19 +13,30 @@ trainer                 jobset, trainer (Kubeflow Trainer v2)                  :
 kueue                   kueue                                                  :mod:`.kueue_profile`
 gcs                     fake-gcs-server                                        :mod:`.gcs_profile`
 karpenter               karpenter (kwok provider)                              :mod:`.karpenter_profile`
+controller              kfp-gpu-controller (``kfp-gpu controller``, its        :mod:`.controller_profile`
+                        ServiceAccount token, ``$KFP_GPU_CONTROLLER_NAMESPACES``)
 ======================  =====================================================  ====================================
 
 Order: the trainer before Kueue (Kueue enables its TrainJob/JobSet integrations only when their CRDs exist at its
 start; on the way down Kueue, whose webhooks then guard TrainJobs and JobSets, stops first); every optional unit
-after the core, whose API server they need.
+after the core, whose API server they need; the controller last (it stops first, before what its work uses).
 
-Not a row: the kfp-gpu controller (:mod:`kfp_gpu.controller`). It is started by ``kfp-gpu run`` / the tests with the
-worktree's own code under a ServiceAccount kubeconfig (:mod:`kfp_gpu_rehearsal.devcluster.controller`), not by ``up``.
+The controller row serves the namespaces it is given, never all: ``kfp-gpu run`` and the integration tier start
+their own controller (the same :class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` process) for their
+own namespaces.
 """
 
 from __future__ import annotations
 
-from . import boot, ca_profile, gcs_profile, karpenter_profile, kueue_profile, trainer_profile
+from . import (
+    boot,
+    ca_profile,
+    controller_profile,
+    gcs_profile,
+    karpenter_profile,
+    kueue_profile,
+    trainer_profile,
+)
 from .runner import Unit
 
 UNITS: tuple[Unit, ...] = (
@@ -35,6 +46,7 @@ UNITS: tuple[Unit, ...] = (
     kueue_profile.UNIT,
     gcs_profile.UNIT,
     karpenter_profile.UNIT,
+    controller_profile.UNIT,
 )
 
 
