@@ -109,10 +109,13 @@ class StallSupervisor:
         return {r: n for r, n in out.items() if n}
 
     def offenders(self) -> list[str]:
-        """Gang nodes whose rank was the first to stop in two stalls or more (the ledger counts across tries)."""
+        """Gang nodes whose rank was the first to stop in two stalls or more (the ledger counts across tries). The
+        gang is the capacity's nodes plus the attempt's (a backend whose gang forms at admission, Kueue's, has no
+        nodes in its capacity: the nodes the pods bound to are the gang)."""
         counts = Counter(n for e in self.st.ledger.get("stalls", []) for n in set(e.get("first_stopped_nodes",
                                                                                        {}).values()))
-        return sorted(n for n, c in counts.items() if c >= 2 and n in self.st.capacity.nodes)
+        gang = set(self.st.capacity.nodes) | set(self.st.watch.gang)
+        return sorted(n for n, c in counts.items() if c >= 2 and n in gang)
 
     def _swap_due(self, now: float) -> Verdict | None:
         """stragglers="replace": a checkpoint newer than the one in force when a straggler was found is the boundary
