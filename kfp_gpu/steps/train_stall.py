@@ -131,8 +131,10 @@ class StallSupervisor:
     def remediate(self, verdict: Verdict, replace: Callable[[list[str]], None]) -> Background | None:
         """After a stall: a node first to stop twice is cordoned (no new pods land there), taken out of the gang and
         replaced (``replace``, the step's replacement path, in the background while the job is torn down). It is
-        annotated ``kfp-gpu.io/swap-out``: the node-pool backend releases its slot (GKE deleteInstances) before it
-        grows the pool again. None when there is no such node."""
+        annotated ``kfp-gpu.io/swap-out``: a backend that ``releases_one_node`` gives it back before it asks for the
+        replacement (node-pool: GKE deleteInstances / EKS TerminateInstanceInAutoScalingGroup; karpenter: its NodeClaim
+        deleted); on the others it stays cordoned until the autoscaler removes it (ledger ``slot_released``). None
+        when there is no such node."""
         bad = sorted(self.swap) if verdict.cause is Cause.STRAGGLER else self.offenders()
         if not bad:
             return None
@@ -149,6 +151,7 @@ class StallSupervisor:
             self.st.timeline.event("cordoned", time.time(), node=name, reason=why)
         entry = self.st.ledger["stalls"][-1]
         entry["cordoned"] = bad
+        entry["slot_released"] = bool(getattr(self.st, "releases_one_node", False))
         progress.report(progress.DEGRADED, "StalledNode" if verdict.cause is Cause.STALL else "StragglerSwap",
                         f"job {self.st.job}: node(s) {', '.join(bad)} ({why}): cordoned and replaced", nodes=bad)
         return Background(lambda: replace(bad))
