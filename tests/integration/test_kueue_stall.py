@@ -20,7 +20,7 @@ from kubernetes import client
 from kfp_gpu.checkpoint import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.providers.base import PoolRef
-from kfp_gpu.spec import ProvisioningSpec, Recovery
+from kfp_gpu.spec import Health, ProvisioningSpec, Recovery
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim.dws import SIM_CLUSTER_LABEL
@@ -45,8 +45,8 @@ world = test_stall_hang.world
 NODES = 2
 
 
-def _admission_gang(kq: Kueue, sim: Any, namespace: str, ckpt: Path, run: str,
-                    max_preemptions: int = 2) -> tuple[ProvisioningSpec, Capacity]:
+def _admission_gang(kq: Kueue, sim: Any, namespace: str, ckpt: Path, run: str, max_preemptions: int = 2,
+                    probe: bool = False) -> tuple[ProvisioningSpec, Capacity]:
     """A ClusterQueue whose flavor selects the world's nodes only, a LocalQueue, and the kueue-admission capacity
     (no nodes: the gang forms when Kueue admits the job)."""
     cluster = sim.state.scenario.cluster
@@ -56,7 +56,8 @@ def _admission_gang(kq: Kueue, sim: Any, namespace: str, ckpt: Path, run: str,
             {"name": GPU, "nominalQuota": str(8 * NODES)}]}]}]})
     kq.wait_active(cq)
     lq = kq.local_queue("team", cq)
-    spec = _spec(sim, namespace, ckpt).replace(nodes=NODES, recovery=Recovery(max_preemptions=max_preemptions))
+    spec = _spec(sim, namespace, ckpt).replace(nodes=NODES, recovery=Recovery(max_preemptions=max_preemptions),
+                                               health=Health(probe=probe))
     cap = Capacity(run, (), 8, "nvidia-h100-80gb", True, "",
                    {"provisioner": "kueue-admission", "queue": lq, "cluster_queue": cq}, namespace=namespace)
     return spec, cap
@@ -67,7 +68,7 @@ def test_rank_hang_under_kueue_admission_is_a_stall_and_the_gang_restarts_from_t
 ) -> None:
     sim, _, nodes = world(NODES, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
     ckpt, run = tmp_path / "ckpt", f"run-{uuid.uuid4().hex[:6]}"
-    spec, cap = _admission_gang(kq, sim, namespace, ckpt, run)
+    spec, cap = _admission_gang(kq, sim, namespace, ckpt, run, probe=True)
     th = StepThread(spec=spec, run_id=run, capacity_json=cap.to_json(), job_json=_template(10.0).to_json(),
                     api=step_api)
     th.start()
@@ -87,6 +88,9 @@ def test_rank_hang_under_kueue_admission_is_a_stall_and_the_gang_restarts_from_t
     assert out["ledger"]["budget"]["preemptions"] == 1 and out["attempts"] == 2, out
     assert len(out["ledger"]["admissions"]) == 2  # the restarted job went through the queue again
     assert sorted(out["ledger"]["adopted_nodes"][0]) == sorted(nodes)
+    # the probe cannot run before a gang that forms at admission: said once, not passed silently
+    [skipped] = out["ledger"]["health"]
+    assert skipped["action"] == "skipped" and "gang_forms_at_admission" in skipped["message"], skipped
     print(f"\nrank hang under kueue admission: stall after {stall['timeout_s'] * 120:.0f}s (world) timeout, "
           f"restarted from step 60 through LocalQueue {cap.extra['queue']}")
 
