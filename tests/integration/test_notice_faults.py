@@ -5,6 +5,7 @@ Training Operator job: the process dies with the pod). Steps lost are counted ag
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -121,4 +122,6 @@ def test_notice_gke_spot_under_jobset_failure_policy(kube: Kube, namespace: str,
            f"every {tr.every} steps, notice at step 23; 2 single-pod Jobs pinned to 2 nodes; wasted = lost steps x "
            f"one node's {GPUS} GPUs; detection = the pod was killed (the JobSet learns of the notice only then); on the "
            "rehearsal the killed pod sometimes goes with its VM before the Job controller counts it, and the Job "
-           "makes a new pod instead of failing (real GKE: the kubelet reports it Failed first)")
+           "makes a new pod instead of failing (real GKE: the kubelet reports it Failed first); machine load average "
+           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at the end of the run (the world's timers and the "
+           "trainer's polling lag under load, which lengthens detection)")
