@@ -141,6 +141,25 @@ def delete_nodeclaim(api: client.ApiClient, name: str) -> bool:
                                         plan.VERSION, plan.NODECLAIMS, name))
 
 
+def release_nodes(api: client.ApiClient, nodepool: str, nodes: Sequence[str], *, timeout_s: float = 120.0) -> list[str]:
+    """Give ``nodes`` of ``nodepool`` back: delete the NodeClaim behind each (its ``status.nodeName``; Karpenter's
+    termination controller then taints, drains and terminates the instance, https://karpenter.sh/docs/concepts/disruption/
+    "Manual Methods") and wait until those NodeClaims are gone, so the NodePool's GPU limit (the gang's GPUs) has room
+    for the replacement. Returns the NodeClaims deleted. Raises: ApiException (non-404 listing or deletion)."""
+    want = set(nodes)
+    claims = [str(c["metadata"]["name"]) for c in list_nodeclaims(api, nodepool)
+              if str((c.get("status") or {}).get("nodeName") or "") in want]
+    for name in claims:
+        delete_nodeclaim(api, name)
+    deadline = time.time() + timeout_s
+    while claims and time.time() < deadline:
+        left = {str(c["metadata"]["name"]) for c in list_nodeclaims(api, nodepool)}
+        if not left & set(claims):
+            break
+        time.sleep(0.2)
+    return claims
+
+
 # ---- placeholders ---------------------------------------------------------------------------------------
 
 def placeholder_names(nodepool: str, step: str, attempt: int, count: int) -> list[str]:

@@ -35,6 +35,8 @@ from kfp_gpu.ownership import (
     LABEL_RUN_ID,
     LEGACY_RUN_TAINT_KEY,
     PROTECTED_BY,
+    SWAP_OUT_ANNOTATION,
+    UNHEALTHY_TAINT,
     label_safe,
 )
 from kfp_gpu.plan import readiness
@@ -119,6 +121,18 @@ def read_node(api: client.ApiClient, name: str) -> Node | None:
         if exc.status == 404:
             return None
         raise
+
+
+def leaving(api: client.ApiClient, name: str) -> bool:
+    """Is ``name`` a live node its run gives up: swapped out (annotated ``kfp-gpu.io/swap-out``: a stall's repeat
+    offender, a straggler) or released for a bad GPU (tainted ``kfp-gpu.io/gpu-unhealthy``)? False when it is gone.
+    A backend that can release one node (``releases_one_node``) gives such a node back before it sizes the
+    replacement. Raises: ApiException (non-404)."""
+    node = read_node(api, name)
+    if node is None:
+        return False
+    swapped = SWAP_OUT_ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
+    return swapped or any(t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
 
 

@@ -52,6 +52,15 @@ making one):
 * **capacity_via_autoscaler_groups: bool**: the gang's nodes come from the autoscaler's node groups, which need
   not be the cloud's pools (a self-managed autoscaler): preflight leaves a region's pool headroom to the autoscaler
   to judge when no cloud pool matches the target, instead of reporting "no pools".
+* **releases_one_node: bool**: ``replace`` gives the platform back a live node the run gives up
+  (:func:`kfp_gpu.cluster.nodes.leaving`: swapped out for a stall or a straggler, or released for a bad GPU) before
+  it asks for the replacement: the node-pool backend deletes the VM from its group (GKE ``deleteInstances``, EKS
+  ``TerminateInstanceInAutoScalingGroup``), the karpenter backend deletes the node's NodeClaim (Karpenter drains and
+  terminates the instance). False: the platform offers no call that frees one node of the run's capacity (a
+  ProvisioningRequest's spec is immutable; a ComputeClass and Kueue's admission hand nodes to the cluster's
+  autoscaler); the node stays cordoned out of the gang (tainted too for a bad GPU), the replacement is asked for
+  beside it, and the autoscaler removes it once it is empty and unneeded; the run's ``release`` gives back the rest
+  at teardown. The train step records which it was (ledger ``slot_released``).
 * **all_or_nothing: bool** (attribute; False on :class:`NothingExtra`): True when the platform grants the whole gang
   at once or nothing (a ProvisioningRequest's atomic and queued-provisioning classes). A backend whose own way adds
   nodes as each can (a GKE ComputeClass's flexStart rule) hands a multi-node flex-start gang to such a backend.
@@ -113,6 +122,7 @@ class Provisioner(Protocol):
     supports_check_capacity: bool
     capacity_via_autoscaler_groups: bool
     all_or_nothing: bool
+    releases_one_node: bool
 
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity: ...
 
@@ -138,6 +148,7 @@ class NothingExtra:
     supports_check_capacity: bool = False
     capacity_via_autoscaler_groups: bool = False
     all_or_nothing: bool = False
+    releases_one_node: bool = False
 
     def before_job(self, spec: ProvisioningSpec, run_id: str, capacity: Capacity) -> Capacity:
         return capacity

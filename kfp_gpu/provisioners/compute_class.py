@@ -55,6 +55,7 @@ class ComputeClassProvisioner(NothingExtra):
     name = NAME
     holds_placeholders = True  # acquire(wait=False)'s placeholders (selecting the class) are the warm pool
     all_or_nothing = False  # a class's rules add nodes as each can (GKE documents no all-at-once allocation)
+    releases_one_node = False  # GKE's autoscaler owns the class's nodes: cordoned, it scales the empty one down
 
     def __init__(self, api: client.ApiClient, queued: Provisioner | None = None) -> None:
         self.api = api

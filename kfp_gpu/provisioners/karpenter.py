@@ -36,6 +36,7 @@ from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster.balloons import delete_balloons
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim_all, unclaim
+from kfp_gpu.cluster.nodes import leaving as nodes_leaving
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import karpenter as plan
@@ -55,6 +56,7 @@ class KarpenterProvisioner(NothingExtra):
 
     name = NAME
     holds_placeholders = True  # acquire(wait=False)'s placeholders (tolerating the NodePool's taint) are the warm pool
+    releases_one_node = True  # a node given up: its NodeClaim deleted (Karpenter drains and terminates it)
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
@@ -269,6 +271,15 @@ class KarpenterProvisioner(NothingExtra):
         if on_demand and spec.spot:
             spec = spec.replace(capacity="on-demand", recovery=dataclasses.replace(spec.recovery, on_demand_after=0))
         keep = {n: (p.pool, p.zone) for p in capacity.placements for n in p.nodes if n not in lost}
+        leaving = [n for n in lost if nodes_leaving(self.api, n)]  # swapped out or a bad GPU: still a live node
+        pool = str(capacity.extra.get("nodepool") or "")
+        if leaving and pool:  # its GPUs count against the NodePool's limit (the gang's) until its NodeClaim is gone
+            try:
+                gone = api_k.release_nodes(self.api, pool, leaving)
+                log.info("recovery: released %s (NodeClaims %s) before the replacement", ", ".join(leaving),
+                         ", ".join(gone) or "none found")
+            except ApiException as exc:
+                log.warning("recovery: release of %s failed: %s %s", ", ".join(leaving), exc.status, exc.reason)
         zones = list(spec.zones) or [""]
         first = zone_hint or next((z for _, z in keep.values() if z), "")
         if first:

@@ -37,6 +37,7 @@ class KueueAdmissionProvisioner(NothingExtra):
 
     name = NAME
     gang_forms_at_admission = True  # Kueue's ProvisioningRequest admission check provisions it at admission
+    releases_one_node = False  # Kueue's request, not the run's: a node given up stays cordoned for the autoscaler
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -22,9 +22,10 @@ from kubernetes import client
 
 from kfp_gpu.cluster import ledger
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.nodes import NodeView, list_nodes, read_node
+from kfp_gpu.cluster.nodes import NodeView, list_nodes
+from kfp_gpu.cluster.nodes import leaving as nodes_leaving
 from kfp_gpu.errors import KfpGpuError, NotFound
-from kfp_gpu.ownership import LABEL_RUN_ID, SWAP_OUT_ANNOTATION, UNHEALTHY_TAINT, Owner, label_safe
+from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan.placement import matching_pools
 from kfp_gpu.plan.scale import rollback_sizes
 from kfp_gpu.providers.base import CapacityProvider, Operation, PoolRef, PoolState
@@ -41,6 +42,7 @@ class NodePoolProvisioner(NothingExtra):
     """The node-pool backend (contract: :mod:`kfp_gpu.provisioners.base`)."""
 
     name = NAME
+    releases_one_node = True  # deleteInstances / TerminateInstanceInAutoScalingGroup of the node given up
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None) -> None:
         self.api, self._provider = api, provider
@@ -71,7 +73,7 @@ class NodePoolProvisioner(NothingExtra):
         # a node released for a bad GPU (kfp_gpu.steps.health_gate) or swapped out (a stall's repeat offender, a
         # straggler) is still a live VM its instance group counts: give its slot up first, or the group's target would
         # look as if it held the replacement
-        leaving = {n: pz for n, pz in where.items() if _leaving(self.api, n)}
+        leaving = {n: pz for n, pz in where.items() if nodes_leaving(self.api, n)}
         if leaving:
             _give_up(self.provider, spec.target.region, leaving,
                      Owner.for_step(run_id, f"recovery-{attempt}", spec.lease_ttl_s))
@@ -119,16 +121,6 @@ def _give_up(provider: CapacityProvider, region: str, swap: Mapping[str, tuple[s
             log.warning("recovery: polling a node release failed: %s", exc)
         if ops:
             time.sleep(0.2)
-
-
-def _leaving(api: client.ApiClient, name: str) -> bool:
-    """Is ``name`` a live node the run gives up: swapped out (annotated :data:`SWAP_OUT_ANNOTATION`) or released
-    for a bad GPU (tainted :data:`UNHEALTHY_TAINT`)? False when it is gone."""
-    node = read_node(api, name)
-    if node is None:
-        return False
-    swapped = SWAP_OUT_ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {})
-    return swapped or any(t.get("key") == UNHEALTHY_TAINT for t in (node.get("spec") or {}).get("taints") or [])
 
 
 def _tagged(cap: Capacity, spec: ProvisioningSpec) -> Capacity:

@@ -72,6 +72,7 @@ class ProvisioningRequestProvisioner:
     supports_check_capacity = True  # its own autoscaler serves ProvisioningRequests
     capacity_via_autoscaler_groups = True  # the request names the autoscaler's node groups
     all_or_nothing = True  # atomic scale-up and queued provisioning grant the whole request or nothing
+    releases_one_node = False  # a request's spec is immutable: no call frees one of its nodes (cordon + replace)
 
     def __init__(self, api: client.ApiClient, provider: CapacityProvider | None = None) -> None:
         self.api, self.provider = api, provider

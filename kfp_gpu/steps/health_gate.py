@@ -94,6 +94,19 @@ class HealthGate:
                     pass
         return bad
 
+    def unavailable(self, st: TrainState, why: str) -> bool:
+        """The gate cannot run before this job (``why``): say so once per step, in the ledger's ``health`` list
+        (action ``skipped``), the timeline (``health-skipped``) and the log, instead of passing silently. False when
+        ``health.probe`` is off or it was said already."""
+        if not st.spec.health.probe or any(e.get("action") == "skipped" for e in st.ledger.get("health", [])):
+            return False
+        now = time.time()
+        st.ledger.setdefault("health", []).append({"round": 0, "nodes": [], "started_at": now, "decided_at": now,
+                                                   "action": "skipped", "bad": [], "exit_codes": {}, "message": why})
+        st.timeline.event("health-skipped", now, reason=why)
+        log.warning("GPU health gate not run: %s", why)
+        return True
+
     def _record(self, st: TrainState, verdict: GateVerdict, todo: list[str], started: float, now: float,
                 results: dict[str, Any]) -> None:
         entry = {"round": self.rounds, "nodes": list(todo), "started_at": started, "decided_at": now,

@@ -159,6 +159,9 @@ def _supervise(
                                    attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
                     await_listed(st, min(gate_s, 30.0))
                     _converge(st, reprovision, gate_s)
+            else:  # no node is known before admission, and once the pods bind they hold every GPU the probe needs
+                st.health.unavailable(st, "the gang forms when the queue admits the job (gang_forms_at_admission): "
+                                      "no nodes to probe before it starts; GPU-fault node conditions are still watched")
             ck = st.checkpoint()
             ckpt_step = int(ck.step) if ck is not None else 0
             body = kind.build(JobRequest(

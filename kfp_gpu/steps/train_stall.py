@@ -109,10 +109,13 @@ class StallSupervisor:
         return {r: n for r, n in out.items() if n}
 
     def offenders(self) -> list[str]:
-        """Gang nodes whose rank was the first to stop in two stalls or more (the ledger counts across tries)."""
+        """Gang nodes whose rank was the first to stop in two stalls or more (the ledger counts across tries). The
+        gang is the capacity's nodes plus the attempt's (a backend whose gang forms at admission, Kueue's, has no
+        nodes in its capacity: the nodes the pods bound to are the gang)."""
         counts = Counter(n for e in self.st.ledger.get("stalls", []) for n in set(e.get("first_stopped_nodes",
                                                                                        {}).values()))
-        return sorted(n for n, c in counts.items() if c >= 2 and n in self.st.capacity.nodes)
+        gang = set(self.st.capacity.nodes) | set(self.st.watch.gang)
+        return sorted(n for n, c in counts.items() if c >= 2 and n in gang)
 
     def _swap_due(self, now: float) -> Verdict | None:
         """stragglers="replace": a checkpoint newer than the one in force when a straggler was found is the boundary
@@ -128,8 +131,10 @@ class StallSupervisor:
     def remediate(self, verdict: Verdict, replace: Callable[[list[str]], None]) -> Background | None:
         """After a stall: a node first to stop twice is cordoned (no new pods land there), taken out of the gang and
         replaced (``replace``, the step's replacement path, in the background while the job is torn down). It is
-        annotated ``kfp-gpu.io/swap-out``: the node-pool backend releases its slot (GKE deleteInstances) before it
-        grows the pool again. None when there is no such node."""
+        annotated ``kfp-gpu.io/swap-out``: a backend that ``releases_one_node`` gives it back before it asks for the
+        replacement (node-pool: GKE deleteInstances / EKS TerminateInstanceInAutoScalingGroup; karpenter: its NodeClaim
+        deleted); on the others it stays cordoned until the autoscaler removes it (ledger ``slot_released``). None
+        when there is no such node."""
         bad = sorted(self.swap) if verdict.cause is Cause.STRAGGLER else self.offenders()
         if not bad:
             return None
@@ -146,6 +151,7 @@ class StallSupervisor:
             self.st.timeline.event("cordoned", time.time(), node=name, reason=why)
         entry = self.st.ledger["stalls"][-1]
         entry["cordoned"] = bad
+        entry["slot_released"] = bool(getattr(self.st, "releases_one_node", False))
         progress.report(progress.DEGRADED, "StalledNode" if verdict.cause is Cause.STALL else "StragglerSwap",
                         f"job {self.st.job}: node(s) {', '.join(bad)} ({why}): cordoned and replaced", nodes=bad)
         return Background(lambda: replace(bad))

@@ -83,6 +83,15 @@ class TrainState:
         return backend is not None and backend.gang_forms_at_admission
 
     @property
+    def releases_one_node(self) -> bool:
+        """The run's backend gives a node the run gives up back to the platform (``releases_one_node``); else the
+        node stays cordoned out of the gang until the autoscaler or teardown removes it."""
+        from kfp_gpu.provisioners import capabilities
+
+        backend = capabilities(str(self.capacity.extra.get("provisioner", "node-pool")))
+        return backend is not None and backend.releases_one_node
+
+    @property
     def running_at(self) -> float | None:
         return self.watch.running_at
 

@@ -242,3 +242,36 @@ def test_auto_picks_karpenter_on_eks_when_nodepools_are_served(kube, karpenter, 
     assert choice.name == "karpenter" and "karpenter.sh/v1" in choice.reason
     local = ProvisioningSpec("a100-40gb", 1, target=Target(namespace=namespace, provisioner="auto"))
     assert detect(local, kube.api, None).name != "karpenter"  # a local (GKE stand-in) target keeps its backends
+
+
+def test_a_swapped_out_node_is_released_through_its_nodeclaim_before_the_replacement(kube, karpenter, namespace,
+                                                                                      step_api):
+    """A stall's repeat offender (or a straggler, or a bad GPU) is cordoned and annotated swap-out by the train step;
+    the karpenter backend's replace deletes its NodeClaim (Karpenter terminates it) before it asks for the
+    replacement: the NodePool's GPU limit is the gang's, so the replacement could not launch beside it."""
+    from kfp_gpu.ownership import SWAP_OUT_ANNOTATION
+
+    spec = _spec(namespace)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    backend = KarpenterProvisioner(step_api)
+    try:
+        cap = backend.acquire(spec, run, GangRequest(step="scale_up"))
+        bad, keep = sorted(cap.nodes)
+        kube.core.patch_node(bad, {"metadata": {"annotations": {SWAP_OUT_ANNOTATION: "stall"}},
+                                   "spec": {"unschedulable": True}})
+        uid = kube.core.read_node(bad).metadata.uid
+        t0 = time.time()
+        new = backend.replace(spec, run, cap, [bad], extra=1, zone_hint=STOCKED, on_demand=False, attempt=1,
+                              lost_uids=[uid])
+        took = time.time() - t0
+        assert bad not in new.nodes and keep in new.nodes and len(new.nodes) == 2, new.nodes
+        pool = plan.nodepool_name(run)
+        claims = {str((c.get("status") or {}).get("nodeName")) for c in
+                  _custom(kube.api, plan.NODECLAIMS, f"{plan.NODEPOOL_LABEL}={pool}")}
+        assert bad not in claims and set(new.nodes) <= claims, claims
+        wait_until(f"{bad} gone", lambda: bad not in [n.metadata.name for n in kube.core.list_node().items],
+                   timeout=60)
+    finally:
+        teardown.release_run(spec, run, step_api, None)
+    assert _nothing_left(kube.api, namespace, run) == {}
+    print(f"\nkarpenter swap: {bad} released (NodeClaim deleted) and replaced in {took:.1f}s")

@@ -389,6 +389,7 @@ def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
     first, second = out["ledger"]["stalls"]
     assert set(first["first_stopped_nodes"].values()) == {bad} == set(second["first_stopped_nodes"].values())
     assert "cordoned" not in first and second["cordoned"] == [bad], second
+    assert second["slot_released"] is True  # the node-pool backend deleted the VM from its group
     (new,) = second["replacement_nodes"]
     assert new != bad and bad not in out["capacity"]["placements"][0]["nodes"] and \
         new in [n for p in out["capacity"]["placements"] for n in p["nodes"]]

@@ -24,7 +24,7 @@ def _state(tmp_path: Path, **spec: Any) -> Any:
     s = ProvisioningSpec(accelerator="nvidia-h100-80gb", nodes=4, checkpoint_uri=str(tmp_path), **spec)
     return SimpleNamespace(spec=s, ledger={}, capacity=SimpleNamespace(nodes=("n0", "n1", "n2", "n3")),
                            timeline=Timeline(), job="j", ckpt=None, checkpoint=lambda: None,
-                           watch=SimpleNamespace(pods={}), kind=SimpleNamespace(TRAINER_STATUS=False))
+                           watch=SimpleNamespace(pods={}, gang=frozenset()), kind=SimpleNamespace(TRAINER_STATUS=False))
 
 
 def test_a_node_first_to_stop_in_two_stalls_is_an_offender(tmp_path: Path) -> None:
@@ -38,6 +38,18 @@ def test_a_node_first_to_stop_in_two_stalls_is_an_offender(tmp_path: Path) -> No
     st.ledger["stalls"].append({"first_stopped_nodes": {"3": "n1"}})
     assert sup.offenders() == ["n1"]
     st.capacity.nodes = ("n0", "n2", "n3", "n4")  # already swapped out: not again
+    assert sup.offenders() == []
+
+
+def test_an_offender_of_a_gang_formed_at_admission_is_found_among_the_nodes_its_pods_bound_to(tmp_path: Path) -> None:
+    st = _state(tmp_path)  # Kueue admission: the capacity names no nodes; the attempt adopted the bound ones
+    st.capacity.nodes = ()
+    st.watch.gang = frozenset({"a0", "a1"})
+    sup = StallSupervisor.for_state(st, scale=1.0)
+    assert sup is not None
+    st.ledger["stalls"] = [{"first_stopped_nodes": {"1": "a1"}}, {"first_stopped_nodes": {"1": "a1"}}]
+    assert sup.offenders() == ["a1"]
+    st.watch.gang = frozenset({"a0", "a2"})  # the re-admitted attempt landed elsewhere: not again
     assert sup.offenders() == []
 
 
