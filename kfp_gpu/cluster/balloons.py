@@ -7,13 +7,13 @@ This is the cluster-autoscaler overprovisioning pattern: balloons hold warm GPU 
 from __future__ import annotations
 
 import functools
-import json
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import fanout
 from kfp_gpu.cluster import node_labels
+from kfp_gpu.cluster.kube import ignore_404
 from kfp_gpu.cluster.nodes import GPU, run_toleration
 from kfp_gpu.ownership import BALLOON_LABEL, LABEL_MANAGED, LABEL_RUN_ID, Owner, label_safe
 
@@ -84,14 +84,12 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
 
 
 def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:
-    """Delete the balloons of ``run_id`` (all runs when None) in one request (``deletecollection`` by label,
-    grace 0: the apiserver deletes them server-side, where a request per balloon costs n round trips through
-    authentication, admission and flow control); returns the names deleted. None left is a no-op.
-
-    Raises: ApiException."""
+    """Delete the balloons of ``run_id`` (all runs when None), concurrently; returns the names deleted. Missing
+    ones are a no-op. Raises: ApiException but 404."""
     core = client.CoreV1Api(api)
     selector = f"{BALLOON_LABEL}=true" + (f",{LABEL_RUN_ID}={label_safe(run_id)}" if run_id else "")
-    resp = core.delete_collection_namespaced_pod(namespace, label_selector=selector, grace_period_seconds=0,
-                                                 _preload_content=False)
-    gone = json.loads(resp.data or b"{}").get("items") or []  # a PodList of the deleted pods
-    return [str((p.get("metadata") or {}).get("name")) for p in gone]
+
+    names = [pod.metadata.name for pod in core.list_namespaced_pod(namespace, label_selector=selector).items]
+    ran = fanout.run_all([functools.partial(ignore_404, functools.partial(core.delete_namespaced_pod, n, namespace,
+                                                                          grace_period_seconds=0)) for n in names])
+    return [n for n, ok in zip(names, ran, strict=True) if ok]
