@@ -86,11 +86,15 @@ def manifest(
         args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=grouped,
         local=local)
 
+    # the restart policy is the replica's: the Training Operator sets it on each pod, and posts a Warning Event per
+    # pod it creates when the template carries one too ("will be overwritten by restart policy in replica spec")
+    pod_spec = {k: v for k, v in pod["spec"].items() if k != "restartPolicy"}
+
     def replica(count: int) -> dict[str, Any]:
         return {"replicas": count, "restartPolicy": "Never",
                 "template": {"metadata": {"labels": dict(pod["metadata"]["labels"]),
                                           "annotations": dict(pod["metadata"]["annotations"])},
-                             "spec": pod["spec"]}}
+                             "spec": pod_spec}}
 
     specs: dict[str, Any] = {"Master": replica(1)}
     if nodes > 1:

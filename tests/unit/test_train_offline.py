@@ -42,7 +42,8 @@ def test_manifest_is_a_gang_on_the_capacity() -> None:
     assert pod["metadata"]["annotations"] == {"kfp-gpu.io/sim-duration": "7s"}
     spec = pod["spec"]
     assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "spot-a"}
-    assert spec["tolerations"] == CAP.tolerations() and spec["restartPolicy"] == "Never"
+    assert spec["tolerations"] == CAP.tolerations() and rs["Worker"]["restartPolicy"] == "Never"
+    assert "restartPolicy" not in spec  # the replica's: the operator warns once per pod when the template has one
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env == {"A": "1", "KFP_GPU_CHECKPOINT_URI": "gs://b/c", "KFP_GPU_RESUME_STEP": "40",
                    "KFP_GPU_RUN_ID": "run-1", "KFP_GPU_DATASET_URI": "gs://d"}
