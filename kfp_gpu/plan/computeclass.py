@@ -59,10 +59,25 @@ def check(spec: ProvisioningSpec) -> None:
     if CapacityType.RESERVATION in spec.chain and spec.reservation.startswith(("cr-", "arn:")):
         raise InvalidSpec("reservation", spec.reservation, "a ComputeClass rule names a Compute Engine reservation, "
                           "not an EC2 capacity reservation", remediation="set reservation to the GKE reservation name")
+    check_topology(spec.topology)
     if spec.warm_pool.cloud_reservation:
         raise InvalidSpec("warm_pool.cloud_reservation", True, "the compute-class backend holds no reservation of "
                           "its own; put the reservation in the chain", remediation="set capacity='reservation', "
                           "reservation=NAME and warm_pool.cloud_reservation=False")
+
+
+def check_topology(topology: str) -> None:
+    """Refuse ``topology="required"``: the class kfp-gpu writes cannot keep a gang inside one network domain. GKE
+    documents compact placement for node pools (``placementPolicy.type: COMPACT``) and for Autopilot pods (the
+    ``cloud.google.com/gke-placement-group`` node selector, A100/L4/H100 GPUs only,
+    https://cloud.google.com/kubernetes-engine/docs/how-to/compact-placement); a ComputeClass priority rule naming a
+    placement policy we could not confirm in the ComputeClass reference (:data:`DOCS`), so the class carries none and
+    its nodes land where GKE has room. ``preferred`` runs (it may span domains). Raises: InvalidSpec."""
+    if topology == "required":
+        raise InvalidSpec("topology", topology, "the compute-class provisioner cannot keep a gang in one network "
+                          "domain (its ComputeClass names no compact placement policy)",
+                          remediation="use target.provisioner='node-pool' (without fallback) with a GKE node pool "
+                          "whose placementPolicy is COMPACT, or topology='preferred'")
 
 
 def split(spec: ProvisioningSpec, *, class_atomic: bool) -> tuple[bool, list[str]]:

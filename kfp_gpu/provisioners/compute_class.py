@@ -63,8 +63,9 @@ class ComputeClassProvisioner(NothingExtra):
 
     # ---- acquire -----------------------------------------------------------------------------------------
     def acquire(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity:
-        """Raises: InvalidSpec (a chain GKE refuses), CrdMissing (no ComputeClass API), NotFound (the named class),
-        ProvisioningTimeout (GKE backs a short rule off and asks again: no earlier give-up)."""
+        """Raises: InvalidSpec (a chain GKE refuses, topology="required"), CrdMissing (no ComputeClass API),
+        NotFound (the named class), ProvisioningTimeout (GKE backs a short rule off and asks again: no earlier
+        give-up)."""
         plan.check(spec)
         count = request.extra if request.extra is not None else (request.nodes or spec.nodes)
         keep = dict(request.keep or {})

@@ -83,6 +83,25 @@ def test_check_refuses_eks_targets() -> None:
         cc.check(spec)
 
 
+def test_a_required_topology_is_refused_in_one_line_naming_the_compact_pool_fix() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        cc.check(chain_spec(topology="required"))
+    assert info.value.fields["field"] == "topology"
+    assert info.value.message == ("invalid topology='required': the compute-class provisioner cannot keep a gang in "
+                                  "one network domain (its ComputeClass names no compact placement policy)")
+    assert "target.provisioner='node-pool'" in info.value.remediation
+    assert "placementPolicy is COMPACT" in info.value.remediation and "topology='preferred'" in info.value.remediation
+    assert "\n" not in str(info.value)
+    named = Target(kind=TargetKind.GKE, provisioner="compute-class", compute_class="team-gpus")
+    with pytest.raises(InvalidSpec, match="topology='required'"):  # a class the platform team manages: the same
+        cc.check(chain_spec(target=named, fallback=(), topology="required"))
+
+
+@pytest.mark.parametrize("topology", ["preferred", "none"])
+def test_a_preferred_or_no_topology_runs_on_the_class(topology: str) -> None:
+    cc.check(chain_spec(topology=topology))  # may span domains: runs
+
+
 # ---- the all-or-nothing split -----------------------------------------------------------------------------
 def test_multi_node_flex_start_goes_through_queued_provisioning_when_the_class_is_not_atomic() -> None:
     queued, rules = cc.split(chain_spec(nodes=4), class_atomic=False)
@@ -184,3 +203,17 @@ def test_multi_node_flex_start_is_acquired_through_the_all_or_nothing_backend() 
     assert asked.capacity.value == "flex-start" and asked.fallback == () and asked.nodes == 2
     assert asked.target.provisioner == "provisioning-request" and asked.max_run_duration_s == 3600.0
     assert asked.scale_up_deadline_s == 300  # half the deadline: the class's rungs get the rest
+
+
+def test_acquire_refuses_a_required_topology_before_asking_for_any_capacity() -> None:
+    from kubernetes import client
+
+    from kfp_gpu.provisioners.base import GangRequest
+    from kfp_gpu.provisioners.compute_class import ComputeClassProvisioner
+
+    atomic = _Atomic(all_or_nothing=True)
+    backend = ComputeClassProvisioner(client.ApiClient(), queued=atomic)  # type: ignore[arg-type]
+    spec = chain_spec(capacity="flex-start", reservation="", fallback=("spot",), nodes=2, topology="required")
+    with pytest.raises(InvalidSpec, match="topology='required'"):
+        backend.acquire(spec, "run-1", GangRequest())
+    assert atomic.asked == []  # refused up front: not even the queued flex-start rung was asked
