@@ -111,9 +111,10 @@ def run_step(
 
     spec = _inputs(step, spec_json, run_id, runtime, kwargs)
     fn = resolve(step)
-    scale = world_time_scale()  # a malformed factor fails the step before it starts anything
     with cancellable(step):
-        return in_world_time(_classified(lambda: fn(spec, run_id, upstream_json, **kwargs), step), scale)
+        result = _classified(lambda: fn(spec, run_id, upstream_json, **kwargs), step)
+    # read after the step, not before: a malformed factor must not keep teardown from releasing what the run holds
+    return in_world_time(result, world_time_scale())
 
 
 def request_step(

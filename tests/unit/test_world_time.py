@@ -93,9 +93,12 @@ def test_a_rehearsal_s_step_metrics_are_world_seconds_and_counts_are_untouched(m
     assert len(untouched) == 10 and {k: got[k] for k in untouched} == {k: MEASURED[k] for k in untouched}
     monkeypatch.delenv(TIME_SCALE_ENV)  # a real cluster: every metric as measured
     assert entry.run_step("scale_up", spec_json, "run-1", "").metrics == MEASURED
-    monkeypatch.setenv(TIME_SCALE_ENV, "0")
+    ran: list[str] = []
+    monkeypatch.setattr(entry, "resolve", lambda step: lambda *a: ran.append(step) or StepResult("{}", {}))
+    monkeypatch.setenv(TIME_SCALE_ENV, "0")  # malformed: named, after the step (teardown still releases)
     with pytest.raises(InvalidSpec, match="KFP_GPU_WORLD_TIME_SCALE='0'"):
-        entry.run_step("scale_up", spec_json, "run-1", "")
+        entry.run_step("teardown", spec_json, "run-1", "")
+    assert ran == ["teardown"]
 
 
 def test_teardown_s_cost_metrics_are_not_scaled_twice() -> None:
