@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from kfp_gpu import runtime as runtime_values
 from kfp_gpu.errors import Cancelled, InvalidSpec, KfpGpuError
 from kfp_gpu.spec import ProvisioningSpec
-from kfp_gpu.steps.result import StepResult
+from kfp_gpu.steps.result import StepResult, in_world_time
 
 STEPS: dict[str, str] = {
     "preflight": "kfp_gpu.steps.preflight_step:run",
@@ -105,11 +105,16 @@ def run_step(
     **kwargs: Any,
 ) -> StepResult:
     """Run one step function in this process, with this process's identity: what the controller's work units
-    (:mod:`kfp_gpu.controller.work`) do. Raises: KfpGpuError."""
+    (:mod:`kfp_gpu.controller.work`) do. Its metrics leave in the world's clock (:func:`in_world_time`: a
+    rehearsal compresses time; a real cluster's factor is 1.0). Raises: KfpGpuError."""
+    from kfp_gpu.rehearsal_seam import world_time_scale
+
     spec = _inputs(step, spec_json, run_id, runtime, kwargs)
     fn = resolve(step)
     with cancellable(step):
-        return _classified(lambda: fn(spec, run_id, upstream_json, **kwargs), step)
+        result = _classified(lambda: fn(spec, run_id, upstream_json, **kwargs), step)
+    # read after the step, not before: a malformed factor must not keep teardown from releasing what the run holds
+    return in_world_time(result, world_time_scale())
 
 
 def request_step(

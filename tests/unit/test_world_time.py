@@ -1,16 +1,24 @@
 """Rehearsal reports in the world's clock: the local rehearsal compresses time (kfp_gpu_rehearsal.sim.clock.TIME_SCALE), and
 every time and cost it reports is stretched back (Timeline.scaled, report._common.world), with the factor said
-once. On a real cluster (no KFP_GPU_WORLD_TIME_SCALE) nothing changes."""
+once; the steps' KFP metrics too (steps.result.WALL_CLOCK_METRICS, scaled in entry.run_step). On a real cluster (no
+KFP_GPU_WORLD_TIME_SCALE) nothing changes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
 import pytest
 
+from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.rehearsal_seam import TIME_SCALE_ENV
 from kfp_gpu.report._common import duration, world
-from kfp_gpu.report.cost import cost_report
+from kfp_gpu.report.cost import CostReport, cost_report
 from kfp_gpu.report.terminal import gantt
 from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps import entry
+from kfp_gpu.steps.result import WALL_CLOCK_METRICS, StepResult
 from kfp_gpu.timeline import NodeState, Timeline
 
 
@@ -57,3 +65,58 @@ def test_a_rehearsal_s_cost_and_latencies_are_in_world_time(monkeypatch: pytest.
 @pytest.mark.parametrize("seconds,text", [(5.74, "5.7s"), (45.0, "45s"), (300.0, "5.0 min"), (7200.0, "2.0 h")])
 def test_durations_read_as_people_read_them(seconds: float, text: str) -> None:
     assert duration(seconds) == text
+
+
+def _step_measuring(metrics: dict[str, float]) -> Callable[..., StepResult]:
+    """A step that measured ``metrics`` on its own (compressed, in a rehearsal) clock."""
+    return lambda spec, run_id, upstream_json: StepResult("{}", dict(metrics))
+
+
+MEASURED = {  # what the steps emit (kfp_gpu/steps: scale_up, preflight_step, train_report, teardown)
+    "scale_up_seconds": 2.5, "max_node_ready_seconds": 3.0, "check_capacity_seconds": 0.25, "gpu_hours": 0.01,
+    "queue_wait_s": 1.5, "preemption_detect_latency_max_s": 0.5, "wall_s": 30.0,
+    "nodes_ready": 4.0, "gpus_ready": 32.0, "attempts": 2.0, "final_step": 1200.0, "final_loss": 0.75,
+    "capacity_now": 1.0, "steps_lost": 40.0,
+    "provisioned_gpu_hours": 9.6, "billed_cost_usd": 31.5, "median_ready_s": 300.0,  # teardown: already world time
+}
+
+
+def test_a_rehearsal_s_step_metrics_are_world_seconds_and_counts_are_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(entry, "resolve", lambda step: _step_measuring(MEASURED))
+    spec_json = ProvisioningSpec("a100-40gb", 4).to_json()
+    monkeypatch.setenv(TIME_SCALE_ENV, "120")
+    got = entry.run_step("scale_up", spec_json, "run-1", "").metrics
+    assert got["scale_up_seconds"] == 300.0 and got["max_node_ready_seconds"] == 360.0  # 2.5 s here = 5 world minutes
+    assert got["check_capacity_seconds"] == 30.0 and got["queue_wait_s"] == 180.0 and got["wall_s"] == 3600.0
+    assert got["preemption_detect_latency_max_s"] == 60.0 and got["gpu_hours"] == pytest.approx(1.2)
+    untouched = set(MEASURED) - WALL_CLOCK_METRICS
+    assert len(untouched) == 10 and {k: got[k] for k in untouched} == {k: MEASURED[k] for k in untouched}
+    monkeypatch.delenv(TIME_SCALE_ENV)  # a real cluster: every metric as measured
+    assert entry.run_step("scale_up", spec_json, "run-1", "").metrics == MEASURED
+    ran: list[str] = []
+    monkeypatch.setattr(entry, "resolve", lambda step: lambda *a: ran.append(step) or StepResult("{}", {}))
+    monkeypatch.setenv(TIME_SCALE_ENV, "0")  # malformed: named, after the step (teardown still releases)
+    with pytest.raises(InvalidSpec, match="KFP_GPU_WORLD_TIME_SCALE='0'"):
+        entry.run_step("teardown", spec_json, "run-1", "")
+    assert ran == ["teardown"]
+
+
+def test_teardown_s_cost_metrics_are_not_scaled_twice() -> None:
+    """Teardown computes its cost from the timeline already in world time (report._common.world): none of the cost
+    report's fields may be in the set entry.run_step scales."""
+    assert not {f.name for f in fields(CostReport)} & WALL_CLOCK_METRICS
+
+
+def test_every_declared_wall_clock_metric_is_one_a_step_emits() -> None:
+    steps = Path(entry.__file__).parent
+    source = "".join(p.read_text() for p in steps.glob("*.py") if p.name != "result.py")
+    assert sorted(k for k in WALL_CLOCK_METRICS if f'"{k}"' not in source) == []
+
+
+def test_the_component_reference_states_the_metrics_clock_and_the_rehearsal_s_factor() -> None:
+    from kfp_gpu.component_docs import REHEARSAL_TIME_SCALE, metrics_section
+    from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+
+    assert REHEARSAL_TIME_SCALE == TIME_SCALE, "kfp_gpu/component_docs.py states another factor than the rehearsal's"
+    doc = (Path(entry.__file__).parents[2] / "docs" / "components.md").read_text()
+    assert metrics_section() in doc, "docs/components.md is stale: make components"
