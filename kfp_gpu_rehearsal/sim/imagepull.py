@@ -26,12 +26,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kfp_gpu.cluster.listwatch import ERROR, Event, Watcher
 from kfp_gpu_rehearsal.devcluster.nodes import IMAGE_PULL_ANNOTATION, PULLED_AT_ANNOTATION
 from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.worldspec import PullSpec
+
+if TYPE_CHECKING:  # the kubernetes client (and through it google.auth) is imported only when a watch starts
+    from kfp_gpu.cluster.listwatch import Event, Watcher
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,12 @@ class PullWatcher:
         self._done: set[str] = set()  # uids already answered
         self._t0 = time.time()
         self._watchers: list[Watcher] = []
+        self._error = ""  # listwatch.ERROR once started
 
     def start(self) -> PullWatcher:
+        from kfp_gpu.cluster.listwatch import ERROR, Watcher
+
+        self._error = ERROR
         self._watchers = [
             Watcher("pull-node", self.core.list_node, self._on_node, label_selector=self.node_selector).start(),
             Watcher("pull-pod", self.core.list_pod_for_all_namespaces, self._on_pod,
@@ -117,7 +123,7 @@ class PullWatcher:
             w.stop()
 
     def _on_node(self, ev: Event) -> None:
-        if ev.type == ERROR:
+        if ev.type == self._error:
             return
         name = str((ev.obj.get("metadata") or {}).get("name", ""))
         with self._lock:
@@ -133,7 +139,7 @@ class PullWatcher:
             self._answer(pod, ev.at)
 
     def _on_pod(self, ev: Event) -> None:
-        if ev.type == ERROR:
+        if ev.type == self._error:
             return
         meta = ev.obj.get("metadata") or {}
         uid = str(meta.get("uid", ""))
