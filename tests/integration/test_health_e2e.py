@@ -8,10 +8,8 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from kfp_gpu.cluster import pytorchjob
@@ -20,30 +18,18 @@ from kfp_gpu.spec import CapacityType, Health, ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.server import SimServer
+from tests.integration.gke_world_support import default_world
 from tests.integration.test_train_support import StepThread, job_json, job_pods
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 POOL = "a100-80gb-spot-a"
 
 
 @pytest.fixture
 def sim(kube: Kube) -> Iterator[SimServer]:
-    cluster = f"c{uuid.uuid4().hex[:6]}"
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
-    data["cluster"] = cluster
-    for i, p in enumerate(data["pools"]):
-        p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}
-    data["gpu_faults"] = {"born_bad": [{"pool": POOL, "count": 1, "kind": "dcgm", "crash_after_s": 120}]}
-    server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    born_bad = {"pool": POOL, "count": 1, "kind": "dcgm", "crash_after_s": 120}
+    yield from default_world(kube, gpu_faults={"born_bad": [born_bad]})
 
 
 def test_health_born_bad_node_replaced_by_the_node_pool_backend(

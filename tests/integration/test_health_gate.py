@@ -34,6 +34,7 @@ from tests.integration.test_train_support import (
     make_capacity,
     make_spec,
     preempt,
+    reprovisioners,
     wait_until,
 )
 
@@ -63,17 +64,12 @@ class AdoptingReprovisioner(Reprovisioner):
 
 @pytest.fixture
 def reprov(kube: Kube, world: GpuHealthWorld) -> Iterator[Callable[[str], AdoptingReprovisioner]]:
-    made: list[AdoptingReprovisioner] = []
-
     def make(pool: str) -> AdoptingReprovisioner:
         r = AdoptingReprovisioner(kube.core, pool)
         r.world = world
-        made.append(r)
         return r
 
-    yield make
-    for r in made:
-        r.cleanup()
+    yield from reprovisioners(make)
 
 
 def _world_min(wall_s: float) -> float:

@@ -25,18 +25,9 @@ from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim.dws import SIM_CLUSTER_LABEL
 from tests.integration import test_kueue_preflight, test_stall_hang
+from tests.integration.gke_world_support import POOL, ZONE, ready_gpu_nodes
 from tests.integration.test_kueue_preflight import GPU, Kueue
-from tests.integration.test_stall_hang import (
-    HANG_AFTER_S,
-    OWNER,
-    POOL,
-    STEP_S,
-    ZONE,
-    _newest,
-    _ready,
-    _spec,
-    _template,
-)
+from tests.integration.test_stall_hang import HANG_AFTER_S, OWNER, STEP_S, _newest, _spec, _template
 from tests.integration.test_train_support import StepThread, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -114,7 +105,7 @@ def test_rank_hang_twice_on_one_node_under_kueue_admission_cordons_it_out_of_the
         out = json.loads(th.outcome(180).output_json)
     finally:
         th.join(1)
-    spare = set(_ready(kube, sim.state.scenario.cluster)) - set(nodes)
+    spare = set(ready_gpu_nodes(kube, sim.state.scenario.cluster)) - set(nodes)
     bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
     assert out["status"] == "Succeeded", out
     first, second = out["ledger"]["stalls"]

@@ -112,8 +112,7 @@ def test_job_waits_in_a_full_queue_longer_than_the_watchdog_then_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     lq, cq = _queue(kq)
-    kq.workload("blocker", lq, pods=2, gpus=8)  # the queue's 16 GPUs, reserved
-    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
+    _block(kq, lq)  # the queue's 16 GPUs, reserved
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     run_id = f"run-kw-{namespace}"
     spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)
@@ -171,6 +170,53 @@ def test_queue_deadline_fails_with_the_queue_and_the_workload_status_and_cleans_
     assert ledger.read(kube.api, namespace, run_id, "train")["status"] == "QueueTimeout"
 
 
+def _block(kq: Kueue, lq: str) -> None:
+    """A bare Workload ``blocker`` of 2 x 8 GPUs in ``lq``, admitted: it holds the queue's quota."""
+    kq.workload("blocker", lq, pods=2, gpus=8)
+    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
+
+
+def _urgent_class(kq: Kueue) -> str:
+    """A WorkloadPriorityClass of value 1000 (deleted after the test): its name."""
+    wpc = f"urgent-{kq.suffix}"
+    kq.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 1000})
+    kq.made.append(("workloadpriorityclasses", wpc))
+    return wpc
+
+
+def _start_gang(kwok_nodes: NodeFactory, namespace: str, ckpt: Path, run_id: str, job: str,
+                step_api: client.ApiClient) -> tuple[list[str], StepThread]:
+    """Two 8-GPU KWOK spot nodes and the train step (``job`` JSON, max_preemptions 2) on them, started:
+    (node names, step thread)."""
+    pool, names = kwok_nodes(2, gpus=8, spot=True)
+    spec = make_spec(namespace, ckpt, nodes=2, max_preemptions=2)
+    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
+                    job_json=job, api=step_api)
+    th.start()
+    return names, th
+
+
+def _free_quota(th: StepThread, batch: client.BatchV1Api, namespace: str, urgent: str) -> float:
+    """After 3 s more of the job waiting (the step still alive), the urgent job goes: when its quota was freed."""
+    time.sleep(3.0)
+    assert th.is_alive(), th.error
+    batch.delete_namespaced_job(urgent, namespace, propagation_policy="Foreground")
+    return time.time()
+
+
+def _one_queue_eviction(out: dict[str, Any], lq: str) -> dict[str, Any]:
+    """Asserts the run succeeded on its second attempt after one eviction by Kueue (from step 15, no node lost,
+    reason Preempted, queued twice in ``lq``); returns the preemption's ledger entry."""
+    assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
+    [p] = out["ledger"]["preemptions"]
+    assert p["cause"] == "queue-eviction" and p["lost_nodes"] == [] and p["checkpoint_step"] == 15, p
+    assert out["queue_evictions"] == 1 and len(out["queue_wait_s"]) == 2
+    assert "Preempted" in p["reason"] and p["queue"] == lq, p
+    entry: dict[str, Any] = p
+    return entry
+
+
 def _high_priority_job(kube: Kube, namespace: str, lq: str, wpc: str, gpus: int) -> str:
     """A batch Job in ``lq`` with WorkloadPriorityClass ``wpc``; its pod fits no node (quota is all it takes)."""
     name = f"urgent-{uuid.uuid4().hex[:5]}"
@@ -186,17 +232,9 @@ def test_kueue_preemption_recovers_from_the_checkpoint_on_the_same_nodes(
     kube: Kube, namespace: str, kq: Kueue, kwok_nodes: NodeFactory, tmp_path: Path, step_api: client.ApiClient,
 ) -> None:
     lq, cq = _queue(kq, preemption=True)
-    wpc = f"urgent-{kq.suffix}"
-    kq.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 1000})
-    kq.made.append(("workloadpriorityclasses", wpc))
-    pool, names = kwok_nodes(2, gpus=8, spot=True)
-    run_id = f"run-kp-{namespace}"
-    ckpt = tmp_path / "ckpt"
-    spec = make_spec(namespace, ckpt, nodes=2, max_preemptions=2)
-    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=job_json(8.0), api=step_api)
-    th.start()
+    wpc = _urgent_class(kq)
+    run_id, ckpt = f"run-kp-{namespace}", tmp_path / "ckpt"
+    names, th = _start_gang(kwok_nodes, namespace, ckpt, run_id, job_json(8.0), step_api)
     job = pytorchjob.job_name(run_id, "train")
     batch = client.BatchV1Api(kube.api)
     try:
@@ -214,18 +252,11 @@ def test_kueue_preemption_recovers_from_the_checkpoint_on_the_same_nodes(
         wait_until("recreated, suspended", lambda: (lambda j: j is not None and j["metadata"]["uid"] != first_uid
                    and j["spec"]["runPolicy"].get("suspend") is True)(pytorchjob.get(kube.api, namespace, job)),
                    timeout=60)
-        time.sleep(3.0)
-        assert th.is_alive(), th.error
-        batch.delete_namespaced_job(urgent, namespace, propagation_policy="Foreground")
-        freed = time.time()
+        freed = _free_quota(th, batch, namespace, urgent)
         out = json.loads(th.outcome(180).output_json)
     finally:
         th.join(1)
-    assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
-    [p] = out["ledger"]["preemptions"]
-    assert p["cause"] == "queue-eviction" and p["lost_nodes"] == [] and p["checkpoint_step"] == 15, p
-    assert out["queue_evictions"] == 1 and len(out["queue_wait_s"]) == 2
-    assert "Preempted" in p["reason"] and p["queue"] == lq, p
+    p = _one_queue_eviction(out, lq)
     assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(names)  # same nodes, nothing replaced
     assert out["on_demand"] is False
     again = pytorchjob.get(kube.api, namespace, job)
@@ -255,8 +286,7 @@ def test_a_retried_train_pod_re_attaches_to_the_job_still_waiting_in_the_queue(
     import sys
 
     lq, _ = _queue(kq)
-    kq.workload("blocker", lq, pods=2, gpus=8)
-    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
+    _block(kq, lq)
     pool, names = kwok_nodes(2, gpus=8, spot=True)
     run_id = f"run-kr-{namespace}"
     spec = make_spec(namespace, tmp_path / "ckpt", nodes=2)

@@ -34,13 +34,20 @@ from kfp_gpu.timeline import Timeline
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from tests.integration import test_kueue_preflight
 from tests.integration.test_kueue_preflight import Kueue
-from tests.integration.test_kueue_train import _admitted, _events, _high_priority_job, _queue, _workloads
+from tests.integration.test_kueue_train import (
+    _block,
+    _events,
+    _free_quota,
+    _high_priority_job,
+    _one_queue_eviction,
+    _queue,
+    _start_gang,
+    _urgent_class,
+    _workloads,
+)
 from tests.integration.test_train_support import (
     ACCEL_LABEL,
-    StepThread,
     job_pods,
-    make_capacity,
-    make_spec,
     wait_until,
 )
 
@@ -73,19 +80,10 @@ def test_trainjob_queued_admitted_evicted_by_kueue_and_resumed_from_the_checkpoi
     step_api: client.ApiClient, capsys: pytest.CaptureFixture[str],
 ) -> None:
     lq, cq = _queue(kq, preemption=True)  # 16 GPUs of the KWOK nodes' flavor
-    wpc = f"urgent-{kq.suffix}"
-    kq.custom.create_cluster_custom_object(GROUP, VERSION, "workloadpriorityclasses", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 1000})
-    kq.made.append(("workloadpriorityclasses", wpc))
-    kq.workload("blocker", lq, pods=2, gpus=8)  # the queue's 16 GPUs, reserved
-    wait_until("blocker admitted", lambda: _admitted(kq, "blocker"), timeout=30)
-    pool, names = kwok_nodes(2, gpus=8, spot=True)
-    run_id = f"run-kj-{namespace}"
-    ckpt = tmp_path / "ckpt"
-    spec = make_spec(namespace, ckpt, nodes=2, max_preemptions=2)
-    th = StepThread(spec=spec, run_id=run_id, capacity_json=make_capacity(run_id, pool, names).to_json(),
-                    job_json=_job_json(8.0), api=step_api)
-    th.start()
+    wpc = _urgent_class(kq)
+    _block(kq, lq)  # the queue's 16 GPUs, reserved
+    run_id, ckpt = f"run-kj-{namespace}", tmp_path / "ckpt"
+    names, th = _start_gang(kwok_nodes, namespace, ckpt, run_id, _job_json(8.0), step_api)
     name = TrainJobKind.job_name(run_id, "train")
     batch = client.BatchV1Api(kube.api)
     try:
@@ -135,19 +133,12 @@ def test_trainjob_queued_admitted_evicted_by_kueue_and_resumed_from_the_checkpoi
             j = _get(kube, namespace, name)
             return j is not None and j["metadata"]["uid"] != first["metadata"]["uid"] and j["spec"]["suspend"] is True
         wait_until("the next attempt created, suspended", requeued, timeout=60)
-        time.sleep(3.0)
-        assert th.is_alive(), th.error
-        batch.delete_namespaced_job(urgent, namespace, propagation_policy="Foreground")
-        freed2 = time.time()
+        freed2 = _free_quota(th, batch, namespace, urgent)
         out = json.loads(th.outcome(180).output_json)
     finally:
         th.join(1)
-    assert out["status"] == "Succeeded" and out["preemptions"] == 1 and out["attempts"] == 2, out
+    p = _one_queue_eviction(out, lq)
     assert out["job_kind"] == "trainjob", out
-    [p] = out["ledger"]["preemptions"]
-    assert p["cause"] == "queue-eviction" and p["lost_nodes"] == [] and p["checkpoint_step"] == 15, p
-    assert "Preempted" in p["reason"] and p["queue"] == lq, p
-    assert out["queue_evictions"] == 1 and len(out["queue_wait_s"]) == 2
     admissions = out["ledger"]["admissions"]
     assert len(admissions) == 2 and admissions[0]["admitted_at"] >= freed and admissions[1]["admitted_at"] >= freed2
     assert all(a["workload"].startswith(f"trainjob-{name}-") and a["cluster_queue"] == cq for a in admissions)

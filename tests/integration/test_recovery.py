@@ -25,6 +25,7 @@ from tests.integration.test_train_support import (
     make_capacity,
     make_spec,
     preempt,
+    reprovisioners,
     running_pods,
     wait_until,
 )
@@ -35,15 +36,7 @@ NodeFactory = Callable[..., tuple[str, list[str]]]
 
 @pytest.fixture
 def reprov(kube: Kube) -> Iterator[Callable[[str], Reprovisioner]]:
-    made: list[Reprovisioner] = []
-
-    def make(pool: str) -> Reprovisioner:
-        made.append(Reprovisioner(kube.core, pool))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.cleanup()
+    yield from reprovisioners(lambda pool: Reprovisioner(kube.core, pool))
 
 
 def _job(kube: Kube, namespace: str, name: str) -> dict:  # type: ignore[type-arg]

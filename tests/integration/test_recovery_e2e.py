@@ -7,10 +7,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from kfp_gpu.checkpoint.store import CheckpointStore
@@ -20,28 +18,16 @@ from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.server import SimServer
+from tests.integration.gke_world_support import default_world
 from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def sim(kube: Kube) -> Iterator[SimServer]:
-    cluster = f"c{uuid.uuid4().hex[:6]}"
-    data: dict[str, Any] = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
-    data["cluster"] = cluster
-    for i, p in enumerate(data["pools"]):
-        p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}
-    server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from default_world(kube)
 
 
 def test_sim_preemption_recovers_through_reprovision(

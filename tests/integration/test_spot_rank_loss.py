@@ -32,13 +32,12 @@ from kfp_gpu.checkpoint import CheckpointStore, PreemptionGuard, spot_grace_s
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import Owner
-from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
-from kfp_gpu.steps.capacity import Capacity, Placement
+from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer, clock, from_dict
+from kfp_gpu_rehearsal.sim import SimServer, clock
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.ranks import (
     PG_TIMEOUT_ANNOTATION,
@@ -47,13 +46,20 @@ from kfp_gpu_rehearsal.sim.ranks import (
     RESUMES_ANNOTATION,
     STALLED_ANNOTATION,
 )
+from tests.integration.gke_world_support import (
+    JOB_NAME,
+    ZONE,
+    GkeWorlds,
+    create_pytorchjob,
+    gang_manifest,
+    operator_restarts,
+    ranks_running,
+)
 from tests.integration.test_train_support import StepThread, job_pods, running_pods, wait_until
-from tests.sim._helpers import PROJECT, REGION, scenario
+from tests.sim._helpers import REGION
 
 pytestmark = pytest.mark.integration
 OWNER = Owner("run-spot", "scale-up", 2_000_000_000.0)
-POOL, ZONE = "h100-80gb-spot-a", "us-central1-a"
-JOB_NAME = "training.kubeflow.org/job-name"
 
 
 @pytest.fixture
@@ -61,43 +67,14 @@ def gke(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., t
                                                                                        list[str]]]]:
     """Factory: a GKE stand-in (default spot timing: 30 s notice, 15 s pod grace) with ``n`` Ready spot nodes;
     ``scale`` sets the world's time compression for this test (one factor for the whole world)."""
-    started: list[tuple[SimServer, str]] = []
+    worlds = GkeWorlds(kube)
 
     def make(n: int, scale: float = clock.TIME_SCALE) -> tuple[SimServer, GkeProvider, list[str]]:
         monkeypatch.setattr(clock, "TIME_SCALE", scale)
-        name = f"s{uuid.uuid4().hex[:6]}"
-        data = scenario(cluster=name, api={"error_rate": 0.0}, device_plugin_s=0.05 * scale)
-        for p in data["pools"]:
-            p["boot"] = {"dist": "fixed", "median_s": 0.25 * scale}
-        sim = SimServer(from_dict(data), str(kube.kubeconfig))
-        sim.start()
-        started.append((sim, name))
-        prov = GkeProvider(PROJECT, REGION, name, endpoint=sim.url)
-        if not n:
-            return sim, prov, []
-        prov.resize(PoolRef(POOL, ZONE), n, OWNER)
-        nodes = wait_until(f"{n} Ready spot nodes", lambda: (ns := _ready_nodes(kube, name)) and len(ns) == n and ns,
-                           timeout=60)
-        return sim, prov, sorted(nodes)
+        return worlds.make(n, OWNER, boot_s=0.25 * scale, device_plugin_s=0.05 * scale)
 
     yield make
-    for sim, name in started:
-        sim.stop()
-        for node in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={name}").items:
-            try:
-                kube.core.delete_node(node.metadata.name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-
-
-def _ready_nodes(kube: Kube, cluster: str) -> list[str]:
-    out = []
-    for n in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        if ready and (n.status.allocatable or {}).get("nvidia.com/gpu") == "8":
-            out.append(n.metadata.name)
-    return out
+    worlds.stop()
 
 
 def _world_s(t_wall: float) -> float:
@@ -221,11 +198,6 @@ def _template(pg_timeout_s: float, run_s: float = 300.0) -> JobTemplate:
                                     PG_TIMEOUT_ANNOTATION: f"{pg_timeout_s:g}"})
 
 
-def _pods_by_node(core: client.CoreV1Api, namespace: str, job: str) -> dict[str, Any]:
-    pods = core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME}={job}").items
-    return {p.spec.node_name: p for p in pods if p.spec.node_name}
-
-
 class PodLog(threading.Thread):
     """Every pod event of a job, timed: (monotonic time, pod name, uid, phase, first container exit code, stalled)."""
 
@@ -256,19 +228,11 @@ def test_rank_loss_training_operator_alone_peers_hang_until_the_timeout(
     sim, _, nodes = gke(4)
     name = f"plain-{uuid.uuid4().hex[:5]}"
     timeout_s = 240.0  # the job's process-group timeout, world seconds (2 s here)
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    body = pytorchjob.manifest(name, capacity=cap, template=_template(timeout_s), labels={}, nodes=4,
-                               checkpoint_uri="", run_id=name, gang_nodes=nodes)
-    body["spec"]["runPolicy"]["backoffLimit"] = 10
-    for r in body["spec"]["pytorchReplicaSpecs"].values():
-        r["restartPolicy"] = "OnFailure"
+    body = operator_restarts(gang_manifest(name, namespace, nodes, _template(timeout_s)))
     log = PodLog(kube.core, namespace, name)
     log.start()
-    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                                body)
-    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
-        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    create_pytorchjob(kube, namespace, body)
+    placed = ranks_running(kube, namespace, name)
     victim = next(n for n, p in placed.items() if p.metadata.name.endswith("worker-0"))
     peers = {p.metadata.uid: p.metadata.name for n, p in placed.items() if n != victim}
     victim_uid = placed[victim].metadata.uid
@@ -352,20 +316,12 @@ def test_rank_loss_elastic_job_peers_re_rendezvous_instead_of_hanging(
     sim, _, nodes = gke(4)
     name = f"elastic-{uuid.uuid4().hex[:5]}"
     timeout_s, rdzv_s = 120.0, 60.0  # world seconds: 1 s and 0.5 s here
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    template = _template(timeout_s)
-    body = pytorchjob.manifest(name, capacity=cap, template=template, labels={}, nodes=4, checkpoint_uri="",
-                               run_id=name, gang_nodes=nodes)
+    # the operator restarts the killed rank (backoffLimit 10, OnFailure); the job lives on
+    body = operator_restarts(gang_manifest(name, namespace, nodes, _template(timeout_s)))
     body["spec"]["elasticPolicy"] = {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 3, "rdzvBackend": "c10d"}
-    body["spec"]["runPolicy"]["backoffLimit"] = 10  # the operator restarts the killed rank; the job lives on
-    for r in body["spec"]["pytorchReplicaSpecs"].values():
-        r["restartPolicy"] = "OnFailure"
     body["metadata"]["annotations"][RENDEZVOUS_ANNOTATION] = f"{rdzv_s:g}"
-    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                                body)
-    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
-        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    create_pytorchjob(kube, namespace, body)
+    placed = ranks_running(kube, namespace, name)
     victim = next(n for n, p in placed.items() if p.metadata.name.endswith("worker-0"))
     peers = [p.metadata.name for n, p in placed.items() if n != victim]
     sim.preempt(victim)
@@ -399,18 +355,10 @@ def test_rank_loss_elastic_job_below_its_minimum_after_a_second_loss_hangs(
     gone and they are set to exit 1 at the process-group timeout (bench/recovery.py counted them as training)."""
     sim, _, nodes = gke(4)
     name = f"elastic2-{uuid.uuid4().hex[:5]}"
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    body = pytorchjob.manifest(name, capacity=cap, template=_template(120.0), labels={}, nodes=4, checkpoint_uri="",
-                               run_id=name, gang_nodes=nodes)
+    body = operator_restarts(gang_manifest(name, namespace, nodes, _template(120.0)))
     body["spec"]["elasticPolicy"] = {"minReplicas": 3, "maxReplicas": 4, "maxRestarts": 3, "rdzvBackend": "c10d"}
-    body["spec"]["runPolicy"]["backoffLimit"] = 10
-    for r in body["spec"]["pytorchReplicaSpecs"].values():
-        r["restartPolicy"] = "OnFailure"
-    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                                body)
-    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
-        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    create_pytorchjob(kube, namespace, body)
+    placed = ranks_running(kube, namespace, name)
     by_name = {p.metadata.name: n for n, p in placed.items()}
     first = next(n for nm, n in by_name.items() if nm.endswith("worker-0"))
     second = next(n for nm, n in by_name.items() if nm.endswith("worker-1"))

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from kfp_gpu.checkpoint import CheckpointStore
 from kfp_gpu.checkpoint import progress as rank_progress
@@ -33,24 +32,30 @@ from kfp_gpu.checkpoint.backends import open_backend
 from kfp_gpu.cluster import pytorchjob
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import Owner
-from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
-from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from kfp_gpu_rehearsal.sim import SimServer
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
 from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
 from tests.integration.fault_rows import record
-from tests.integration.test_spot_rank_loss import PodLog, _pods_by_node
+from tests.integration.gke_world_support import (
+    ZONE,
+    GkeWorlds,
+    create_pytorchjob,
+    gang_manifest,
+    operator_restarts,
+    ranks_running,
+    ready_gpu_nodes,
+)
+from tests.integration.test_spot_rank_loss import PodLog
 from tests.integration.test_train_support import StepThread, job_pods, running_pods, wait_until
-from tests.sim._helpers import PROJECT, REGION, scenario
+from tests.sim._helpers import REGION
 
 pytestmark = pytest.mark.integration
 OWNER = Owner("run-stall", "scale-up", 2_000_000_000.0)
-POOL, ZONE = "h100-80gb-spot-a", "us-central1-a"
 STEP_S = 2.0  # world seconds per training step
 HANG_AFTER_S = 240.0  # world seconds after the hung rank started
 PG_TIMEOUT_S = 600.0  # torch's NCCL default, world seconds (5 s here)
@@ -60,38 +65,13 @@ GPUS = 4 * 8
 @pytest.fixture
 def world(kube: Kube) -> Iterator[Callable[..., tuple[SimServer, GkeProvider, list[str]]]]:
     """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes."""
-    started: list[tuple[SimServer, str]] = []
+    worlds = GkeWorlds(kube)
 
     def make(n: int, training: dict[str, Any]) -> tuple[SimServer, GkeProvider, list[str]]:
-        name = f"s{uuid.uuid4().hex[:6]}"
-        data = scenario(cluster=name, api={"error_rate": 0.0}, device_plugin_s=6.0, training=training)
-        for p in data["pools"]:
-            p["boot"] = {"dist": "fixed", "median_s": 30.0}
-        sim = SimServer(from_dict(data), str(kube.kubeconfig))
-        sim.start()
-        started.append((sim, name))
-        prov = GkeProvider(PROJECT, REGION, name, endpoint=sim.url)
-        if not n:
-            return sim, prov, []
-        prov.resize(PoolRef(POOL, ZONE), n, OWNER)
-        nodes = wait_until(f"{n} Ready nodes", lambda: (ns := _ready(kube, name)) and len(ns) == n and ns, timeout=60)
-        return sim, prov, sorted(nodes)
+        return worlds.make(n, OWNER, boot_s=30.0, device_plugin_s=6.0, training=training)
 
     yield make
-    for sim, name in started:
-        sim.stop()
-        for node in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={name}").items:
-            try:
-                kube.core.delete_node(node.metadata.name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-
-
-def _ready(kube: Kube, cluster: str) -> list[str]:
-    return [n.metadata.name for n in kube.core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items
-            if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-            and (n.status.allocatable or {}).get("nvidia.com/gpu") == "8"]
+    worlds.stop()
 
 
 def _template(run_s: float) -> JobTemplate:
@@ -107,6 +87,48 @@ def _spec(sim: SimServer, namespace: str, ckpt: Path, **kw: Any) -> Provisioning
         target=Target(kind="local", cluster=sim.state.scenario.cluster, region=REGION, endpoint=sim.url,
                       namespace=namespace),
         zones=(ZONE,), scale_up_deadline_s=60, checkpoint_uri=str(ckpt), recovery=Recovery(max_preemptions=2), **kw)
+
+
+def _start(spec: ProvisioningSpec, prov: GkeProvider, step_api: client.ApiClient, run_s: float,
+           ) -> tuple[str, StepThread]:
+    """Scale-up for a new run id, then its train step started in a thread (ranks of ``_template(run_s)``)."""
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(run_s).to_json(), api=step_api)
+    th.start()
+    return run, th
+
+
+def _plain(namespace: str, nodes: list[str], ckpt: Path, prefix: str = "plain") -> tuple[str, dict[str, Any]]:
+    """A PyTorchJob without kfp-gpu, its ranks training for 300 s on ``nodes``: (name, manifest)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:5]}"
+    return name, gang_manifest(name, namespace, nodes, _template(300.0), checkpoint_uri=str(ckpt))
+
+
+def _hang(sim: SimServer, ckpt: Path, victim: Any) -> tuple[float, int]:
+    """The test plays the trainer's checkpointer (every rank past step 60 -> step 60), then waits for the world to
+    hang ``victim``: (when it stopped, the step it had written)."""
+    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
+    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+    pw = sim.progress_world
+    hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
+    return hung_at, pw.written.get(victim.metadata.uid, 0)
+
+
+def _hang_waste(until_s: float, hung_step: int) -> tuple[int, float]:
+    """Steps lost past the step-60 checkpoint and the GPU-minutes of the gang from the hang to ``until_s``."""
+    lost = max(0, hung_step - 60)
+    return lost, GPUS * (until_s + lost * STEP_S) / 60.0
+
+
+def _record_unnoticed_straggler(backend: str, test: str, factor: float, horizon_s: float, action: str) -> float:
+    """The fault row of a slow rank nothing reacts to in ``horizon_s`` (world); returns the GPU-minutes lost."""
+    wasted = GPUS * horizon_s * (1 - 1 / factor) / 60.0
+    record("slow_node", backend, test=test, detection_s=None, action=action, steps_lost=0,
+           gpu_minutes_wasted=round(wasted, 1),
+           note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
+                f"(1 - 1/{factor:g}), and it goes on for the whole run")
+    return wasted
 
 
 def _job_running(out: dict[str, Any]) -> float:
@@ -126,21 +148,13 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
     sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt)
-    run = f"run-{uuid.uuid4().hex[:6]}"
-    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(6.0).to_json(), api=step_api)
-    th.start()
+    run, th = _start(spec, prov, step_api, 6.0)
     job = pytorchjob.job_name(run, "train")
     try:
         first = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
         old_uid = first[0].metadata.owner_references[0].uid
         victim = next(p for p in first if p.metadata.name.endswith("worker-0"))  # rank 1
-        # the simulated trainer checkpoints (the test plays its checkpointer): every rank past step 60 -> step 60
-        wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-        CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
-        pw = sim.progress_world
-        hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
-        hung_step = pw.written.get(victim.metadata.uid, 0)
+        hung_at, hung_step = _hang(sim, ckpt, victim)
 
         def restarted() -> list[Any]:
             new = [p for p in job_pods(kube.core, namespace, job) if p.metadata.owner_references[0].uid != old_uid
@@ -164,8 +178,7 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
     assert env[pytorchjob.ENV_RESUME_STEP] == "60"
     assert 120.0 * 0.9 <= detected_s < PG_TIMEOUT_S, detected_s  # the auto floor, well before the pg timeout
     assert back_s < PG_TIMEOUT_S
-    lost = max(0, hung_step - 60)
-    wasted = GPUS * (back_s + lost * STEP_S) / 60.0
+    lost, wasted = _hang_waste(back_s, hung_step)
     print(f"\nrank hang under kfp-gpu: detected {detected_s:.0f}s (world) after the hang (stall timeout "
           f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step 60; hung at step "
           f"{hung_step}: {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
@@ -180,28 +193,16 @@ def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
     sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
-    name = f"plain-{uuid.uuid4().hex[:5]}"
     ckpt = tmp_path / "ckpt"
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    body = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
-                               checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
-    body["spec"]["runPolicy"]["backoffLimit"] = 10
-    for r in body["spec"]["pytorchReplicaSpecs"].values():
-        r["restartPolicy"] = "OnFailure"
+    name, body = _plain(namespace, nodes, ckpt)
+    operator_restarts(body)
     log = PodLog(kube.core, namespace, name)
     log.start()
-    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                                body)
-    placed = wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
-        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    create_pytorchjob(kube, namespace, body)
+    placed = ranks_running(kube, namespace, name)
     uids = {p.metadata.uid: p.metadata.name for p in placed.values()}
     victim = next(p for p in placed.values() if p.metadata.name.endswith("worker-0"))
-    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
-    pw = sim.progress_world
-    hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
-    hung_step = pw.written.get(victim.metadata.uid, 0)
+    hung_at, hung_step = _hang(sim, ckpt, victim)
     wait_until("every rank exits", lambda: all(log.first(u, lambda ph, code, st: ph == "Failed") for u in uids),
                timeout=compress(PG_TIMEOUT_S) + 20)
     log.w.stop()
@@ -216,8 +217,7 @@ def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     codes = {code for _, _, u, ph, code, _ in log.events if u in uids and ph == "Failed"}
     assert codes == {1}, codes
     assert detected_s >= PG_TIMEOUT_S - 0.2 * 120, detected_s
-    lost = max(0, hung_step - 60)
-    wasted = GPUS * (detected_s + lost * STEP_S) / 60.0
+    lost, wasted = _hang_waste(detected_s, hung_step)
     print(f"\nrank hang, Training Operator alone: first failure {detected_s:.0f}s (world) after the hang (pg timeout "
           f"{PG_TIMEOUT_S:g}s), exit codes {codes}; {lost} steps lost, at least {wasted:.0f} GPU-minutes wasted")
     record("hang", "training_operator",
@@ -236,10 +236,7 @@ def test_straggler_is_reported_while_the_gang_keeps_training(
     sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt, straggler_margin=0.2, straggler_window_s=120.0)
-    run = f"run-{uuid.uuid4().hex[:6]}"
-    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(4.0).to_json(), api=step_api)
-    th.start()
+    run, th = _start(spec, prov, step_api, 4.0)
     job = pytorchjob.job_name(run, "train")
     try:
         pods = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -279,12 +276,8 @@ def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeou
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
     sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
-    name = f"js-{uuid.uuid4().hex[:5]}"
     ckpt = tmp_path / "ckpt"
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    pt = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
-                             checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    name, pt = _plain(namespace, nodes, ckpt, prefix="js")
     pod_template = pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     kube.custom.create_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], _jobset(name, pod_template, 4))
     sel = f"jobset.sigs.k8s.io/jobset-name={name}"
@@ -296,11 +289,7 @@ def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeou
     first = wait_until("4 ranks Running", lambda: (ps := [p for p in attempt_pods("0") if p.status.phase == "Running"])
                        and len(ps) == 4 and ps, timeout=60)
     victim = next(p for p in first if p.metadata.labels.get("jobset.sigs.k8s.io/job-global-index") == "1")
-    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
-    pw = sim.progress_world
-    hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
-    hung_step = pw.written.get(victim.metadata.uid, 0)
+    hung_at, hung_step = _hang(sim, ckpt, victim)
     phases: set[str] = set()
 
     def restarted() -> bool:
@@ -312,8 +301,7 @@ def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeou
     detected_s = expand(time.time() - hung_at)
     assert phases == {"Running"}, phases  # before the timeout nothing failed, so the policy had nothing to act on
     assert detected_s >= PG_TIMEOUT_S - 0.2 * 120, detected_s
-    lost = max(0, hung_step - 60)
-    wasted = GPUS * (detected_s + lost * STEP_S) / 60.0
+    lost, wasted = _hang_waste(detected_s, hung_step)
     print(f"\nrank hang, JobSet failurePolicy (maxRestarts 3): restart {detected_s:.0f}s (world) after the hang "
           f"(pg timeout {PG_TIMEOUT_S:g}s); {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
     record("hang", "jobset", test="test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeout",
@@ -327,19 +315,13 @@ def test_straggler_training_operator_alone_is_never_noticed(
 ) -> None:
     factor, horizon_s = 1.5, 480.0  # world seconds watched
     sim, _, nodes = world(4, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
-    name = f"plain-{uuid.uuid4().hex[:5]}"
     ckpt = tmp_path / "ckpt"
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    body = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
-                               checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
-    body["spec"]["runPolicy"]["backoffLimit"] = 10
+    name, body = _plain(namespace, nodes, ckpt)
+    operator_restarts(body, on_failure=False)
     log = PodLog(kube.core, namespace, name)
     log.start()
-    kube.custom.create_namespaced_custom_object(pytorchjob.GROUP, pytorchjob.VERSION, namespace, pytorchjob.PLURAL,
-                                                body)
-    wait_until("4 ranks Running", lambda: (m := _pods_by_node(kube.core, namespace, name)) and len(
-        [p for p in m.values() if p.status.phase == "Running"]) == 4 and m, timeout=60)
+    create_pytorchjob(kube, namespace, body)
+    ranks_running(kube, namespace, name)
     wait_until("every rank reports", lambda: len(rank_progress.read(open_backend(str(ckpt)))) == 4, timeout=30)
     t0 = time.time()
     time.sleep(compress(horizon_s))
@@ -353,14 +335,11 @@ def test_straggler_training_operator_alone_is_never_noticed(
     times = {r: rec.step_time_s for r, rec in recs.items()}
     assert times[2] == pytest.approx(compress(STEP_S * factor), abs=1e-5)
     assert times[0] == pytest.approx(compress(STEP_S), abs=1e-5)
-    wasted = GPUS * horizon_s * (1 - 1 / factor) / 60.0
-    print(f"\nslow rank (x{factor:g}), Training Operator alone: nothing reacted in {expand(time.time() - t0):.0f}s "
+    watched_s = expand(time.time() - t0)
+    wasted = _record_unnoticed_straggler("training_operator", "test_straggler_training_operator_alone_is_never_noticed",
+                                         factor, horizon_s, "none: the job runs at the straggler's pace")
+    print(f"\nslow rank (x{factor:g}), Training Operator alone: nothing reacted in {watched_s:.0f}s "
           f"(world); conditions {sorted(conds)}; {wasted:.0f} GPU-minutes lost to the slowdown in that time")
-    record("slow_node", "training_operator", test="test_straggler_training_operator_alone_is_never_noticed",
-           detection_s=None, action="none: the job runs at the straggler's pace", steps_lost=0,
-           gpu_minutes_wasted=round(wasted, 1),
-           note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
-                f"(1 - 1/{factor:g}), and it goes on for the whole run")
 
 
 def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
@@ -371,15 +350,12 @@ def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
                                                         "sticky": True}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt).replace(recovery=Recovery(max_preemptions=3))
-    run = f"run-{uuid.uuid4().hex[:6]}"
-    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(6.0).to_json(), api=step_api)
-    th.start()
+    run, th = _start(spec, prov, step_api, 6.0)
     try:
         out = json.loads(th.outcome(180).output_json)
         bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
         # released: the instance group deleted that VM (its slot given up), so its Node goes
-        wait_until(f"{bad} released", lambda: bad not in _ready(kube, sim.state.scenario.cluster)
+        wait_until(f"{bad} released", lambda: bad not in ready_gpu_nodes(kube, sim.state.scenario.cluster)
                    and not [n for n in kube.core.list_node().items if n.metadata.name == bad], timeout=30)
     finally:
         teardown.run(spec, run, "", api=step_api, provider=prov)
@@ -406,9 +382,6 @@ def test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint(
     sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor, "sticky": True}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt, stragglers="replace", straggler_window_s=120.0)
-    run = f"run-{uuid.uuid4().hex[:6]}"
-    cap_json = scale_up.run(spec, run, "", api=step_api, provider=prov).output_json
-    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=_template(5.0).to_json(), api=step_api)
     stop = threading.Event()
 
     def checkpointer() -> None:  # the simulated trainer checkpoints every 50 steps (every 100 s, world)
@@ -420,7 +393,7 @@ def test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint(
                 saved = step
 
     cp = threading.Thread(target=checkpointer, daemon=True)
-    th.start()
+    run, th = _start(spec, prov, step_api, 5.0)
     cp.start()
     job = pytorchjob.job_name(run, "train")
     try:
@@ -463,12 +436,8 @@ def test_straggler_jobset_failure_policy_is_never_triggered(
 ) -> None:
     factor, horizon_s = 1.5, 480.0  # world seconds watched
     sim, _, nodes = world(4, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
-    name = f"js-{uuid.uuid4().hex[:5]}"
     ckpt = tmp_path / "ckpt"
-    cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
-                   namespace=namespace)
-    pt = pytorchjob.manifest(name, capacity=cap, template=_template(300.0), labels={}, nodes=4,
-                             checkpoint_uri=str(ckpt), run_id=name, gang_nodes=nodes)
+    name, pt = _plain(namespace, nodes, ckpt, prefix="js")
     kube.custom.create_namespaced_custom_object(*JOBSET[:2], namespace, JOBSET[2], _jobset(
         name, pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"], 4))
     sel = f"jobset.sigs.k8s.io/jobset-name={name}"
@@ -484,11 +453,8 @@ def test_straggler_jobset_failure_policy_is_never_triggered(
     assert int((js.get("status") or {}).get("restarts") or 0) == 0, js.get("status")
     recs = rank_progress.read(open_backend(str(ckpt)))
     assert recs[2].step_time_s == pytest.approx(compress(STEP_S * factor), abs=1e-5)
-    wasted = GPUS * horizon_s * (1 - 1 / factor) / 60.0
-    print(f"\nslow rank (x{factor:g}), JobSet failurePolicy: nothing reacted in {expand(time.time() - t0):.0f}s (world); "
+    watched_s = expand(time.time() - t0)
+    wasted = _record_unnoticed_straggler("jobset", "test_straggler_jobset_failure_policy_is_never_triggered", factor,
+                                         horizon_s, "none: no Job fails, so the failure policy never applies")
+    print(f"\nslow rank (x{factor:g}), JobSet failurePolicy: nothing reacted in {watched_s:.0f}s (world); "
           f"{wasted:.0f} GPU-minutes lost to the slowdown in that time")
-    record("slow_node", "jobset", test="test_straggler_jobset_failure_policy_is_never_triggered", detection_s=None,
-           action="none: no Job fails, so the failure policy never applies", steps_lost=0,
-           gpu_minutes_wasted=round(wasted, 1),
-           note=f"rank 2 x{factor:g} slower, 4x8 GPUs, watched {horizon_s:g}s (world); wasted = GPUs x horizon x "
-                f"(1 - 1/{factor:g}), and it goes on for the whole run")

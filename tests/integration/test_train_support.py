@@ -2,7 +2,8 @@
 
 * :class:`StepThread` runs ``train.run`` in a thread and keeps its result or error.
 * :class:`Reprovisioner` is a stand-in for ``scale_up.reprovision``: it creates replacement KWOK nodes
-  (spot in the original pool, on-demand in a ``-od`` pool) and returns their Capacity.
+  (spot in the original pool, on-demand in a ``-od`` pool) and returns their Capacity; :func:`reprovisioners` is
+  the body of a fixture that hands them out per pool and deletes their nodes after the test.
 * :func:`preempt` reclaims a node the way the GKE stand-in does (notice, kill, delete).
 """
 
@@ -12,9 +13,10 @@ import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -83,6 +85,22 @@ class Reprovisioner:
             except ApiException as e:
                 if e.status != 404:
                     raise
+
+
+R = TypeVar("R", bound=Reprovisioner)
+
+
+def reprovisioners(make: Callable[[str], R]) -> Iterator[Callable[[str], R]]:
+    """Fixture body: yields ``make`` (pool -> Reprovisioner), then cleans up the nodes of every one it made."""
+    made: list[R] = []
+
+    def track(pool: str) -> R:
+        made.append(make(pool))
+        return made[-1]
+
+    yield track
+    for r in made:
+        r.cleanup()
 
 
 class StepThread(threading.Thread):
