@@ -109,7 +109,9 @@ def test_notice_gke_spot_under_jobset_failure_policy(kube: Kube, namespace: str,
     restarted_at = time.monotonic()
     newest = tr.store.latest()
     lost = tr.step - (newest.step if newest is not None else 0)
-    assert lost > 0, lost
+    # no handler: the newest checkpoint is a periodic one; the steps since it are lost (0 only when the kill lands
+    # right after a periodic save, which a loaded machine can make happen: the row records what this run saw)
+    assert newest is not None and newest.step % tr.every == 0 and lost >= 0, (lost, tr.step, newest)
     detection = expand(tr.killed_at - notice_at)
     record("preemption_notice", "jobset", test="test_notice_gke_spot_under_jobset_failure_policy",
            detection_s=round(detection, 1),
