@@ -100,8 +100,12 @@ def test_the_jobs_pods_take_the_warm_pool_nodes_without_preempting_its_balloons(
     core = client.CoreV1Api(t.kube.api)
     for s in ("preflight", "warm_pool", "scale_up"):
         t.step(s, spec, run)
-    held = core.list_namespaced_pod(t.ns, label_selector=f"{BALLOON_LABEL}=true").items
-    assert len(held) == 2 and all(p.spec.node_name for p in held), [(p.metadata.name, p.spec.node_name) for p in held]
+    # the balloons are created by the warm pool; the scheduler binds them once the nodes are Ready with GPUs, which
+    # can come a scheduling cycle (its backoff for unschedulable pods) after scale-up has seen the nodes Ready
+    def bound() -> list[Any] | None:
+        held = core.list_namespaced_pod(t.ns, label_selector=f"{BALLOON_LABEL}=true").items
+        return held if len(held) == 2 and all(p.spec.node_name for p in held) else None
+    wait_until("the warm pool's 2 balloons bound", bound, timeout=30)
     th, box = _in_thread(t.step, "train", spec, run, job_json=job_json(4.0), dataset_uri="", queue_timeout_s=60.0)
     job = pytorchjob.job_name(run, "train")
     pods = wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=90)
