@@ -29,6 +29,7 @@ from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.steps.capacity import Capacity, Placement
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim import SimServer, from_dict
+from tests.integration.standin_support import serving
 from tests.integration.test_train_support import wait_until
 from tests.sim._helpers import PROJECT, REGION, scenario
 
@@ -94,13 +95,7 @@ def default_world(kube: Kube, **overrides: Any) -> Iterator[SimServer]:
     for i, p in enumerate(data["pools"]):
         p["boot"] = {"dist": "lognormal", "median_s": 0.3, "sigma": 0.3, "seed": i}
     data.update(overrides)
-    server = SimServer(from_dict(data), kube.kubeconfig)
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from serving(SimServer(from_dict(data), kube.kubeconfig), kube, cluster)
 
 
 def gang_manifest(name: str, namespace: str, nodes: list[str], template: JobTemplate,

@@ -29,6 +29,7 @@ from kfp_gpu_rehearsal.devcluster import computeclass_crd
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.server import SimServer
+from tests.integration.standin_support import serving
 from tests.integration.test_train_support import wait_until
 from tests.sim._helpers import default_dict
 
@@ -58,13 +59,7 @@ def world(kube: Kube, computeclass_api: None, request: pytest.FixtureRequest) ->
                              "specific": True}]
     data["dws"] = {"accept_s": 10, "queue": {"dist": "fixed", "median_s": opts.get("queue_s", 120)}}
     data["stockouts"] = opts.get("stockouts", [])
-    server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from serving(SimServer(scenario_mod.from_dict(data), kube.kubeconfig), kube, cluster)
 
 
 def _spec(sim: SimServer, ns: str, capacity: str, fallback: tuple[str, ...], nodes: int = 1, deadline: float = 25,

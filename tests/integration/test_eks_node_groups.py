@@ -27,6 +27,7 @@ from kfp_gpu_rehearsal.sim.aws import AwsSimServer
 from kfp_gpu_rehearsal.sim.aws.scenario import default
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency
 from pipelines.llm_finetune_eks import SPEC
+from tests.integration.standin_support import serving
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until
 
@@ -72,13 +73,7 @@ def aws(kube: Kube) -> Iterator[AwsSimServer]:
     sc = default()
     groups = tuple(dataclasses.replace(g, boot=BootLatency(**FAST_BOOT, seed=i)) for i, g in enumerate(sc.nodegroups))
     sc = dataclasses.replace(sc, cluster=cluster, nodegroups=groups, device_plugin_s=20, update_s=20, terminate_s=20)
-    server = AwsSimServer(sc, str(kube.kubeconfig))
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from serving(AwsSimServer(sc, str(kube.kubeconfig)), kube, cluster)
 
 
 @pytest.mark.integration

@@ -29,6 +29,7 @@ from kfp_gpu_rehearsal.sim.aws import AwsSimServer
 from kfp_gpu_rehearsal.sim.aws.scenario import NodegroupSpec, default
 from kfp_gpu_rehearsal.sim.topology import TopologySpec
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency
+from tests.integration.standin_support import serving
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -49,13 +50,7 @@ def aws(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[AwsSimServer]:
               NodegroupSpec(LOOSE, "p4d.24xlarge", ZONE, "SPOT", max_size=2, boot=BootLatency(**boot, seed=2)))  # type: ignore[arg-type]
     sc = dataclasses.replace(default(), cluster=cluster, nodegroups=groups, zones=(ZONE,), device_plugin_s=20,
                              update_s=20, terminate_s=20, topology=TopologySpec(block_nodes=2, subblock_nodes=1, blocks=2))
-    server = AwsSimServer(sc, str(kube.kubeconfig))
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from serving(AwsSimServer(sc, str(kube.kubeconfig)), kube, cluster)
 
 
 def _spec(aws: AwsSimServer, namespace: str, pools: tuple[str, ...]) -> ProvisioningSpec:

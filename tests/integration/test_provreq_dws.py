@@ -31,6 +31,7 @@ from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.server import SimServer
+from tests.integration.standin_support import serving
 from tests.integration.test_train_support import StepThread, job_json, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,13 +55,7 @@ def sim(kube: Kube, request: pytest.FixtureRequest) -> Iterator[SimServer]:
     if stockout:  # a zone with no capacity: DWS keeps the request queued, then fails it after queue_timeout_s
         data["stockouts"] = [{"zone": stockout.args[0], "window": "always"}]
         data["dws"]["queue_timeout_s"] = 600
-    server = SimServer(scenario_mod.from_dict(data), kube.kubeconfig)
-    server.start()
-    yield server
-    server.stop()
-    core = client.CoreV1Api(kube.api)
-    for n in core.list_node(label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items:
-        core.delete_node(n.metadata.name)
+    yield from serving(SimServer(scenario_mod.from_dict(data), kube.kubeconfig), kube, cluster)
 
 
 def _spec(sim: SimServer, ns: str, nodes: int = 2, zones: tuple[str, ...] = ("us-central1-a",),
