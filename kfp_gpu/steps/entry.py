@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from kfp_gpu import runtime as runtime_values
 from kfp_gpu.errors import Cancelled, InvalidSpec, KfpGpuError
+from kfp_gpu.rehearsal_seam import world_time_scale
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps.result import StepResult, in_world_time
 
@@ -107,8 +108,6 @@ def run_step(
     """Run one step function in this process, with this process's identity: what the controller's work units
     (:mod:`kfp_gpu.controller.work`) do. Its metrics leave in the world's clock (:func:`in_world_time`: a
     rehearsal compresses time; a real cluster's factor is 1.0). Raises: KfpGpuError."""
-    from kfp_gpu.rehearsal_seam import world_time_scale
-
     spec = _inputs(step, spec_json, run_id, runtime, kwargs)
     fn = resolve(step)
     with cancellable(step):
