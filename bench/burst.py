@@ -15,7 +15,8 @@ Where a side's nodes come from:
   requests would fight over their status), node group ``bench-ca`` (max 600).
 * ``cluster_autoscaler_provreq``, ``ours_provisioning_request``: the dev cluster's CA profile (the only CA allowed
   to serve ProvisioningRequests on the shared cluster), node group ``ca-a100-bench`` (us-central1-c, max 512
-  nodes, a taint only the bench tolerates).
+  nodes, a taint only the bench tolerates). ``ours_provisioning_request``'s steps ask the cloud (quota, pools) of a
+  stand-in serving the side-run's bench scenario (:data:`CLOUD_ONLY_SIDES`), like the stand-in sides.
 * ``karpenter``: the dev cluster's Karpenter kwok provider, with the bench's KWOKNodeClass
   :data:`KARPENTER_NODE_CLASS` (the Node at launch) and the boot-injection label on its NodePool's nodes.
 
@@ -64,6 +65,10 @@ from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
          "ours_provisioning_request", "ours_karpenter", "ours_compute_class")  # run in this order; shared node groups are apart
 STANDIN_SIDES = ("naive", "sequential", "ours_node_pool", "ours_compute_class")
+# Sides whose nodes come from an autoscaler on the shared cluster but whose steps still ask the cloud (quota, pools):
+# they get the side-run's stand-in for those calls, so their quota is the bench world's (65,536 GPUs), as every
+# stand-in side's, not the dev cluster's default world (128 A100 GPUs in us-central1), which refused N >= 64.
+CLOUD_ONLY_SIDES = ("ours_provisioning_request",)
 CA_POOL = "bench-ca"
 PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
 PROFILE_MAX = 512
@@ -394,12 +399,15 @@ class Harness:
             from kfp_gpu_rehearsal.devcluster import computeclass_crd
 
             computeclass_crd.install(self.api)
-        if side in STANDIN_SIDES:
+        if side in STANDIN_SIDES or side in CLOUD_ONLY_SIDES:
             sim = StandIn(scenario(uid("bw"), seed, dry_zones=dry_zones), Path(_kubeconfig())).start()
+        if sim is not None and side in STANDIN_SIDES:
             cl = sim.cluster
             selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
             args.update(url=sim.url, cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
                         pools=[pool_name(z) for z in zones])
+        elif sim is not None:  # the cloud ours asks (quota, pools): the bench world's, as every stand-in side's
+            args["url"] = sim.url
         owns: Callable[[dict[str, str]], bool] | None = None  # the side's nodes, by labels, as the Injector sees them
         if side == "cluster_autoscaler":
             args["pool"] = CA_POOL

@@ -235,7 +235,8 @@ class Side:
             return ProvisioningSpec(ACCEL, self.n, gpus_per_node=GPUS, zones=(ca_profile.BENCH_ZONE,),
                                     scale_up_deadline_s=deadline_s,
                                     target=Target(kind="local", cluster=ca_profile.CLUSTER, region=REGION,
-                                                  namespace=self.ns, pools=(self.a["pool"],),
+                                                  endpoint=self.a.get("url", ""), namespace=self.ns,
+                                                  pools=(self.a["pool"],),
                                                   tolerations=(ca_profile.TAINT, ca_profile.BENCH_TAINT),
                                                   provisioner=backend))
         if backend == "compute-class":  # the run's ComputeClass: on-demand first, then Spot (the world has no spot room)

@@ -46,13 +46,22 @@ def world(tl: Timeline) -> tuple[Timeline, str]:
     """``tl`` in the clock of the world the run happened in, and the one sentence that says so ("" on a real
     cluster): the local rehearsal compresses time by :func:`kfp_gpu.rehearsal_seam.world_time_scale`, and every
     time and cost it reports is in the world's clock. Raises: InvalidSpec (a malformed scale variable)."""
-    from kfp_gpu.rehearsal_seam import TIME_SCALE_ENV, world_time_scale
+    from kfp_gpu.rehearsal_seam import world_time_scale
 
     scale = world_time_scale()
     if scale == 1.0:
         return tl, ""
-    return tl.scaled(scale), (f"times and costs are in the rehearsal world's clock: one second here is {scale:g} "
-                              f"real-world seconds ({TIME_SCALE_ENV}={scale:g})")
+    return tl.scaled(scale), clock_note(scale)
+
+
+def clock_note(scale: float) -> str:
+    """The one sentence that says a report is in the rehearsal world's clock ("" on a real cluster, ``scale`` 1.0)."""
+    from kfp_gpu.rehearsal_seam import TIME_SCALE_ENV
+
+    if scale == 1.0:
+        return ""
+    return (f"times and costs are in the rehearsal world's clock: one second here is {scale:g} real-world seconds "
+            f"({TIME_SCALE_ENV}={scale:g})")
 
 
 # Run-level event kinds the reports read (written by steps/ through ``Timeline.event``):

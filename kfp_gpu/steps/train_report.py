@@ -13,7 +13,13 @@ if TYPE_CHECKING:
 
 
 def result(st: TrainState, status: str, wall_s: float) -> StepResult:
-    """Close the books of ``st`` (usage, timeline, ledger) and summarise the run."""
+    """Close the books of ``st`` (usage, timeline, ledger) and summarise the run. The JSON output and the summary
+    give durations and GPU-hours in the world's clock (``scale``: :func:`kfp_gpu.rehearsal_seam.world_time_scale`,
+    1.0 on a real cluster); the metrics stay on this process's clock, for :func:`kfp_gpu.steps.entry.run_step`
+    scales them (:data:`kfp_gpu.steps.result.WALL_CLOCK_METRICS`). The ledger keeps the measured values."""
+    from kfp_gpu.rehearsal_seam import world_time_scale
+
+    scale = world_time_scale()
     st.close_usage(time.time())
     st.timeline.event("job-finished", time.time(), job=st.job, status=status, attempt=st.attempt)
     ck = st.checkpoint()
@@ -26,10 +32,11 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     waits = [float(a["wait_s"]) for a in st.ledger.get("admissions", []) if a.get("wait_s") is not None]
     out = {
         "job": st.job, "job_kind": st.kind.NAME, "namespace": st.namespace, "status": status, "final_step": final_step,
-        "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours, 6), "preemptions": len(pre),
+        "final_loss": final_loss, "gpu_hours": round(st.usage.gpu_hours * scale, 6), "preemptions": len(pre),
         "app_failures": st.budget.app_failures, "attempts": st.attempt, "on_demand": st.budget.on_demand,
-        "detect_latency_s": lat, "ledger": st.ledger, "capacity": json.loads(st.capacity.to_json()),
-        "timeline": st.timeline.to_json(), "queue": st.queue, "queue_wait_s": waits,
+        "detect_latency_s": [round(x * scale, 4) for x in lat], "ledger": st.ledger,
+        "capacity": json.loads(st.capacity.to_json()), "timeline": st.timeline.to_json(), "queue": st.queue,
+        "queue_wait_s": [round(w * scale, 4) for w in waits],
         "queue_evictions": sum(1 for p in pre if p.get("cause") == "queue-eviction"),
     }
     metrics = {
@@ -46,10 +53,18 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
         metrics["final_step"] = float(final_step)
     if isinstance(final_loss, (int, float)):
         metrics["final_loss"] = float(final_loss)
-    return StepResult(json.dumps(out, sort_keys=True), metrics, markdown(out, pre))
+    return StepResult(json.dumps(out, sort_keys=True), metrics, markdown(out, pre, scale))
 
 
-def markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
+def _world_s(value: Any, scale: float) -> str:
+    """A ledger duration (this process's seconds) in the world's clock, as the table shows it; '' when absent."""
+    return "" if value in (None, "") else f"{float(value) * scale:.4g}"
+
+
+def markdown(out: dict[str, Any], pre: list[dict[str, Any]], scale: float = 1.0) -> str:
+    """The run's summary; ``out`` holds world-clock values already, ``pre`` (ledger entries) is scaled here."""
+    from kfp_gpu.report._common import clock_note
+
     lines = [
         f"# Training job `{out['job']}` ({out.get('job_kind', 'pytorchjob')}): {out['status']}", "",
         f"- attempts: {out['attempts']}, preemptions: {out['preemptions']}, app failures: {out['app_failures']}",
@@ -67,7 +82,9 @@ def markdown(out: dict[str, Any], pre: list[dict[str, Any]]) -> str:
         for i, p in enumerate(pre, 1):
             lines.append(f"| {i} | {', '.join(p.get('lost_nodes', [])) or '-'} | {p.get('reason', '')} | "
                          f"{p.get('checkpoint_step', 0)} | {p.get('steps_lost', 0)} | "
-                         f"{p.get('detect_latency_s', '')} | {p.get('time_to_resume_s', '')} |")
-    return "\n".join(lines)
+                         f"{_world_s(p.get('detect_latency_s'), scale)} | "
+                         f"{_world_s(p.get('time_to_resume_s'), scale)} |")
+    note = clock_note(scale)
+    return "\n".join(lines + (["", f"_{note}_"] if note else []))
 
 

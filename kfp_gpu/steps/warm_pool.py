@@ -44,6 +44,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     """Raises: QuotaExceeded, CapacityUnavailable, PermissionDenied (cloud); ApiException (cluster)."""
     from kfp_gpu.cluster.kube import api_client
     from kfp_gpu.providers import for_target
+    from kfp_gpu.rehearsal_seam import world_time_scale
+    from kfp_gpu.report._common import clock_note, duration
 
     t0 = time.time()
     wp = spec.warm_pool
@@ -62,7 +64,8 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
                             for r in held], "lease_expires": owner.lease_expires}
     md = (f"## warm pool: {wp.nodes} node(s) requested, {len(names)} balloon pod(s) "
           f"in PriorityClass {balloons.PRIORITY_CLASS} ({balloons.PRIORITY_VALUE}), lease {ttl:.0f}s"
-          + (f", reservation {reservation}" if reservation else "") + f" in {took:.2f}s")
+          + (f", reservation {reservation}" if reservation else "") + f" in {duration(took * world_time_scale())}"
+          + (f"\n\n_{clock_note(world_time_scale())}_" if world_time_scale() != 1.0 else ""))
     return StepResult(json.dumps(out, sort_keys=True), {"warm_nodes": float(wp.nodes), "warm_pool_seconds": took}, md)
 
 

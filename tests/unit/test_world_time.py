@@ -18,7 +18,7 @@ from kfp_gpu.report.cost import CostReport, cost_report
 from kfp_gpu.report.terminal import gantt
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import entry
-from kfp_gpu.steps.result import WALL_CLOCK_METRICS, StepResult
+from kfp_gpu.steps.result import WALL_CLOCK_METRICS, StepResult, in_world_time
 from kfp_gpu.timeline import NodeState, Timeline
 
 
@@ -120,3 +120,51 @@ def test_the_component_reference_states_the_metrics_clock_and_the_rehearsal_s_fa
     assert REHEARSAL_TIME_SCALE == TIME_SCALE, "kfp_gpu/component_docs.py states another factor than the rehearsal's"
     doc = (Path(entry.__file__).parents[2] / "docs" / "components.md").read_text()
     assert metrics_section() in doc, "docs/components.md is stale: make components"
+
+
+class _Books:
+    """What the train report reads of a finished run (kfp_gpu.steps.train.TrainState's fields): one preemption
+    detected 0.5 s after its notice and resumed in 2 s, one Kueue admission after 1.5 s, 0.01 GPU-hours."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.job, self.namespace, self.queue, self.attempt = "j", "ns", "lq", 2
+        self.kind = SimpleNamespace(NAME="pytorchjob")
+        self.timeline = Timeline(run_id="r")
+        self.usage = SimpleNamespace(gpu_hours=0.01)
+        self.budget = SimpleNamespace(app_failures=0, on_demand=False)
+        self.capacity = SimpleNamespace(to_json=lambda: "{}")
+        self.ledger: dict[str, object] = {
+            "preemptions": [{"lost_nodes": ["n1"], "reason": "spot", "checkpoint_step": 100, "steps_lost": 4,
+                             "detect_latency_s": 0.5, "time_to_resume_s": 2.0}],
+            "admissions": [{"wait_s": 1.5}]}
+
+    def close_usage(self, at: float) -> None: ...
+
+    def checkpoint(self) -> None:
+        return None
+
+    def save_ledger(self) -> None: ...
+
+
+def test_the_train_step_s_output_and_summary_are_in_world_time_and_its_metrics_scaled_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from kfp_gpu.steps.train_report import result
+
+    monkeypatch.setenv(TIME_SCALE_ENV, "120")
+    res = result(_Books(), "Succeeded", 30.0)  # type: ignore[arg-type]
+    out = json.loads(res.output_json)
+    assert out["gpu_hours"] == pytest.approx(1.2) and out["detect_latency_s"] == [60.0]
+    assert out["queue_wait_s"] == [180.0]
+    assert "GPU-hours: 1.2000" in res.markdown and "| 60 | 240 |" in res.markdown  # detect, resume: world seconds
+    assert "one second here is 120 real-world seconds" in res.markdown
+    # the metrics leave this function on the process's clock: run_step scales them, once
+    assert res.metrics["gpu_hours"] == 0.01 and res.metrics["queue_wait_s"] == 1.5 and res.metrics["wall_s"] == 30.0
+    assert in_world_time(res, 120.0).metrics["preemption_detect_latency_max_s"] == 60.0
+    monkeypatch.delenv(TIME_SCALE_ENV)  # a real cluster: as measured, no clock sentence
+    real = result(_Books(), "Succeeded", 30.0)  # type: ignore[arg-type]
+    assert json.loads(real.output_json)["detect_latency_s"] == [0.5] and "| 0.5 | 2 |" in real.markdown
+    assert "real-world seconds" not in real.markdown
