@@ -1,9 +1,11 @@
 """The recovery part of docs/benchmarks.md and of the targets, generated from the bench JSON.
 
 The recovery scenario has its own result file, ``bench/results/recovery.json`` (``python -m bench.run --full --only
-recovery --repeats 5 --out bench/results/recovery.json``), written only by a run of >= 5 repeats. When it exists
-(three sides: ``best_realistic_baseline`` recorded), the doc's recovery section and recovery targets come from it,
-with its own command and commit; otherwise from the main JSON (older runs: ours vs the operator alone).
+recovery --repeats 5 --out bench/results/recovery.json``), written only by a run of >= 5 repeats. The main JSON's
+own recovery wins when it has the three sides (``best_realistic_baseline`` recorded: a full run measured it in the
+same world and session as every other figure). Otherwise, when recovery.json exists with the three sides, the doc's
+recovery section and recovery targets come from it, with its own command and commit; else from the main JSON (older
+runs: ours vs the operator alone).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def three_sided(data: dict[str, Any]) -> bool:
 def source(out: dict[str, Any], path: Path | None = None) -> tuple[dict[str, Any], str]:
     """The data the recovery section is rendered from, and its path relative to the repo ("" = the main JSON)."""
     path = RECOVERY_JSON if path is None else path
+    if three_sided(out):
+        return out, ""
     if path.exists():
         data = json.loads(path.read_text())
         if data.get("schema") == 2 and three_sided(data):

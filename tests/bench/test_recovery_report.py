@@ -66,3 +66,16 @@ def test_without_a_three_sided_file_the_main_json_is_used(tmp_path: Path) -> Non
     (tmp_path / "old.json").write_text(json.dumps({"schema": 2, "recovery": {"recovery": {"ours": 1.0}}}))
     assert report_recovery.source(out, tmp_path / "old.json") == (out, "")
     assert "One preemption: not run in --quick" in "\n".join(report_recovery.lines(out, ""))
+
+
+def test_a_full_run_s_own_three_sided_recovery_wins_over_the_separate_file(tmp_path: Path) -> None:
+    """The full run measured recovery in the same world and session as every other figure: the doc shows that, not
+    an older dedicated run (the full run on 0411ce5 showed recovery.json's 6.15x of b0029dd beside its own 8.46x)."""
+    older = _data()
+    older["git"] = {"commit": "b" * 40, "dirty": False}
+    path = tmp_path / "recovery.json"
+    path.write_text(json.dumps(older))
+    full = {**_data(), "command": "python -m bench.run --full"}
+    data, src = report_recovery.source(full, path)
+    assert src == "" and data is full
+    assert report_recovery.source({"recovery": {}}, path)[1] == str(path)  # without its own: the file
