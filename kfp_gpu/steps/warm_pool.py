@@ -58,14 +58,15 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     owner = Owner.for_step(run_id, STEP, ttl)
     names, held = _reserve(spec, run_id, api, provider, owner, ttl)
     took = time.time() - t0
+    scale = world_time_scale()  # the summary in the world's clock; the metric leaves on this clock (run_step scales it)
     reservation = ", ".join(r.name for r in held)
     out = {"balloons": names, "requested_nodes": wp.nodes, "reservation": reservation,
            "reservations": [{"name": r.name, "zone": r.zone, "count": r.count, "machine_type": r.machine_type}
                             for r in held], "lease_expires": owner.lease_expires}
     md = (f"## warm pool: {wp.nodes} node(s) requested, {len(names)} balloon pod(s) "
           f"in PriorityClass {balloons.PRIORITY_CLASS} ({balloons.PRIORITY_VALUE}), lease {ttl:.0f}s"
-          + (f", reservation {reservation}" if reservation else "") + f" in {duration(took * world_time_scale())}"
-          + (f"\n\n_{clock_note(world_time_scale())}_" if world_time_scale() != 1.0 else ""))
+          + (f", reservation {reservation}" if reservation else "") + f" in {duration(took * scale)}"
+          + (f"\n\n_{clock_note(scale)}_" if scale != 1.0 else ""))
     return StepResult(json.dumps(out, sort_keys=True), {"warm_nodes": float(wp.nodes), "warm_pool_seconds": took}, md)
 
 
