@@ -17,7 +17,13 @@ from kfp_gpu.checkpoint import CheckpointStore, spot_grace_s
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim.clock import expand
 from tests.integration.fault_rows import record
-from tests.integration.test_spot_rank_loss import SpotTrainer, _trainer_pod, gke  # noqa: F401 - gke: a fixture
+from tests.integration.test_spot_rank_loss import (  # noqa: F401 - gke: a fixture
+    CHECKPOINT_EVERY,
+    NOTICE_STEP,
+    SpotTrainer,
+    _trainer_pod,
+    gke,
+)
 from tests.integration.test_train_support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -35,11 +41,12 @@ def test_notice_gke_spot_emergency_checkpoint_vs_no_handler(kube: Kube, namespac
         kube.core.create_namespaced_pod(namespace, _trainer_pod(namespace, pod, node))
         wait_until(f"{pod} Running", lambda pod=pod: kube.core.read_namespaced_pod(pod, namespace).status.phase
                    == "Running", timeout=30)
-        tr = SpotTrainer(kube.core, namespace, pod, CheckpointStore(str(tmp_path / pod)), save_s)
+        tr = SpotTrainer(kube.core, namespace, pod, CheckpointStore(str(tmp_path / pod)), save_s,
+                         every=CHECKPOINT_EVERY)
         t0: list[float] = []
-        th = threading.Thread(target=tr.run, args=(23, t0), daemon=True)
+        th = threading.Thread(target=tr.run, args=(NOTICE_STEP, t0), daemon=True)
         th.start()
-        wait_until("trainer at step 23", lambda t0=t0: bool(t0), timeout=30)
+        wait_until(f"trainer at step {NOTICE_STEP}", lambda t0=t0: bool(t0), timeout=60)
         notice_at = time.monotonic()
         sim.preempt(node)
         threads.append(th)
@@ -62,7 +69,7 @@ def test_notice_gke_spot_emergency_checkpoint_vs_no_handler(kube: Kube, namespac
                        "trained since the last periodic checkpoint is lost"),
                steps_lost=lost[side], gpu_minutes_wasted=round(lost[side] * tr.step_s * GPUS / 60.0, 1),
                note=f"GKE spot: pod grace {spot_grace_s('gke'):g} s; step {tr.step_s:g} s world, periodic "
-               f"checkpoint every {tr.every} steps, notice at step 23; wasted = lost steps x one node's {GPUS} GPUs "
+               f"checkpoint every {tr.every} steps, notice at step {NOTICE_STEP}; wasted = lost steps x one node's {GPUS} GPUs "
                "(the rank preempted); detection: kfp_gpu = the rank saw the notice, training_operator = the pod was killed")
     assert lost["kfp_gpu"] == 0 and lost["training_operator"] > 0, lost
 

@@ -83,6 +83,14 @@ def _world_s(t_wall: float) -> float:
 
 # ---- (a) the GKE spot notice and the emergency save -----------------------------------------------
 
+# For the notice tests: the notice lands one step after a periodic checkpoint, and the next periodic one is further
+# off than the VM lives after a notice (< 30 s world = 30 steps). A loaded world that delivers the notice late (CI on
+# 0411ce5: the rank saw it 9.8-11 s world after, at step 30 with a checkpoint every 10) then cannot let the rank reach
+# a periodic save before the kill, which hid the steps lost and failed the test.
+CHECKPOINT_EVERY = 40
+NOTICE_STEP = CHECKPOINT_EVERY + 1
+
+
 @dataclass
 class SpotTrainer:
     """A rank of a job, simulated in this process: one step every ``step_s`` (world seconds) while its pod runs, a
@@ -162,11 +170,11 @@ def test_gke_spot_notice_emergency_save_fits_15_s(
         wait_until(f"{pod} Running", lambda pod=pod: kube.core.read_namespaced_pod(pod, namespace).status.phase
                    == "Running", timeout=30)
         store = CheckpointStore(str(tmp_path / pod))
-        tr = SpotTrainer(kube.core, namespace, pod, store, save_s)
+        tr = SpotTrainer(kube.core, namespace, pod, store, save_s, every=CHECKPOINT_EVERY)
         t0: list[float] = []
-        th = threading.Thread(target=tr.run, args=(23, t0), daemon=True)
+        th = threading.Thread(target=tr.run, args=(NOTICE_STEP, t0), daemon=True)
         th.start()
-        wait_until("trainer at step 23", lambda t0=t0: bool(t0), timeout=30)
+        wait_until(f"trainer at step {NOTICE_STEP}", lambda t0=t0: bool(t0), timeout=60)
         notice_at = time.monotonic()
         sim.preempt(node)
         th.join(30)
@@ -185,7 +193,7 @@ def test_gke_spot_notice_emergency_save_fits_15_s(
         if save_s <= 15.0:
             assert tr.saved_at is not None and tr.saved_at < tr.killed_at and lost == 0, tr
         else:
-            assert tr.saved_at is None and 0 < lost <= tr.every, tr  # back to the periodic checkpoint (20)
+            assert tr.saved_at is None and 0 < lost <= tr.every, tr  # back to the periodic checkpoint (40)
     assert results[5.0] == 0 and results[20.0] > 0
 
 
