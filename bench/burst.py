@@ -399,15 +399,14 @@ class Harness:
             from kfp_gpu_rehearsal.devcluster import computeclass_crd
 
             computeclass_crd.install(self.api)
-        if side in STANDIN_SIDES or side in CLOUD_ONLY_SIDES:
+        if side in STANDIN_SIDES or side in CLOUD_ONLY_SIDES:  # the cloud the side asks: the bench world's
             sim = StandIn(scenario(uid("bw"), seed, dry_zones=dry_zones), Path(_kubeconfig())).start()
-        if sim is not None and side in STANDIN_SIDES:
-            cl = sim.cluster
-            selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
-            args.update(url=sim.url, cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
-                        pools=[pool_name(z) for z in zones])
-        elif sim is not None:  # the cloud ours asks (quota, pools): the bench world's, as every stand-in side's
             args["url"] = sim.url
+            if side in STANDIN_SIDES:  # its nodes are the stand-in's too
+                cl = sim.cluster
+                selector = lambda rec: rec.labels.get("kfp-gpu.io/sim-cluster") == cl  # noqa: E731
+                args.update(cluster=sim.cluster, zone=zones[0], pool=pool_name(zones[0]), zones=list(zones),
+                            pools=[pool_name(z) for z in zones])
         owns: Callable[[dict[str, str]], bool] | None = None  # the side's nodes, by labels, as the Injector sees them
         if side == "cluster_autoscaler":
             args["pool"] = CA_POOL

@@ -19,7 +19,6 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     scales them (:data:`kfp_gpu.steps.result.WALL_CLOCK_METRICS`). The ledger keeps the measured values."""
     from kfp_gpu.rehearsal_seam import world_time_scale
 
-    scale = world_time_scale()
     st.close_usage(time.time())
     st.timeline.event("job-finished", time.time(), job=st.job, status=status, attempt=st.attempt)
     ck = st.checkpoint()
@@ -27,6 +26,8 @@ def result(st: TrainState, status: str, wall_s: float) -> StepResult:
     final_loss = (ck.meta or {}).get("loss") if ck is not None else None
     st.ledger["status"] = status
     st.save_ledger()
+    # read once the books are closed (as run_step does): a malformed factor must not keep the ledger from its status
+    scale = world_time_scale()
     pre = list(st.ledger.get("preemptions", []))
     lat = [float(p["detect_latency_s"]) for p in pre if p.get("detect_latency_s") is not None]
     waits = [float(a["wait_s"]) for a in st.ledger.get("admissions", []) if a.get("wait_s") is not None]

@@ -66,7 +66,7 @@ def run(spec: ProvisioningSpec, run_id: str, upstream_json: str, *, api: client.
     md = (f"## warm pool: {wp.nodes} node(s) requested, {len(names)} balloon pod(s) "
           f"in PriorityClass {balloons.PRIORITY_CLASS} ({balloons.PRIORITY_VALUE}), lease {ttl:.0f}s"
           + (f", reservation {reservation}" if reservation else "") + f" in {duration(took * scale)}"
-          + (f"\n\n_{clock_note(scale)}_" if scale != 1.0 else ""))
+          + (f"\n\n_{note}_" if (note := clock_note(scale)) else ""))
     return StepResult(json.dumps(out, sort_keys=True), {"warm_nodes": float(wp.nodes), "warm_pool_seconds": took}, md)
 
 
