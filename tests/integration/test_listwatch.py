@@ -84,7 +84,7 @@ def test_a_refused_watch_is_reported_not_retried(kube, namespace, rbac_identity)
 
 def test_scale_up_fails_at_once_on_a_refused_node_watch(kube, namespace, rbac_identity):
     """The wait for the gang does not sit until its deadline when the Node watch was refused."""
-    from kfp_gpu.provisioners.resize import _wait_gang
+    from kfp_gpu.provisioners.gang_wait import wait_gang
 
     crippled = rbac_identity(drop=(("", "nodes", "watch"),))
     nodes, rv = list_nodes(crippled.api, "")
@@ -93,7 +93,7 @@ def test_scale_up_fails_at_once_on_a_refused_node_watch(kube, namespace, rbac_id
     t0 = time.time()
     try:
         with pytest.raises(PermissionDenied) as info:
-            _wait_gang(tracker, 1, ("us-central1-a",), t0 + 120, None, [])  # type: ignore[arg-type]
+            wait_gang(tracker, 1, ("us-central1-a",), t0 + 120, None, [])  # type: ignore[arg-type]
     finally:
         w.stop()
     assert time.time() - t0 < 30 and "watch" in str(info.value) and "nodes" in str(info.value)

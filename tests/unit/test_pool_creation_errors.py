@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from kfp_gpu.errors import CapacityUnavailable, QuotaExceeded, Scope
 from kfp_gpu.providers.base import PoolActivity, PoolError, PoolRef
-from kfp_gpu.provisioners.resize import _stockout
+from kfp_gpu.provisioners.gang_wait import stockout
 
 A = PoolRef("l4-a", "us-central1-a", "us-central1")
 B = PoolRef("l4-b", "us-central1-b", "us-central1")
 
 
 class Groups:
-    """A provider that answers pool_activity from a table (the only call _stockout makes)."""
+    """A provider that answers pool_activity from a table (the only call stockout makes)."""
 
     def __init__(self, table: dict[PoolRef, PoolActivity]) -> None:
         self.table = table
@@ -25,7 +25,7 @@ STOCK = PoolError("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough
 
 
 def test_quota_error_of_a_group_short_of_its_target_blocks_the_region() -> None:
-    zone, err = _stockout(Groups({A: PoolActivity(A, 3, 1, 2, (STOCK, QUOTA))}), [A], 0.0)  # type: ignore[arg-type]
+    zone, err = stockout(Groups({A: PoolActivity(A, 3, 1, 2, (STOCK, QUOTA))}), [A], 0.0)  # type: ignore[arg-type]
     assert zone == "us-central1-a" and isinstance(err, QuotaExceeded) and err.scope is Scope.REGION
     assert "QUOTA_EXCEEDED" in err.message and err.fields["running"] == 1 and err.fields["target"] == 3
 
@@ -33,6 +33,6 @@ def test_quota_error_of_a_group_short_of_its_target_blocks_the_region() -> None:
 def test_stockout_blocks_the_zone_and_a_group_at_its_target_is_fine() -> None:
     groups = Groups({A: PoolActivity(A, 2, 2, 0, (STOCK, QUOTA)),  # errors, but every VM runs now
                      B: PoolActivity(B, 2, 0, 2, (STOCK,))})
-    zone, err = _stockout(groups, [A, B], 0.0)  # type: ignore[arg-type]
+    zone, err = stockout(groups, [A, B], 0.0)  # type: ignore[arg-type]
     assert zone == "us-central1-b" and isinstance(err, CapacityUnavailable) and err.scope is Scope.ZONE
-    assert _stockout(Groups({A: PoolActivity(A, 2, 1, 1, ())}), [A], 0.0) is None  # type: ignore[arg-type]
+    assert stockout(Groups({A: PoolActivity(A, 2, 1, 1, ())}), [A], 0.0) is None  # type: ignore[arg-type]
