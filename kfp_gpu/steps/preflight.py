@@ -3,7 +3,9 @@
 All reads run at once on a thread pool - every candidate region's cloud quota and node pools, and
 (with a Kubernetes ``ApiClient``) the namespace ResourceQuota on ``requests.nvidia.com/gpu``, the
 allocatable GPUs of Ready nodes, and the Kueue ClusterQueue when its CRD exists - so total latency is
-about one API round trip. A read that fails makes its check UNKNOWN (never ok) with the reason.
+about one API round trip. A read that fails makes its check UNKNOWN (never ok) with the reason. The cloud side
+(quota, pools) and the checkpoint URI are checked here; the cluster-side checks are
+:mod:`kfp_gpu.steps.preflight_cluster`.
 
 With a cluster it also detects the provisioner backend (shown with its reason) and, where an autoscaler serves
 ProvisioningRequests, asks it check-capacity for the gang (:mod:`kfp_gpu.steps.check_capacity`; bounded wait,
@@ -25,23 +27,20 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from kfp_gpu import accelerators, fanout
-from kfp_gpu.cluster import node_labels
+from kfp_gpu import fanout
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound, QuotaExceeded
-from kfp_gpu.plan import topology
 from kfp_gpu.plan.placement import candidate_zones, matching_pools, plan_placements
 from kfp_gpu.plan.preflight import NOT_ASKED, CapacityNow, ClusterCheck, PreflightResult
 from kfp_gpu.plan.quota import QuotaCheck, Verdict, evaluate, needs, reservation_free, reserved_nodes
 from kfp_gpu.providers.base import CapacityProvider, PoolState, QuotaAmount
-from kfp_gpu.spec import ProvisioningSpec, TargetKind
+from kfp_gpu.spec import ProvisioningSpec
+from kfp_gpu.steps import preflight_cluster
 
 __all__ = ["PreflightResult", "check", "check_checkpoint_uri", "request_increase", "run_preflight", "store_probe"]
 
 log = logging.getLogger(__name__)
-GPU = "nvidia.com/gpu"
-KUEUE_CRD = "clusterqueues.kueue.x-k8s.io"
 # probes an object-store URI: returns a kfp_gpu.checkpoint.probe.ProbeResult (or None: writable), raises: not writable
 CheckpointProbe = Callable[[str], Any]
 T = TypeVar("T")
@@ -82,10 +81,10 @@ def run_preflight(
     kube_f: dict[str, fanout.Task[ClusterCheck]] = {}
     if kube_api is not None:
         kube_f = {
-            "namespace-quota": _spawn(_namespace_quota, spec, kube_api),
-            "kueue": _spawn(_kueue, spec, kube_api),
+            "namespace-quota": _spawn(preflight_cluster.namespace_quota, spec, kube_api),
+            "kueue": _spawn(preflight_cluster.kueue_check, spec, kube_api),
         }
-        nodes_f = _spawn(_ready_gpu_nodes, spec, kube_api)
+        nodes_f = _spawn(preflight_cluster.ready_gpu_nodes, spec, kube_api)
     ckpt_f = _spawn(check_checkpoint_uri, spec.checkpoint_uri, checkpoint_probe) if spec.checkpoint_uri else None
 
     checks_by_region: dict[str, list[QuotaCheck]] = {}
@@ -115,9 +114,9 @@ def run_preflight(
         checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
     cluster = [f.result() for f in kube_f.values()]
     if kube_api is not None:
-        cluster.insert(0, _capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+        cluster.insert(0, preflight_cluster.capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
         if spec.topology != "none":
-            cluster.insert(1, _topology_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+            cluster.insert(1, preflight_cluster.topology_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
     if ckpt_f is not None:
         cluster.append(ckpt_f.result())
     placements = plan_placements(spec, checks_by_region, pools_by_region,
@@ -262,147 +261,3 @@ def _quota_checks(spec: ProvisioningSpec, region: str, fut: fanout.Task[list[Quo
         return [QuotaCheck(n.metric, n.location, n.unit, n.amount, Verdict.UNKNOWN,
                            reason=f"quota read failed: {_msg(exc)}{fix}") for n in needs(spec, region, reserved=reserved)]
     return evaluate(spec, region, rows, reserved=reserved)
-
-
-# ---- cluster side --------------------------------------------------------------------------
-def _api_error(name: str, exc: BaseException, what: str) -> ClusterCheck:
-    status = getattr(exc, "status", None)
-    hint = "grant the preflight service account read access (RBAC)" if status in (401, 403) else ""
-    return ClusterCheck(name, Verdict.UNKNOWN, f"cannot read {what}: {status or ''} {getattr(exc, 'reason', exc)}",
-                        remediation=hint)
-
-
-def _qty(value: Any) -> float:
-    from kubernetes.utils import parse_quantity
-
-    return float(parse_quantity(str(value)))
-
-
-def _namespace_quota(spec: ProvisioningSpec, api: Any) -> ClusterCheck:
-    from kubernetes import client
-
-    ns, need, name = spec.target.namespace, float(spec.total_gpus), "namespace-quota"
-    try:
-        items = client.CoreV1Api(api).list_namespaced_resource_quota(ns).items
-    except Exception as exc:
-        return _api_error(name, exc, f"ResourceQuotas of namespace {ns}")
-    free: float | None = None
-    for q in items:
-        hard = (q.status.hard if q.status and q.status.hard else None) or (q.spec.hard or {})
-        used = (q.status.used if q.status and q.status.used else None) or {}
-        for key in (f"requests.{GPU}", f"limits.{GPU}"):
-            if key in hard:
-                f = _qty(hard[key]) - _qty(used.get(key, 0))
-                free = f if free is None else min(free, f)
-    if free is None:
-        return ClusterCheck(name, Verdict.FITS, f"no ResourceQuota on requests.{GPU} in namespace {ns}", need)
-    verdict = Verdict.FITS if free >= need else Verdict.SHORT
-    return ClusterCheck(name, verdict, f"ResourceQuota requests.{GPU} in namespace {ns}: {free:g} free", need, free,
-                        "" if verdict is Verdict.FITS else f"raise requests.{GPU} in the ResourceQuota of {ns}")
-
-
-def _node_matches(spec: ProvisioningSpec, labels: dict[str, str]) -> bool:
-    acc = accelerators.get(spec.accelerator)
-    if spec.target.kind is TargetKind.EKS:
-        return labels.get("node.kubernetes.io/instance-type") in {m.name for m in acc.aws_instances}
-    return labels.get("cloud.google.com/gke-accelerator") == acc.gke_label
-
-
-class _NodeCounts(NamedTuple):
-    ready: int  # Ready schedulable matching GPU nodes
-    per_pool: dict[str, int]  # node count per pool label
-    per_domain: dict[str, int]  # the Ready ones per ``spec.topology_level`` domain
-    pool_domain: dict[str, str]  # pool -> the domain most of its Ready nodes are in
-
-
-def _ready_gpu_nodes(spec: ProvisioningSpec, api: Any) -> _NodeCounts:
-    """:class:`_NodeCounts` from one raw Node list."""
-    from kfp_gpu.cluster.nodes import NodeView, labels_of, list_nodes
-    from kfp_gpu.plan.readiness import is_ready
-
-    label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
-    count, per_pool, per_domain = 0, dict[str, int](), dict[str, int]()
-    pool_domains: dict[str, dict[str, int]] = {}
-    for node in list_nodes(api)[0]:
-        view = NodeView.of(node)
-        if view.pool:
-            per_pool[view.pool] = per_pool.get(view.pool, 0) + 1
-        unschedulable = bool((node.get("spec") or {}).get("unschedulable"))
-        if is_ready(node, gpus=spec.gpus_per_node) and not unschedulable and _node_matches(spec, labels_of(node)):
-            count += 1
-            domain = labels_of(node).get(label, "")
-            if domain:
-                per_domain[domain] = per_domain.get(domain, 0) + 1
-                seen = pool_domains.setdefault(view.pool, {})
-                seen[domain] = seen.get(domain, 0) + 1
-    return _NodeCounts(count, per_pool, per_domain,
-                       {p: max(ds, key=lambda d: (ds[d], d)) for p, ds in pool_domains.items() if p})
-
-
-def _headroom(spec: ProvisioningSpec, pools: list[PoolState], per_pool: dict[str, int]) -> int:
-    """Nodes the matching pools may still add. Pool sizes are read without the per-pool size calls (one round
-    trip): a pool's current size is the number of its nodes the cluster shows."""
-    return sum(max(0, p.max_size - (p.size if p.size >= 0 else per_pool.get(p.ref.pool, 0)))
-               for p in matching_pools(spec, pools))
-
-
-def _topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[_NodeCounts],
-                    pools: list[PoolState] | None) -> ClusterCheck:
-    """Whether the gang fits one ``spec.topology_level`` domain (:func:`kfp_gpu.plan.topology.preflight_check`)."""
-    label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
-    try:
-        counts = nodes_f.result()
-    except Exception as exc:
-        return _api_error(topology.CHECK_NAME, exc, "Nodes")
-    reach = None if pools is None else [
-        topology.PoolReach(p.ref.pool, p.placement, _headroom(spec, [p], counts.per_pool),
-                           counts.pool_domain.get(p.ref.pool, ""), p.placement_group)
-        for p in matching_pools(spec, pools)]
-    return topology.preflight_check(spec.nodes, counts.per_domain, topology=spec.topology, level=spec.topology_level,
-                                    label=label, pools=reach,
-                                    headroom=None if pools is None else _headroom(spec, pools, counts.per_pool))
-
-
-def _capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[_NodeCounts],
-                    pools: list[PoolState] | None) -> ClusterCheck:
-    name = "gpu-capacity"
-    try:
-        ready, per_pool, _, _ = nodes_f.result()
-    except Exception as exc:
-        return _api_error(name, exc, "Nodes")
-    if pools is None:
-        return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); pool headroom unknown",
-                            spec.nodes, ready)
-    headroom = _headroom(spec, pools, per_pool)
-    reach = ready + headroom
-    verdict = Verdict.FITS if reach >= spec.nodes else Verdict.SHORT
-    return ClusterCheck(
-        name, verdict, f"{ready} Ready node(s) with >= {spec.gpus_per_node} allocatable {GPU} + {headroom} "
-        "node(s) of pool headroom", spec.nodes, reach,
-        "" if verdict is Verdict.FITS else "raise the node pools' max size or add a pool",
-    )
-
-
-def _kueue(spec: ProvisioningSpec, api: Any) -> ClusterCheck:
-    """The ClusterQueue behind the LocalQueue the job will use (target.queue or auto-detected), judged for the
-    run's accelerator by :func:`kfp_gpu.plan.kueue.evaluate`; a queue choice that is wrong is SHORT."""
-    from kfp_gpu.cluster import kueue
-    from kfp_gpu.plan.kueue import CHECK_NAME, evaluate, not_gated
-
-    ns = spec.target.namespace
-    try:
-        queues = kueue.list_local_queues(api, ns)
-        if queues is None and not spec.target.queue:
-            return not_gated(ns, f"Kueue is not installed (no CRD {kueue.CRD})")
-        lq = kueue.pick_local_queue(ns, spec.target.queue, queues)
-    except KfpGpuError as exc:  # InvalidSpec (target.queue), CrdMissing (no v1beta2)
-        return ClusterCheck(CHECK_NAME, Verdict.SHORT, exc.message, float(spec.total_gpus), None, exc.remediation)
-    except Exception as exc:
-        return _api_error(CHECK_NAME, exc, f"Kueue LocalQueues of namespace {ns}")
-    if lq is None:
-        return not_gated(ns)
-    try:
-        setup = kueue.read_queue_setup(api, lq)
-    except Exception as exc:
-        return _api_error(CHECK_NAME, exc, f"Kueue ClusterQueue {lq.cluster_queue} and its ResourceFlavors")
-    return evaluate(setup, spec.accelerator, float(spec.total_gpus))

@@ -20,8 +20,8 @@ sees), and when a manifest or docs/rbac-iam.md differ from these lists. Code tha
 
 from __future__ import annotations
 
+from kfp_gpu.cluster.kueue import CRD as KUEUE_CRD
 from kfp_gpu.gang import api as gang
-from kfp_gpu.steps.preflight import KUEUE_CRD
 
 Need = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 _PR = "autoscaling.x-k8s.io"
