@@ -21,7 +21,7 @@ from kfp_gpu import accelerators
 from kfp_gpu import retry as retry_mod
 from kfp_gpu.errors import CapacityUnavailable, InvalidSpec, KfpGpuError, NotFound, Scope, TransientCloudError
 from kfp_gpu.providers.base import Operation, OpStatus, PoolRef, PoolState
-from kfp_gpu.providers.gke import activity
+from kfp_gpu.providers.gke import activity, operations
 from kfp_gpu.providers.gke import reservations as res_mod
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def set_size(p: GkeProvider, ref: PoolRef, size: int) -> Operation:
             if adopted is None:
                 raise
             return adopted
-        return p._gke_op(raw, f"{ref.pool}/{ref.zone}", ref.zone, region)
+        return operations.gke_op(p, raw, f"{ref.pool}/{ref.zone}", ref.zone, region)
 
     return retry_mod.call(submit, policy=p.retry, what=f"setSize {ref.pool}/{ref.zone}={size}")
 
@@ -110,7 +110,7 @@ def _adopt(p: GkeProvider, ref: PoolRef, size: int, exc: TransientCloudError) ->
     if not str(raw.target_link).endswith(f"/nodePools/{ref.pool}"):
         return None
     log.info("setSize %s/%s=%d: adopting %s, already in flight", ref.pool, ref.zone, size, raw.name)
-    return p._gke_op(raw, f"{ref.pool}/{ref.zone}", ref.zone, ref.region or ref.zone.rsplit("-", 1)[0])
+    return operations.gke_op(p, raw, f"{ref.pool}/{ref.zone}", ref.zone, ref.region or ref.zone.rsplit("-", 1)[0])
 
 
 def delete_nodes(p: GkeProvider, ref: PoolRef, nodes: Sequence[str]) -> Operation:

@@ -35,7 +35,7 @@ from kfp_gpu.providers.base import (
     QuotaAmount,
     ReservationRequest,
 )
-from kfp_gpu.providers.gke import activity, clients, flight
+from kfp_gpu.providers.gke import activity, clients, flight, operations
 from kfp_gpu.providers.gke import classify as cl
 from kfp_gpu.providers.gke import pools as pools_mod
 from kfp_gpu.providers.gke import preferences as prefs
@@ -361,40 +361,7 @@ class GkeProvider:
 
         Raises: RateLimited, TransientCloudError, PermissionDenied.
         """
-        if op.done or op.id.startswith("noop:"):
-            return op
-        kind, loc, name = op.id.split(":", 2)
-        if kind == "gke":
-            raw = self._call("container", "get_operation",
-                             name=f"projects/{self.project}/locations/{loc}/operations/{name}")
-            zone = op.target.split("/", 1)[1] if "/" in op.target else ""
-            new = self._gke_op(raw, op.target, zone, zone.rsplit("-", 1)[0])
-            if new.status is OpStatus.DONE and new.error is None and zone:
-                ref = PoolRef(op.target.split("/", 1)[0], zone, zone.rsplit("-", 1)[0])
-                err = activity.creation_failure(self, ref, activity.unix(str(raw.start_time)), self._target(op))
-                if err is not None:
-                    new = Operation(new.id, new.kind, new.target, OpStatus.DONE, err)
-            with self._lock:
-                for key, (size, cached, owner) in list(self._resizes.items()):
-                    if cached.id == op.id:
-                        self._resizes[key] = (size, new, owner)
-            return new
-        raw = self._call("zone_ops", "get", at_zone=loc, project=self.project, zone=loc, operation=name)
-        return res_mod.compute_op(raw, op.kind, op.target, loc)
-
-    def _target(self, op: Operation) -> int:
-        with self._lock:
-            return next((size for size, cached, _ in self._resizes.values() if cached.id == op.id), -1)
-
-    def _gke_op(self, raw: Any, target: str, zone: str, region: str) -> Operation:
-        loc = str(raw.location or raw.zone or self.location)
-        status = _enum(raw.status)
-        fault = cl.fault_from_gke_operation(raw)
-        if fault is not None and status == "DONE":
-            err = cl.classify_fault(fault, zone=zone, region=region)
-            return Operation(f"gke:{loc}:{raw.name}", "resize", target, OpStatus.FAILED, err)
-        mapped = {"DONE": OpStatus.DONE, "RUNNING": OpStatus.RUNNING, "ABORTING": OpStatus.RUNNING}
-        return Operation(f"gke:{loc}:{raw.name}", "resize", target, mapped.get(status, OpStatus.PENDING))
+        return operations.poll(self, op)
 
     # ---- reservations -------------------------------------------------------------------------
     def reserve(self, req: ReservationRequest, owner: Owner) -> Operation:
@@ -426,7 +393,3 @@ class GkeProvider:
                 if run_id is None or owner.run_id == run_id:
                     owned.append(OwnedResource("pool-resize", f"{pool}={size}", zone, {**labels, "op": op.id}))
         return owned
-
-
-def _enum(value: Any) -> str:
-    return str(getattr(value, "name", value))
