@@ -2,11 +2,8 @@
 
 Design choices:
 
-* **Quota** = Service Quotas ``get_service_quota`` (falling back to the AWS default value when the
-  account has no applied value) for the family code (P/G, on-demand/spot), counted in **vCPUs**.
-  **Usage** = vCPUs of ``pending``/``running`` instances of that family from ``describe_instances``
-  (exact and current; CloudWatch ``AWS/Usage`` lags by minutes and needs another permission).
-  A part that cannot be read turns the row ``unknown`` with the reason; missing credentials raise.
+* **Quota** = the family code's (P/G, on-demand/spot) Service Quotas limit and the vCPUs of its running
+  instances, in **vCPUs** (:mod:`kfp_gpu.providers.eks.quota`).
 * **Scaling** = ``eks.update_nodegroup_config(scalingConfig=...)`` with an absolute desired size and
   a ``clientRequestToken`` derived from the owner (AWS dedups retries). ``maxSize`` is checked here
   (moto does not). Progress is polled with ``describe_nodegroup``: status plus health issues, which
@@ -26,12 +23,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kfp_gpu import accelerators, fanout, iam
-from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, PermissionDenied, Scope
+from kfp_gpu import fanout, iam
+from kfp_gpu.errors import CloudError, InvalidSpec, KfpGpuError, NotFound, Scope
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import Operation, OpStatus, PoolActivity, PoolRef, PoolState, QuotaAmount
 from kfp_gpu.providers.eks import activity, launch
 from kfp_gpu.providers.eks import nodes as nodes_mod
+from kfp_gpu.providers.eks import quota as quota_mod
 from kfp_gpu.providers.eks.errors import ERROR_TABLE, classify
 from kfp_gpu.providers.eks.reservations import CR_STATUS, ReservationsMixin, token
 
@@ -45,15 +43,6 @@ FAIL_FAST: dict[str, Any] = {
 ClientFactory = Callable[[str, str], Any]  # (service, region) -> botocore client
 
 _IAM_PREFIX = iam.AWS_PREFIX  # botocore client name -> IAM action prefix
-_P_CODES = {accelerators.AWS_QUOTA_P_ON_DEMAND, accelerators.AWS_QUOTA_P_SPOT}
-_SPOT_CODES = {accelerators.AWS_QUOTA_P_SPOT, accelerators.AWS_QUOTA_G_SPOT}
-_INSTANCES: dict[str, accelerators.MachineShape] = {}
-_ACC_OF: dict[str, str] = {}
-for _name in accelerators.names():
-    for _shape in accelerators.get(_name).aws_instances:
-        _INSTANCES[_shape.name] = _shape
-        _ACC_OF[_shape.name] = _name
-LEAD_TIME_DAYS = {"P": 3.0, "G": 1.0}  # typical approval times seen for GPU vCPU quota increases
 _NG_STATUS = {"ACTIVE": OpStatus.DONE, "UPDATING": OpStatus.RUNNING, "CREATING": OpStatus.RUNNING,
               "DEGRADED": OpStatus.FAILED, "CREATE_FAILED": OpStatus.FAILED}
 
@@ -149,77 +138,14 @@ class EksProvider(ReservationsMixin):
         """Map a botocore exception through :data:`kfp_gpu.providers.eks.errors.ERROR_TABLE`."""
         return classify(exc, zone=zone, region=region)
 
-    # ---- quota -----------------------------------------------------------------------------
+    # ---- quota (kfp_gpu.providers.eks.quota) -----------------------------------------------
     def quota(self, accelerator: str, region: str, *, spot: bool) -> list[QuotaAmount]:
         """The vCPU quota row (limit from Service Quotas, usage from running instances).
 
         Raises: PermissionDenied (no credentials at all), NotFound (not an AWS region).
         """
         self._check_region(region)
-        acc = accelerators.get(accelerator)
-        code = acc.aws_quota_spot if spot else acc.aws_quota_on_demand
-        family = "P" if code in _P_CODES else "G"
-        raise_path = (
-            f"https://{region}.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code} "
-            f"or `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-            f"--desired-value <vCPUs> --region {region}` or `kfp-gpu quota request`"
-        )
-        limit, usage = fanout.run_all([lambda: self._quota_limit(code, region),
-                                       lambda: self._family_usage(family, code in _SPOT_CODES, region)])
-        for r in (limit, usage):
-            if isinstance(r, PermissionDenied) and r.fields.get("credentials_missing"):
-                raise r
-        lim = limit if isinstance(limit, float) else None
-        use = usage if isinstance(usage, float) else None
-        reasons = [str(r.message) for r in (limit, usage) if isinstance(r, KfpGpuError)]
-        return [QuotaAmount(
-            code, region, lim, use, unit="vcpus", status="unknown" if reasons else "ok",
-            reason="; ".join(reasons), raise_path=raise_path, lead_time_days=LEAD_TIME_DAYS[family],
-        )]
-
-    def _quota_limit(self, code: str, region: str) -> float | KfpGpuError:
-        try:
-            resp = self._call("service-quotas", "get_service_quota", region=region, ServiceCode="ec2", QuotaCode=code)
-        except NotFound:
-            try:
-                resp = self._call("service-quotas", "get_aws_default_service_quota", region=region,
-                                  ServiceCode="ec2", QuotaCode=code)
-            except KfpGpuError as exc:
-                return exc
-        except KfpGpuError as exc:
-            return exc
-        return float(resp["Quota"]["Value"])
-
-    def _family_usage(self, family: str, spot: bool, region: str) -> float | KfpGpuError:
-        # Family matched client-side: instance-type wildcards are not honoured by every endpoint.
-        prefixes = ("p",) if family == "P" else ("g", "vt")
-        filters = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
-        try:
-            pager = self.client("ec2", region).get_paginator("describe_instances")
-            instances = [
-                i for page in pager.paginate(Filters=filters) for r in page.get("Reservations", [])
-                for i in r.get("Instances", [])
-            ]
-            instances = [
-                i for i in instances
-                if str(i.get("InstanceType", "")).startswith(prefixes)
-                and (i.get("InstanceLifecycle") == "spot") == spot
-            ]
-            return float(sum(self._vcpus(i, region) for i in instances))
-        except KfpGpuError as exc:
-            return exc
-        except Exception as exc:
-            return classify(exc, region=region, action="ec2:DescribeInstances")
-
-    def _vcpus(self, inst: dict[str, Any], region: str) -> int:
-        cpu = inst.get("CpuOptions") or {}
-        if cpu.get("CoreCount"):
-            return int(cpu["CoreCount"]) * int(cpu.get("ThreadsPerCore", 1))
-        itype = str(inst["InstanceType"])
-        if itype in _INSTANCES:
-            return _INSTANCES[itype].vcpus
-        resp = self._call("ec2", "describe_instance_types", region=region, InstanceTypes=[itype])
-        return int(resp["InstanceTypes"][0]["VCpuInfo"]["DefaultVCpus"])
+        return quota_mod.read(self, accelerator, region, spot=spot)
 
     def request_quota_increase(self, metric: str, region: str, value: float, justification: str) -> str:
         """File a Service Quotas increase for ``metric`` (an ec2 quota code) to ``value`` vCPUs.
@@ -230,25 +156,7 @@ class EksProvider(ReservationsMixin):
         Raises: InvalidSpec (value not above the current limit), PermissionDenied, NotFound, CloudError.
         """
         self._check_region(region)
-        current = self._quota_limit(metric, region)
-        if isinstance(current, KfpGpuError):
-            raise current
-        if value <= current:
-            raise InvalidSpec("value", value, f"must be above the current {metric} limit {current:g} vCPUs in {region}")
-        log.info("quota request %s %s -> %g: %s", metric, region, value, justification)
-        try:
-            resp = self._call("service-quotas", "request_service_quota_increase", region=region,
-                              ServiceCode="ec2", QuotaCode=metric, DesiredValue=float(value))
-        except CloudError as exc:
-            if exc.fields.get("code") != "ResourceAlreadyExistsException":
-                raise
-            hist = self._call("service-quotas", "list_requested_service_quota_change_history_by_quota",
-                              region=region, ServiceCode="ec2", QuotaCode=metric, Status="PENDING")
-            pending = hist.get("RequestedQuotas", [])
-            if not pending:
-                raise
-            return str(pending[0]["Id"])
-        return str(resp["RequestedQuota"]["Id"])
+        return quota_mod.request_increase(self, metric, region, value, justification)
 
     # ---- node groups -----------------------------------------------------------------------
     def _nodegroup(self, name: str, region: str) -> dict[str, Any]:
@@ -288,7 +196,7 @@ class EksProvider(ReservationsMixin):
         out = []
         auto = self._autoscaled_asgs(region, groups)
         for g in groups:
-            itype = next((t for t in g.get("instanceTypes") or [] if t in _INSTANCES), None)
+            itype = next((t for t in g.get("instanceTypes") or [] if t in quota_mod.SHAPES), None)
             if itype is None:
                 continue
             zones = sorted({az[s] for s in g.get("subnets", []) if s in az})
@@ -299,8 +207,8 @@ class EksProvider(ReservationsMixin):
             where, group = launch.placement(self, data, region)
             out.append(PoolState(
                 PoolRef(g["nodegroupName"], zones[0] if len(zones) == 1 else region, region),
-                int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), _ACC_OF[itype],
-                _INSTANCES[itype].gpus, itype, g.get("capacityType") == "SPOT", dict(g.get("labels") or {}),
+                int(sc.get("desiredSize", 0)), int(sc.get("maxSize", 0)), quota_mod.ACCELERATOR_OF[itype],
+                quota_mod.SHAPES[itype].gpus, itype, g.get("capacityType") == "SPOT", dict(g.get("labels") or {}),
                 autoscaling=scaled, autoscaling_min=int(sc.get("minSize", 0)) if scaled else 0,
                 autoscaling_max=int(sc.get("maxSize", 0)) if scaled else 0,
                 reservation_affinity=affinity, reservations=reservations, reservation_free=free,
