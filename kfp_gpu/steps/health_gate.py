@@ -1,6 +1,6 @@
 """The train step's GPU health gate: probe every gang node not probed yet, release and replace the bad ones.
 
-Runs after the gang is Ready and claimed (``train._converge``) and before the job is created, on every attempt,
+Runs after the gang is Ready and claimed (``train_recovery.converge``) and before the job is created, on every attempt,
 so replacement nodes (a preemption's, or the gate's own) are probed too; a node that passed keeps its pass for as
 long as it is the same Node (name and uid). The decision is :func:`kfp_gpu.plan.health.gate`; the probe pods are
 :mod:`kfp_gpu.cluster.probe`. A bad node is *released*: cordoned, tainted :data:`UNHEALTHY_TAINT` (so no run claims
@@ -123,7 +123,7 @@ class HealthGate:
 
 
 def await_listed(st: TrainState, timeout_s: float) -> None:
-    """Let the node watch catch up with the nodes a provisioner just returned (else ``train._converge`` would count a
+    """Let the node watch catch up with the nodes a provisioner just returned (else ``train_recovery.converge`` would count a
     replacement the watch has not delivered yet as missing, i.e. lost)."""
     deadline = time.time() + timeout_s
     st.watch.drain()
