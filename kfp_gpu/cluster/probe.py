@@ -26,9 +26,10 @@ from kubernetes import client
 
 from kfp_gpu.cluster.apierrors import call
 from kfp_gpu.cluster.capacity import Capacity
+from kfp_gpu.cluster.facts import pod_fact
 from kfp_gpu.cluster.listwatch import Event, Watcher
 from kfp_gpu.cluster.podtemplate import node_affinity
-from kfp_gpu.cluster.watch import pod_fact, pod_watcher
+from kfp_gpu.cluster.watch import pod_watcher
 from kfp_gpu.job_fields import GPU_RESOURCE
 from kfp_gpu.ownership import PROBE_LABEL, PROBED_NODE_ANNOTATION, label_safe
 from kfp_gpu.ownership import PROBE_ROUND_LABEL as ROUND_LABEL

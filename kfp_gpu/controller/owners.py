@@ -21,8 +21,8 @@ from typing import Any
 from kubernetes import client
 
 from kfp_gpu import ownership
+from kfp_gpu.cluster.facts import parse_time
 from kfp_gpu.cluster.owners import Owners, pid_alive
-from kfp_gpu.cluster.watch import parse_time
 from kfp_gpu.plan.lease import (
     HEARTBEAT_OWNER,
     LOCAL_OWNER,

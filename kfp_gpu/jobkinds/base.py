@@ -4,7 +4,7 @@ A job kind turns one attempt of the run's training (:class:`JobRequest`: the use
 gang, the checkpoint to resume from, ownership labels, the Kueue queue) into a Kubernetes object, and manages that
 object by name: create-or-attach, get, foreground delete, wait until it and its pods are gone, and teardown of
 every job of a run by its run-id label. It also tells the gang watch how to read the object
-(:class:`kfp_gpu.cluster.watch.JobObserver`): which attempt a job and a pod belong to, the job's conditions in the
+(:class:`kfp_gpu.cluster.facts.JobObserver`): which attempt a job and a pod belong to, the job's conditions in the
 watch's words (``Succeeded``, ``Failed``, ``Running``), and whether it is suspended (Kueue). The watch then gives
 the same verdicts (preemption, application failure, queue eviction, success) for every kind.
 
@@ -42,7 +42,8 @@ from kubernetes import client
 
 from kfp_gpu.cluster import apierrors, customjob
 from kfp_gpu.cluster.capacity import Capacity
-from kfp_gpu.cluster.watch import GangWatch, JobObserver
+from kfp_gpu.cluster.facts import JobObserver
+from kfp_gpu.cluster.watch import GangWatch
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import JOB_LABEL, LABEL_RUN_ID, RESUME_STEP_ANNOTATION, label_safe

@@ -1,7 +1,7 @@
 """The one node-readiness predicate: when a Node may run a gang's pods. Pure (a Node as JSON in, a bool out).
 
 Every reader of "is this node ready" calls :func:`is_ready`: the node views of the provisioners
-(:class:`kfp_gpu.cluster.nodes.NodeView`), the gang watch's facts (:func:`kfp_gpu.cluster.watch.node_fact`),
+(:class:`kfp_gpu.cluster.nodes.NodeView`), the gang watch's facts (:func:`kfp_gpu.cluster.facts.node_fact`),
 preflight's count of Ready GPU nodes, the dev cluster's and the benchmarks' waits for Ready nodes.
 """
 

@@ -47,8 +47,8 @@ def test_shutdown_taints_mean_the_node_is_going(taint: str) -> None:
 def test_spot_notice_graceful_node_shutdown_is_a_loss_with_no_taint() -> None:
     """GKE >= 1.20: the kubelet's graceful node shutdown (Ready=False, "node is shutting down") is the first signal;
     a node that is merely NotReady (booting, a heartbeat gap) is waited for, not lost."""
+    from kfp_gpu.cluster.facts import node_fact
     from kfp_gpu.cluster.nodes import is_going
-    from kfp_gpu.cluster.watch import node_fact
 
     def obj(message: str) -> dict[str, object]:
         return {"metadata": {"name": "n1"}, "status": {"conditions": [

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from kfp_gpu.cluster.facts import node_fact
 from kfp_gpu.cluster.nodes import NodeView
-from kfp_gpu.cluster.watch import node_fact
 from kfp_gpu.plan.readiness import STARTUP_TAINTS, is_ready
 from kfp_gpu.plan.recovery import gang_ready
 

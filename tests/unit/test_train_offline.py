@@ -11,7 +11,8 @@ from kubernetes import client
 
 from kfp_gpu import ownership
 from kfp_gpu.cluster import pytorchjob
-from kfp_gpu.cluster.watch import Event, GangWatch, node_fact, parse_time, pod_fact, quantity
+from kfp_gpu.cluster.facts import node_fact, parse_time, pod_fact, quantity
+from kfp_gpu.cluster.watch import Event, GangWatch
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.plan.recovery import Cause, Verdict
 from kfp_gpu.steps.capacity import Capacity, Placement
