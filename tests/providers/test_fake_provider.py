@@ -17,7 +17,8 @@ from kfp_gpu.errors import (
 )
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import CapacityProvider, OpStatus, PoolRef, ReservationRequest
-from kfp_gpu.providers.fake import FakeProvider, region_of
+from kfp_gpu.providers.fake import FakeProvider
+from kfp_gpu.providers.fake_state import region_of
 
 OWNER = Owner("run-1", "scale-up", 2_000_000_000.0)
 
