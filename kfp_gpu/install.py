@@ -212,7 +212,8 @@ def policy_spec(namespace: str, **limits: Any) -> Obj:
 def _check_limit(key: str, value: Any) -> Any:
     """``value`` of limit ``key`` in its GpuPolicy form. Raises: InvalidSpec naming the flag and the value."""
     from kfp_gpu import accelerators
-    from kfp_gpu.spec import PROVISIONERS, CapacityType
+    from kfp_gpu.spec import CapacityType
+    from kfp_gpu.spec_target import PROVISIONERS
 
     flag = "--" + key.replace("_", "-")
     choices: dict[str, tuple[str, ...]] = {

@@ -3,7 +3,8 @@
 The spec travels between DAG steps as a string parameter, so ``to_json``/``from_json`` are lossless:
 ``ProvisioningSpec.from_json(s.to_json()) == s`` for every valid spec. Validation runs in
 ``__post_init__``; every failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the field,
-the value, the allowed values and the fix.
+the value, the allowed values and the fix. The target (:class:`Target`) and the sections (warm pool, recovery,
+health, cost) live in :mod:`kfp_gpu.spec_target` and :mod:`kfp_gpu.spec_sections`; import them from here.
 """
 
 from __future__ import annotations
@@ -23,20 +24,13 @@ from kfp_gpu.spec_sections import Health as Health
 from kfp_gpu.spec_sections import Recovery as Recovery
 from kfp_gpu.spec_sections import WarmPool as WarmPool
 from kfp_gpu.spec_sections import check_range as _check_range
+from kfp_gpu.spec_sections import coerce_enum
+from kfp_gpu.spec_target import Target as Target
+from kfp_gpu.spec_target import TargetKind as TargetKind
 
 SPEC_VERSION = 1
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
-_QUEUE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # object name that is also a label value
 _GCP_ZONE_RE = re.compile(r"^([a-z]+-[a-z]+\d+)-[a-z]$")  # us-central1-a -> us-central1
 _AWS_ZONE_RE = re.compile(r"^([a-z]{2}-[a-z]+-\d+)[a-z]$")  # us-east-1a -> us-east-1
-_GCP_REGION_RE = re.compile(r"^[a-z]+-[a-z]+\d+$")
-_AWS_REGION_RE = re.compile(r"^[a-z]{2}-[a-z]+-\d+$")
-AUTOSCALED_POOLS = ("protect", "refuse")  # Target.autoscaled_pools
-PROVISIONERS = ("auto", "node-pool", "provisioning-request", "kueue-admission", "karpenter",
-                "compute-class")  # Target.provisioner
-_CLASS_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")  # a ComputeClass name is also a label value
-_TOLERATION_RE = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_./]{0,252}(=[-A-Za-z0-9_.]{0,63})?"
-                            r"(:(NoSchedule|PreferNoSchedule|NoExecute))?$")
 MAX_RUN_DURATION_S = 7 * 86400.0  # GKE DWS: maxRunDurationSeconds is at most 7 days
 TOPOLOGIES = ("none", "preferred", "required")  # ProvisioningSpec.topology
 TOPOLOGY_LEVELS = ("block", "subblock", "host")  # ProvisioningSpec.topology_level, widest first
@@ -47,118 +41,6 @@ class CapacityType(str, enum.Enum):
     SPOT = "spot"
     RESERVATION = "reservation"
     FLEX_START = "flex-start"
-
-
-class TargetKind(str, enum.Enum):
-    GKE = "gke"
-    EKS = "eks"
-    LOCAL = "local"  # the kfp_gpu_rehearsal.sim GKE stand-in backed by KWOK nodes
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where capacity comes from.
-
-    ``pools`` are GKE node pool names or EKS managed node group names, in priority order. For
-    ``local`` the target is the GKE stand-in (``endpoint``) driving the local control plane.
-
-    ``autoscaled_pools`` says what scale-up does with a pool the cluster autoscaler manages: ``"protect"``
-    resizes it and annotates every node the run claims
-    ``cluster-autoscaler.kubernetes.io/scale-down-disabled: "true"`` until release; ``"refuse"`` fails
-    before any resize of such a pool.
-
-    ``provisioner`` picks how capacity is obtained (the provisioner contract, kfp_gpu.provisioners):
-    ``"node-pool"`` resizes the pools directly (dedicated pools); ``"provisioning-request"`` asks the cluster's
-    own autoscaler with a ProvisioningRequest (autoscaling.x-k8s.io/v1) for the whole gang; ``"kueue-admission"``
-    lets Kueue's ProvisioningRequest AdmissionCheck provision the gang when it admits the job; ``"karpenter"``
-    creates a NodePool scoped to the run and lets Karpenter (karpenter.sh/v1) launch the gang; ``"compute-class"``
-    (GKE) has the controller create a custom ComputeClass (cloud.google.com/v1) from the capacity chain
-    (``capacity`` then ``fallback``) and lets GKE's node auto-provisioning bring the gang (docs/computeclass.md);
-    ``"auto"`` (the
-    default) detects what the cluster offers at preflight, and the report says which and why.
-
-    ``tolerations`` are taints of the target's GPU pools that the run's pods must tolerate (a dedicated
-    training pool's ``key=value:NoSchedule``), as ``"key[=value][:Effect]"`` strings; ``nvidia.com/gpu`` is
-    always tolerated.
-
-    ``queue`` is the Kueue LocalQueue the job is submitted to (its ``kueue.x-k8s.io/queue-name`` label); ``""``
-    (the default) auto-detects: the namespace's only LocalQueue, or the one named ``default``; none = not gated.
-    """
-
-    kind: TargetKind = TargetKind.LOCAL
-    cluster: str = "kfp-gpu-local"
-    project: str = "local-project"  # GCP project; ignored for EKS
-    region: str = "us-central1"
-    pools: tuple[str, ...] = ()
-    endpoint: str = ""  # API endpoint override (stand-in URL); empty means the real cloud
-    kube_context: str = ""  # kubeconfig context; empty means in-cluster or current context
-    namespace: str = "default"
-    autoscaled_pools: str = "protect"  # "protect" | "refuse" (see the class docstring)
-    provisioner: str = "auto"  # "auto" | "node-pool" | "provisioning-request" | "kueue-admission" | "karpenter"
-    tolerations: tuple[str, ...] = ()  # "key[=value][:Effect]" taints of the GPU pools to tolerate
-    queue: str = ""  # the Kueue LocalQueue the job is submitted to; "" = auto-detect (see the class docstring)
-    compute_class: str = ""  # compute-class backend: use this existing ComputeClass; "" = create one for the run
-
-    @property
-    def rehearsal(self) -> bool:
-        """True for a local rehearsal: the ``local`` kind, or a GKE/EKS target whose ``endpoint`` is a stand-in on
-        this machine (``http://127.0.0.1``, ``localhost``, ``[::1]``). Such a target runs on the kfp-gpu dev
-        cluster, and its KWOK job pods get a default simulated duration."""
-        if self.kind is TargetKind.LOCAL:
-            return True
-        if not self.endpoint:
-            return False
-        from urllib.parse import urlsplit
-
-        try:
-            host = urlsplit(self.endpoint).hostname
-        except ValueError:
-            return False
-        return host in ("127.0.0.1", "localhost", "::1")
-
-    def __post_init__(self) -> None:
-        _coerce_enum(self, "kind", TargetKind, "target.kind")
-        if self.provisioner not in PROVISIONERS:
-            raise InvalidSpec("target.provisioner", self.provisioner,
-                              f"allowed: {', '.join(repr(v) for v in PROVISIONERS)}",
-                              remediation="use 'auto' to detect, 'node-pool' for dedicated pools, or "
-                              "'provisioning-request' where the cluster autoscaler serves ProvisioningRequests")
-        object.__setattr__(self, "tolerations", tuple(self.tolerations))
-        for t in self.tolerations:
-            if not _TOLERATION_RE.match(t):
-                raise InvalidSpec("target.tolerations", t, "must look like 'key=value:NoSchedule', 'key:NoSchedule' "
-                                  "or 'key' (effect NoSchedule, PreferNoSchedule or NoExecute)")
-        if self.autoscaled_pools not in AUTOSCALED_POOLS:
-            raise InvalidSpec("target.autoscaled_pools", self.autoscaled_pools,
-                              f"allowed: {', '.join(repr(v) for v in AUTOSCALED_POOLS)}",
-                              remediation="set target.autoscaled_pools='protect' (annotate the nodes the run "
-                              "holds) or 'refuse' (never resize an autoscaled pool)")
-        object.__setattr__(self, "pools", tuple(self.pools))
-        if not self.cluster:
-            raise InvalidSpec("target.cluster", self.cluster, "must be the cluster name")
-        region_re = _AWS_REGION_RE if self.kind is TargetKind.EKS else _GCP_REGION_RE
-        if not region_re.match(self.region):
-            example = "us-east-1" if self.kind is TargetKind.EKS else "us-central1"
-            raise InvalidSpec("target.region", self.region, f"must look like {example!r} for {self.kind.value}")
-        for p in self.pools:
-            if not _NAME_RE.match(p):
-                raise InvalidSpec("target.pools", p, "pool names are lowercase RFC 1035 labels")
-        if not _NAME_RE.match(self.namespace):
-            raise InvalidSpec("target.namespace", self.namespace, "must be a Kubernetes namespace name")
-        if self.queue and not (len(self.queue) <= 63 and _QUEUE_RE.match(self.queue)):
-            raise InvalidSpec("target.queue", self.queue, "must be a Kueue LocalQueue name (lowercase letters, digits, "
-                              "'-' and '.', at most 63 characters, starting and ending alphanumeric)",
-                              remediation="set target.queue to the LocalQueue's metadata.name, or '' to auto-detect")
-        if self.compute_class and not _CLASS_RE.match(self.compute_class):
-            raise InvalidSpec("target.compute_class", self.compute_class, "must be a ComputeClass name (lowercase "
-                              "letters, digits, '-' and '.', at most 63 characters)",
-                              remediation="set target.compute_class to the ComputeClass's metadata.name, or '' to "
-                              "let the controller create one for the run")
-        if self.compute_class and self.provisioner not in ("auto", "compute-class"):
-            raise InvalidSpec("target.compute_class", self.compute_class, f"only the compute-class backend selects "
-                              f"a ComputeClass, not target.provisioner={self.provisioner!r}",
-                              remediation="set target.provisioner='compute-class' (or 'auto'), or drop "
-                              "target.compute_class")
 
 
 DEFAULT_LEASE_TTL_S = 6 * 3600.0
@@ -219,7 +101,7 @@ class ProvisioningSpec:
         object.__setattr__(self, "accelerator", acc.name)
         _check_range("nodes", self.nodes, 1, 4096, int)
         _check_range("gpus_per_node", self.gpus_per_node, 1, 16, int)
-        _coerce_enum(self, "capacity", CapacityType, "capacity")
+        coerce_enum(self, "capacity", CapacityType, "capacity")
         object.__setattr__(self, "zones", tuple(self.zones))
         self._check_fallback()
         if self.target.kind is TargetKind.EKS:
@@ -402,12 +284,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _coerce_enum(obj: Any, attr: str, enum_type: type[enum.Enum], name: str) -> None:
-    value = getattr(obj, attr)
-    try:
-        object.__setattr__(obj, attr, enum_type(value))
-    except ValueError:
-        allowed = ", ".join(repr(e.value) for e in enum_type)
-        raise InvalidSpec(name, value, f"allowed: {allowed}") from None

@@ -1,9 +1,11 @@
 """The sections of a :class:`kfp_gpu.spec.ProvisioningSpec` that are specs of their own (warm pool, recovery budget,
 GPU health gate, cost inputs), each validated in ``__post_init__`` with one-line :class:`~kfp_gpu.errors.InvalidSpec`
-errors naming the field; kept apart so spec.py stays small. Import them from :mod:`kfp_gpu.spec`."""
+errors naming the field (and their checks, :func:`check_range`, :func:`coerce_enum`); kept apart so spec.py stays
+small. Import them from :mod:`kfp_gpu.spec`."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +107,13 @@ def check_range(name: str, value: Any, lo: float, hi: float, types: type | tuple
         raise InvalidSpec(name, value, f"must be {want} in [{lo:g}, {hi:g}]")
     if not lo <= float(value) <= hi:  # type: ignore[arg-type,unused-ignore]
         raise InvalidSpec(name, value, f"must be in [{lo:g}, {hi:g}]")
+
+
+def coerce_enum(obj: Any, attr: str, enum_type: type[enum.Enum], name: str) -> None:
+    """Store ``obj.attr`` as a member of ``enum_type``; InvalidSpec naming ``name`` and the allowed values."""
+    value = getattr(obj, attr)
+    try:
+        object.__setattr__(obj, attr, enum_type(value))
+    except ValueError:
+        allowed = ", ".join(repr(e.value) for e in enum_type)
+        raise InvalidSpec(name, value, f"allowed: {allowed}") from None
