@@ -23,6 +23,7 @@ from kfp_gpu.checkpoint.errors import (
     StorageError,
     StorageUnavailable,
 )
+from kfp_gpu.checkpoint.layout import MARKER, Checkpoint, Incomplete
 from kfp_gpu.checkpoint.preemption import (
     AWS_SPOT_GRACE_S,
     DEFAULT_GRACE_S,
@@ -35,13 +36,7 @@ from kfp_gpu.checkpoint.preemption import (
     spot_grace_s,
 )
 from kfp_gpu.checkpoint.probe import probe_writable
-from kfp_gpu.checkpoint.store import (
-    MARKER,
-    Checkpoint,
-    CheckpointStore,
-    Incomplete,
-    PayloadWriter,
-)
+from kfp_gpu.checkpoint.store import CheckpointStore, PayloadWriter
 from kfp_gpu.checkpoint.torch_io import TorchResume, load_torch, rng_state, save_torch, set_rng_state
 
 __all__ = [

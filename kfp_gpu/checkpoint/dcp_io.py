@@ -25,8 +25,9 @@ from typing import Any
 
 from kfp_gpu.checkpoint.backends import Backend, BlobNotFound
 from kfp_gpu.checkpoint.errors import CheckpointCorrupt
+from kfp_gpu.checkpoint.layout import Checkpoint, attempt_name
 from kfp_gpu.checkpoint.sharded import RankedSave, RanksIncomplete
-from kfp_gpu.checkpoint.store import Checkpoint, CheckpointStore, attempt_name
+from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu.checkpoint.torch_io import TorchResume, _from_bytes, _to_bytes, rng_state, set_rng_state
 
 log = logging.getLogger("kfp_gpu.checkpoint")

@@ -30,7 +30,8 @@ from typing import Any
 
 from kfp_gpu.checkpoint.backends import BlobNotFound
 from kfp_gpu.checkpoint.errors import CheckpointError
-from kfp_gpu.checkpoint.store import Checkpoint, CheckpointStore, PayloadWriter
+from kfp_gpu.checkpoint.layout import Checkpoint
+from kfp_gpu.checkpoint.store import CheckpointStore, PayloadWriter
 
 log = logging.getLogger("kfp_gpu.checkpoint")
 

@@ -13,6 +13,7 @@ Commit protocol: every save writes its payload into a fresh attempt prefix ``ste
 and the attempt prefix keeps its name. Either way a checkpoint is *complete* iff its marker parses,
 names the same step, and every payload file's sha256 matches. :meth:`CheckpointStore.latest` returns the
 newest complete checkpoint and logs a warning naming each newer partial or corrupt one it skipped.
+The names and the marker format are :mod:`kfp_gpu.checkpoint.layout`; this module does the I/O.
 """
 
 from __future__ import annotations
@@ -23,13 +24,8 @@ import hashlib
 import io
 import json
 import logging
-import os
-import re
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_gpu.checkpoint.backends import Backend, BlobNotFound, credentials_hint, open_backend
@@ -39,45 +35,19 @@ from kfp_gpu.checkpoint.errors import (
     CheckpointNotFound,
     StorageError,
 )
+from kfp_gpu.checkpoint.layout import (
+    MARKER,
+    NAME_RE,
+    RANK_DONE_RE,
+    Checkpoint,
+    Incomplete,
+    attempt_name,
+    check_name,
+    marker,
+    parse_marker,
+)
 
 log = logging.getLogger("kfp_gpu.checkpoint")
-
-MARKER = "COMMITTED"
-FORMAT_VERSION = 1
-_NAME_RE = re.compile(r"^step-(\d{9,})(?:\.tmp-([0-9a-f]+))?$")
-_RANK_DONE_RE = re.compile(r"^rank-\d+\.done$")  # kfp_gpu.checkpoint.sharded's per-rank manifests
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One committed checkpoint, as described by its marker.
-
-    Attributes:
-        step: the training step the checkpoint holds (the last *completed* step).
-        name: the directory / prefix name under the store root, e.g. ``step-000000120``.
-        uri: the full URI of that directory / prefix.
-        files: payload file name -> sha256 hex digest.
-        sizes: payload file name -> size in bytes.
-        created: commit time (Unix seconds, from the marker).
-        meta: the JSON-serialisable ``meta`` given to :meth:`CheckpointStore.save`.
-    """
-
-    step: int
-    name: str
-    uri: str
-    files: Mapping[str, str]
-    sizes: Mapping[str, int]
-    created: float
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Incomplete:
-    """An attempt prefix that is not (yet) a usable checkpoint, and why."""
-
-    step: int
-    name: str
-    reason: str
 
 
 class PayloadWriter:
@@ -94,7 +64,7 @@ class PayloadWriter:
 
         Raises: ValueError for a bad name or a name written twice; StorageError when the backend fails.
         """
-        _check_name(name)
+        check_name(name)
         if name in self.files:
             raise ValueError(f"payload file {name!r} written twice")
         try:
@@ -107,7 +77,7 @@ class PayloadWriter:
     @contextlib.contextmanager
     def open(self, name: str) -> Iterator[io.BytesIO]:
         """A binary file-like object; its contents are stored as ``name`` when the block exits cleanly."""
-        _check_name(name)
+        check_name(name)
         buf = io.BytesIO()
         yield buf
         self.put(name, buf.getvalue())
@@ -175,19 +145,8 @@ class CheckpointStore:
         Raises: StorageError when the marker write or the rename fails (the attempt stays uncommitted).
         """
         now = time.time()
-        marker: dict[str, Any] = {
-            "format": FORMAT_VERSION,
-            "step": step,
-            "files": {n: {"sha256": d, "size": z} for n, (d, z) in sorted(files.items())},
-            "time": now,
-            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            "writer": {"host": socket.gethostname(), "pid": os.getpid()},
-            "meta": dict(meta),
-        }
-        if ranks is not None:
-            marker["ranks"] = ranks
         with self._io(f"committing step {step}"):
-            self.backend.put(f"{attempt}/{MARKER}", json.dumps(marker, sort_keys=True, indent=1).encode())
+            self.backend.put(f"{attempt}/{MARKER}", marker(step, files, meta, now, ranks))
             final = f"step-{step:09d}"
             name = final if self.backend.rename_prefix(attempt, final) else attempt
         ckpt = Checkpoint(step, name, self._uri(name), {n: d for n, (d, _) in files.items()},
@@ -215,14 +174,14 @@ class CheckpointStore:
         groups: dict[str, set[str]] = {}
         for key in keys:
             top, _, rest = key.partition("/")
-            if rest and _NAME_RE.match(top):
+            if rest and NAME_RE.match(top):
                 groups.setdefault(top, set()).add(rest)
         done: list[Checkpoint] = []
         partial: list[Incomplete] = []
         for name, files in groups.items():
-            step = int(_NAME_RE.match(name).group(1))  # type: ignore[union-attr]
+            step = int(NAME_RE.match(name).group(1))  # type: ignore[union-attr]
             if MARKER not in files:
-                done_ranks = sum(1 for f in files if _RANK_DONE_RE.match(f))
+                done_ranks = sum(1 for f in files if RANK_DONE_RE.match(f))
                 ranks = f"; {done_ranks} rank(s) finished their part" if done_ranks else ""
                 partial.append(Incomplete(step, name, f"no COMMITTED marker (partial write{ranks})"))
                 continue
@@ -233,7 +192,7 @@ class CheckpointStore:
                     partial.append(Incomplete(step, name, "COMMITTED marker vanished"))
                     continue
             try:
-                done.append(self._parse_marker(name, step, raw))
+                done.append(parse_marker(self.uri, name, step, raw))
             except CheckpointCorrupt as exc:
                 partial.append(Incomplete(step, name, exc.message))
         done.sort(key=lambda c: (c.step, c.created))
@@ -361,20 +320,6 @@ class CheckpointStore:
     def _uri(self, name: str) -> str:
         return f"{self.uri}/{name}"
 
-    def _parse_marker(self, name: str, step: int, raw: bytes) -> Checkpoint:
-        try:
-            doc = json.loads(raw.decode())
-            files = {str(k): str(v["sha256"]) for k, v in dict(doc["files"]).items()}
-            sizes = {str(k): int(v["size"]) for k, v in dict(doc["files"]).items()}
-            marker_step = int(doc["step"])
-            created = float(doc["time"])
-            meta = dict(doc.get("meta") or {})
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-            raise CheckpointCorrupt(f"unreadable COMMITTED marker ({type(exc).__name__}: {exc})") from None
-        if marker_step != step:
-            raise CheckpointCorrupt(f"COMMITTED marker names step {marker_step}, directory says {step}")
-        return Checkpoint(step, name, self._uri(name), files, sizes, created, meta)
-
     @contextlib.contextmanager
     def _io(self, what: str) -> Iterator[None]:
         try:
@@ -385,27 +330,8 @@ class CheckpointStore:
             raise _storage_error(self.uri, what, exc) from exc
 
 
-def attempt_name(step: int, nonce: str | None = None) -> str:
-    """The prefix of a fresh save attempt for ``step``: ``step-N.tmp-<nonce>`` (8 random hex digits by default).
-
-    Raises: ValueError for a negative step or a nonce that is not lowercase hex.
-    """
-    nonce = uuid.uuid4().hex[:8] if nonce is None else nonce
-    if step < 0 or not re.fullmatch(r"[0-9a-f]+", nonce):
-        raise ValueError(f"bad attempt step/nonce {step!r}/{nonce!r}: need step >= 0 and a lowercase hex nonce")
-    return f"step-{step:09d}.tmp-{nonce}"
-
-
 def _storage_error(uri: str, what: str, exc: BaseException) -> StorageError:
     return StorageError(
         f"checkpoint storage {uri}: {what} failed: {type(exc).__name__}: {exc}",
         remediation=credentials_hint(uri), uri=uri,
     )
-
-
-def _check_name(name: str) -> None:
-    parts = name.split("/")
-    if not name or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"bad payload file name {name!r}: use relative '/'-separated names")
-    if name == MARKER or parts[-1].startswith("."):
-        raise ValueError(f"payload file name {name!r} is reserved")

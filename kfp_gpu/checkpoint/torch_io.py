@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kfp_gpu.checkpoint.errors import CheckpointCorrupt
-from kfp_gpu.checkpoint.store import Checkpoint, CheckpointStore
+from kfp_gpu.checkpoint.layout import Checkpoint
+from kfp_gpu.checkpoint.store import CheckpointStore
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kfp_gpu.checkpoint import MARKER, CheckpointStore, on_preemption
+from kfp_gpu.checkpoint.layout import attempt_name
 from kfp_gpu.checkpoint.sharded import RankedSave, RanksIncomplete, done_name
-from kfp_gpu.checkpoint.store import attempt_name
 
 
 class VirtualTime:

@@ -22,7 +22,7 @@ from kfp_gpu.checkpoint import (
     probe_writable,
 )
 from kfp_gpu.checkpoint.backends import LocalBackend, open_backend
-from kfp_gpu.checkpoint.store import attempt_name
+from kfp_gpu.checkpoint.layout import attempt_name
 
 REPO = Path(__file__).resolve().parents[2]
 

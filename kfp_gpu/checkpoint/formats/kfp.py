@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from kfp_gpu.checkpoint.errors import CheckpointCorrupt
 from kfp_gpu.checkpoint.formats.base import Candidate, Check, Listing, Partial
-from kfp_gpu.checkpoint.store import Checkpoint, CheckpointStore
+from kfp_gpu.checkpoint.layout import Checkpoint
+from kfp_gpu.checkpoint.store import CheckpointStore
 
 NAME = "kfp-gpu"
 
