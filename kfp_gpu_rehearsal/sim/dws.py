@@ -22,7 +22,8 @@ from typing import Any
 from kfp_gpu import rehearsal_seam
 from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.mig import NOTICE, RUNNING, Action, PoolRuntime
-from kfp_gpu_rehearsal.sim.state import SimState, igm_name
+from kfp_gpu_rehearsal.sim.pool_views import igm_name
+from kfp_gpu_rehearsal.sim.state import SimState
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """How GKE shows a queued-provisioning (flex-start) node pool in nodePools.get/list, and its refusal of setSize.
 
-The generic pool rendering is :meth:`kfp_gpu_rehearsal.sim.state.SimState.node_pool_json`; this adds what a pool created with
+The generic pool rendering is :meth:`kfp_gpu_rehearsal.sim.pool_views.PoolViews.node_pool_json`; this adds what a pool
+created with
 ``--flex-start --enable-queued-provisioning --enable-autoscaling --location-policy=ANY --reservation-affinity=none``
 shows (docs/sim.md, section 12).
 """

@@ -22,10 +22,11 @@ from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim import reservations as rsv
 from kfp_gpu_rehearsal.sim import shapes, vmquota
 from kfp_gpu_rehearsal.sim.clock import Timeline, compress, expand
-from kfp_gpu_rehearsal.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, Action, Instance, World
+from kfp_gpu_rehearsal.sim.mig import CREATING, DELETING, NOTICE, RUNNING, Action, Instance, World
 from kfp_gpu_rehearsal.sim.mig import MemoryBackend as MemoryBackend
 from kfp_gpu_rehearsal.sim.mig import NodeBackend as NodeBackend
 from kfp_gpu_rehearsal.sim.mig import PoolRuntime as PoolRuntime
+from kfp_gpu_rehearsal.sim.pool_views import PoolViews
 from kfp_gpu_rehearsal.sim.scenario import RegionSpec, Scenario
 from kfp_gpu_rehearsal.sim.shapes import SimHttpError
 from kfp_gpu_rehearsal.sim.topology import COMPACT, Hosts, site
@@ -33,7 +34,7 @@ from kfp_gpu_rehearsal.sim.topology import COMPACT, Hosts, site
 log = logging.getLogger(__name__)
 
 
-class SimState:
+class SimState(PoolViews):
     """The world. ``timeline`` defaults to the wall clock; pass ``Timeline(virtual=True)`` to drive it
     with :meth:`Timeline.advance` (tests)."""
 
@@ -309,85 +310,6 @@ class SimState:
             self.world.later(compress(ops.pending_s), running)
             return dict(op)
 
-    def igm_names(self) -> list[tuple[str, str]]:
-        """(zone, group name) of every managed instance group, sorted (aggregatedList's order)."""
-        with self.lock:
-            return sorted((p.spec.zone, igm_name(self.scenario.cluster, p)) for p in self.pools.values())
-
-    def _igm_pool(self, zone: str, igm: str) -> PoolRuntime:
-        s = self.scenario
-        for p in self.pools.values():
-            if p.spec.zone == zone and igm_name(s.cluster, p) == igm:
-                return p
-        raise shapes.compute_not_found(f"projects/{s.project}/zones/{zone}/instanceGroupManagers/{igm}")
-
-    def igm_errors(self, zone: str, igm: str) -> list[dict[str, Any]]:
-        """instanceGroupManagers.listErrors items, oldest first: one per failed VM creation/recreation.
-
-        Raises: SimHttpError 404 for an unknown group.
-        """
-        p = self._igm_pool(zone, igm)
-        with self.lock:
-            return [dict(e) for e in p.errors]
-
-    def igm_instances(self, zone: str, igm: str) -> list[dict[str, Any]]:
-        """instanceGroupManagers.listManagedInstances items. Raises: SimHttpError 404 for an unknown group."""
-        p = self._igm_pool(zone, igm)
-        with self.lock:
-            return self.world.managed_instances(p)
-
-    def node_pool_json(self, p: PoolRuntime, location: str, cluster: str) -> dict[str, Any]:
-        s = self.scenario
-        acc = accelerators.get(p.spec.accelerator)
-        base = f"{shapes.CONTAINER}/projects/{s.project}/locations/{location}/clusters/{cluster}"
-        labels = {"cloud.google.com/gke-nodepool": p.spec.name, "cloud.google.com/gke-accelerator": acc.gke_label}
-        if p.spec.spot:
-            labels["cloud.google.com/gke-spot"] = "true"
-        config = {
-            "machineType": p.spec.machine_type, "diskSizeGb": 100, "imageType": "COS_CONTAINERD",
-            "accelerators": [{"acceleratorCount": str(p.spec.gpus_per_node), "acceleratorType": acc.gke_label}],
-            "spot": p.spec.spot, "labels": labels, "resourceLabels": {"kfp_gpu_sim": "true"},
-            "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NO_SCHEDULE"}],
-        }
-        affinity = rsv.affinity_json(p.spec)
-        if affinity is not None:
-            config["reservationAffinity"] = affinity
-        extra: dict[str, Any] = {"placementPolicy": {"type": p.spec.placement}} if p.spec.placement else {}
-        return {**extra,
-            "name": p.spec.name,
-            "config": config,
-            "initialNodeCount": p.spec.initial_size,
-            "locations": [p.spec.zone],
-            "autoscaling": shapes.autoscaling_json(p.spec),
-            "selfLink": f"{base}/nodePools/{p.spec.name}",
-            "instanceGroupUrls": [
-                f"{shapes.COMPUTE}/projects/{s.project}/zones/{p.spec.zone}/instanceGroupManagers/{igm_name(cluster, p)}"
-            ],
-            "version": "1.30.5-gke.1000",
-            "status": "RECONCILING" if p.running_op else "RUNNING",
-        }
-
-    def igm_json(self, zone: str, name: str) -> dict[str, Any]:
-        """Compute instanceGroupManagers.get: targetSize, currentActions, status.isStable."""
-        s = self.scenario
-        p = self._igm_pool(zone, name)
-        with self.lock:
-            actions = {
-                "creating": p.count(CREATING, BOOTING, recreate=False),
-                "recreating": p.count(CREATING, BOOTING, recreate=True),
-                "deleting": p.count(DELETING), "none": p.count(RUNNING, NOTICE),
-                "abandoning": 0, "creatingWithoutRetries": 0, "refreshing": 0, "restarting": 0,
-                "resuming": 0, "starting": 0, "stopping": 0, "suspending": 0, "verifying": 0,
-            }
-            stable = not p.running_op and actions["none"] == len(p.instances)
-            return {
-                "kind": "compute#instanceGroupManager", "id": shapes.next_id(), "name": name,
-                "zone": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}",
-                "baseInstanceName": f"gke-{s.cluster}-{p.spec.name}", "targetSize": p.target,
-                "currentActions": actions, "status": {"isStable": stable},
-                "selfLink": f"{shapes.COMPUTE}/projects/{s.project}/zones/{zone}/instanceGroupManagers/{name}",
-            }
-
     # ---- preemption -------------------------------------------------------------------------
     def preempt(self, node: str) -> dict[str, Any]:
         """Reclaim one spot VM, returning at once: its Node is tainted and shut down now, deleted
@@ -440,8 +362,3 @@ class SimState:
     def shutdown(self) -> None:
         self.timeline.stop()
         self.world.shutdown()
-
-
-def igm_name(cluster: str, p: PoolRuntime) -> str:
-    return f"gke-{cluster}-{p.spec.name}-grp"
-
