@@ -29,8 +29,9 @@ from kfp_gpu.ownership import BALLOON_LABEL, LABEL_RUN_ID, label_safe
 from kfp_gpu.plan import karpenter as plan
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
-from kfp_gpu_rehearsal.demo import extras_for, leftovers
+from kfp_gpu_rehearsal.demo import extras_for
 from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.leftovers import leftovers
 from pipelines.llm_finetune_karpenter import SPEC
 from tests.integration.test_train_support import StepThread, job_json, running_pods
 from tests.waiting import wait_until
@@ -147,7 +148,7 @@ def test_karpenter_example_interruption_recovers_and_leaves_nothing(
 
 def test_the_leak_check_names_a_nodepool_a_run_left(kube: Kube, karpenter: Any, namespace: str,
                                                      step_api: client.ApiClient) -> None:
-    """`kfp-gpu run`'s leak check (demo.leftovers, as the controller's identity) reports a run's NodePool."""
+    """`kfp-gpu run`'s leak check (leftovers.leftovers, as the controller's identity) reports a run's NodePool."""
     from kfp_gpu.cluster import karpenter as api_k
 
     run = f"run-{uuid.uuid4().hex[:6]}"

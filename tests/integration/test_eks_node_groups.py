@@ -21,8 +21,8 @@ from kfp_gpu.cluster.capacity import Capacity, Placement
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.providers.eks import EksProvider
 from kfp_gpu.steps import preflight_step, scale_up, teardown, warm_pool
-from kfp_gpu_rehearsal.demo import leftovers
 from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.leftovers import leftovers
 from kfp_gpu_rehearsal.sim.aws import AwsSimServer
 from kfp_gpu_rehearsal.sim.aws.scenario import default
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency

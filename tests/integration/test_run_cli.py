@@ -95,7 +95,7 @@ def test_run_refuses_an_unknown_arg_in_one_line_before_booting(kube):
 
 def test_leak_check_names_what_a_run_left(kube, namespace, kwok_nodes):
     from kfp_gpu.ownership import LABEL_RUN_ID, LEDGER_LABEL
-    from kfp_gpu_rehearsal.demo import leftovers
+    from kfp_gpu_rehearsal.leftovers import leftovers
 
     core = client.CoreV1Api(kube.api)
     run = f"9{uuid.uuid4().int % 10**7:07d}"
