@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 from kfp_gpu_rehearsal.sim import clock
-from kfp_gpu_rehearsal.sim.scenario import ApiSpec
+from kfp_gpu_rehearsal.sim.eventspec import ApiSpec
 from kfp_gpu_rehearsal.sim.shapes import SimHttpError, http_error
 
 COMPUTE, CONTAINER, QUOTAS = "compute.googleapis.com", "container.googleapis.com", "cloudquotas.googleapis.com"

@@ -237,7 +237,7 @@ def _stockout_now(sim: SimServer, zone: str) -> None:
     import dataclasses
 
     from kfp_gpu_rehearsal.sim.clock import expand
-    from kfp_gpu_rehearsal.sim.scenario import Stockout
+    from kfp_gpu_rehearsal.sim.eventspec import Stockout
 
     with sim.state.lock:
         sc = sim.state.scenario

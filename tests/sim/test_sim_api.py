@@ -14,7 +14,7 @@ from google.cloud import compute_v1, container_v1
 from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim import api as sim_api
 from kfp_gpu_rehearsal.sim import from_dict, load
-from kfp_gpu_rehearsal.sim.scenario import ApiSpec
+from kfp_gpu_rehearsal.sim.eventspec import ApiSpec
 from tests.sim._helpers import PARENT, PROJECT, REGION, client_kwargs, running, scenario
 from tests.waiting import wait_until
 
