@@ -1,4 +1,4 @@
-"""The threaded HTTP server and its Python API.
+"""The stand-in server's Python API and routing (its HTTP listener is :mod:`kfp_gpu_rehearsal.sim.http_server`).
 
     sim = SimServer(scenario_or_path, kubeconfig=None, port=0)
     url = sim.start()          # "http://127.0.0.1:PORT"; pass as api_endpoint to the google clients
@@ -11,14 +11,10 @@ Node objects in that cluster.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
-import time
-import urllib.parse
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -31,76 +27,13 @@ from kfp_gpu_rehearsal.sim.computeclass import ComputeClassWorld
 from kfp_gpu_rehearsal.sim.dws import DwsWorld, Key
 from kfp_gpu_rehearsal.sim.dws_pools import refuse_set_size, render
 from kfp_gpu_rehearsal.sim.gcp_iam import Principals
+from kfp_gpu_rehearsal.sim.http_server import SimHttpServer
 from kfp_gpu_rehearsal.sim.imagepull import NodeImages, PullWatcher
 from kfp_gpu_rehearsal.sim.scenario import Scenario
-from kfp_gpu_rehearsal.sim.shapes import SimHttpError, http_error
+from kfp_gpu_rehearsal.sim.shapes import http_error
 from kfp_gpu_rehearsal.sim.state import NodeBackend, SimState
 
 log = logging.getLogger(__name__)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    # TCP_NODELAY: the headers and the body go out as two writes; with Nagle on, the body waited for the client's
-    # delayed ACK of the headers (40 ms on Linux) on a reused connection, a stall no Google front end adds.
-    disable_nagle_algorithm = True
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s " + format, self.address_string(), *args)
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._dispatch("DELETE")
-
-    def do_PATCH(self) -> None:  # noqa: N802
-        self._dispatch("PATCH")
-
-    def _dispatch(self, method: str) -> None:
-        sim = self.server.sim
-        parsed = urllib.parse.urlsplit(self.path)
-        path = urllib.parse.unquote(parsed.path)
-        query = {k: v[-1] for k, v in urllib.parse.parse_qs(parsed.query).items()}
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if not path.startswith("/sim/") and sim.state.scenario.api_latency_ms:
-            time.sleep(sim.state.scenario.api_latency_ms / 1000.0)
-        headers: dict[str, str] = {}
-        try:
-            if not path.startswith("/sim/"):  # Google authenticates and authorizes before anything else
-                sim.principals.check(method, path, self.headers.get("Authorization", ""))
-            body = json.loads(raw) if raw.strip() else {}
-            status, payload = sim.handle(method, path, query, body if isinstance(body, dict) else {})
-        except SimHttpError as exc:
-            status, payload, headers = exc.status, exc.body, exc.headers
-        except ValueError as exc:
-            status, payload = 400, http_error(400, f"Invalid JSON payload received. {exc}").body
-        except Exception as exc:  # noqa: BLE001 - a stand-in bug must still answer, as a 500
-            log.exception("sim: %s %s failed", method, path)
-            status, payload = 500, http_error(500, f"stand-in internal error: {exc!r}").body
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 256
-
-    def __init__(self, addr: tuple[str, int], sim: SimServer) -> None:
-        super().__init__(addr, _Handler)
-        self.sim = sim
 
 
 class SimServer:
@@ -136,7 +69,7 @@ class SimServer:
         self.state = SimState(self.scenario, backend)
         self.gate = ApiGate(self.scenario.api)
         self._request_ids: dict[tuple[str, str], Any] = {}  # Compute requestId -> first answer
-        self._httpd: _Server | None = None
+        self._httpd: SimHttpServer | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self.dws_status: dict[Key, dict[str, Any]] = {}  # last status per request (any backend)
@@ -158,7 +91,7 @@ class SimServer:
 
         Raises: OSError when the port cannot be bound.
         """
-        self._httpd = _Server((self.host, self.port), self)
+        self._httpd = SimHttpServer((self.host, self.port), self)
         self.port = int(self._httpd.server_address[1])
         t = threading.Thread(target=self._httpd.serve_forever, name="sim-http", daemon=True)
         t.start()
