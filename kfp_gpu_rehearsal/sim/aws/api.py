@@ -1,7 +1,7 @@
 """The AWS actions EksProvider calls, answered from :class:`~kfp_gpu_rehearsal.sim.aws.world.AwsWorld`.
 
 Each handler takes the world and the parsed request and returns a :data:`~kfp_gpu_rehearsal.sim.aws.wire.Answer`;
-:class:`~kfp_gpu_rehearsal.sim.aws.world.AwsError` becomes the service's error shape in the server.
+:class:`~kfp_gpu_rehearsal.sim.aws.records.AwsError` becomes the service's error shape in the server.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from kfp_gpu_rehearsal.sim.aws import wire
+from kfp_gpu_rehearsal.sim.aws.records import AwsError, Group, Instance, iso
 from kfp_gpu_rehearsal.sim.aws.scenario import NodegroupSpec
-from kfp_gpu_rehearsal.sim.aws.world import AwsError, AwsWorld, Group, Instance, iso
+from kfp_gpu_rehearsal.sim.aws.world import AwsWorld
 
 CA_TAG = "k8s.io/cluster-autoscaler/enabled"
 

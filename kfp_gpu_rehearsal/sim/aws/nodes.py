@@ -18,8 +18,8 @@ from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.kube import KubeBackend
 
 if TYPE_CHECKING:
+    from kfp_gpu_rehearsal.sim.aws.records import Instance
     from kfp_gpu_rehearsal.sim.aws.scenario import NodegroupSpec
-    from kfp_gpu_rehearsal.sim.aws.world import Instance
 
 log = logging.getLogger(__name__)
 EFFECT = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}

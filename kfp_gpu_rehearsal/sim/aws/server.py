@@ -20,8 +20,9 @@ from urllib.parse import parse_qs, urlsplit
 from kfp_gpu.rehearsal_seam import LOCAL_CLUSTER_LABEL
 from kfp_gpu_rehearsal.sim.aws import api, wire
 from kfp_gpu_rehearsal.sim.aws.iam import Principals, Refusal
+from kfp_gpu_rehearsal.sim.aws.records import AwsError, EksNodeBackend
 from kfp_gpu_rehearsal.sim.aws.scenario import AwsScenario, load
-from kfp_gpu_rehearsal.sim.aws.world import AwsError, AwsWorld, EksNodeBackend
+from kfp_gpu_rehearsal.sim.aws.world import AwsWorld
 from kfp_gpu_rehearsal.sim.clock import Timeline
 from kfp_gpu_rehearsal.sim.imagepull import NodeImages, PullWatcher
 

@@ -2,7 +2,8 @@
 
 Every mutation runs under one lock; node-backend calls (Kubernetes writes) are queued and run in order on
 one worker thread after the lock is released. Timed transitions run on the shared
-:class:`~kfp_gpu_rehearsal.sim.clock.Timeline`. Behaviour and sources: docs/sim.md, "AWS stand-in".
+:class:`~kfp_gpu_rehearsal.sim.clock.Timeline`. The records it keeps are :mod:`kfp_gpu_rehearsal.sim.aws.records`.
+Behaviour and sources: docs/sim.md, "AWS stand-in".
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import uuid
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from kfp_gpu import accelerators
-from kfp_gpu_rehearsal.sim.aws.scenario import AwsScenario, NodegroupSpec, instance_shapes
+from kfp_gpu_rehearsal.sim.aws.records import AwsError, EksNodeBackend, Group, Instance, iso
+from kfp_gpu_rehearsal.sim.aws.scenario import AwsScenario, instance_shapes
 from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, Timeline, compress
 from kfp_gpu_rehearsal.sim.topology import Hosts, site
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency
@@ -29,65 +30,6 @@ from kfp_gpu_rehearsal.sim.worldspec import BootLatency
 log = logging.getLogger(__name__)
 DEFAULT_BOOT = BootLatency("lognormal", 240.0, 0.45, 0, 90.0)
 MAX_ACTIVITIES = 100
-
-
-class AwsError(Exception):
-    """An AWS error answer: ``code`` as AWS spells it, HTTP ``status``."""
-
-    def __init__(self, code: str, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.code, self.message, self.status = code, message, status
-
-
-class EksNodeBackend(Protocol):
-    def register(self, inst: Instance, ng: NodegroupSpec, cluster: str, gpus_ready: bool) -> None: ...
-    def gpus_ready(self, name: str, gpus: int) -> None: ...
-    def drain(self, name: str) -> None: ...
-    def delete(self, name: str) -> None: ...
-
-
-@dataclass
-class Instance:
-    id: str
-    nodegroup: str
-    zone: str
-    instance_type: str
-    capacity_type: str
-    private_ip: str
-    dns: str
-    launched: float  # stand-in seconds
-    state: str = "pending"  # EC2: pending | running | shutting-down | terminated
-    lifecycle: str = "Pending"  # ASG: Pending | InService | Terminating
-    notice_deadline: float | None = None
-    labels: dict[str, str] = field(default_factory=dict)  # its network topology labels (kfp_gpu_rehearsal.sim.topology)
-
-    @property
-    def provider_id(self) -> str:
-        return f"aws:///{self.zone}/{self.id}"
-
-    @property
-    def live(self) -> bool:
-        return self.lifecycle in ("Pending", "InService")
-
-
-@dataclass
-class Group:
-    spec: NodegroupSpec
-    asg: str
-    desired: int
-    min_size: int
-    max_size: int
-    status: str = "ACTIVE"
-    updates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    tokens: dict[str, str] = field(default_factory=dict)
-    issues: list[dict[str, Any]] = field(default_factory=list)
-    activities: list[dict[str, Any]] = field(default_factory=list)
-    retry_at: float | None = None
-    rng: random.Random = field(default_factory=random.Random)
-
-
-def iso(t: datetime | None = None) -> str:
-    return (t or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class AwsWorld:
