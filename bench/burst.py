@@ -23,16 +23,16 @@ Where a side's nodes come from:
 Every node that is not the stand-in's waits (KWOK) for the bench's boot injector (bench/world.py
 :class:`~bench.world.Injector`), re-seeded with the side-run's seed: the same draws, in creation order, as the
 stand-in's pools. The limit is read per node from those draws (bench/observe.py :func:`~bench.observe.measure`).
+
+The sides and whether one can run here: bench/sides.py; the side processes, the bench's own CA and the KWOK canary:
+bench/sideprocs.py.
 """
 
 from __future__ import annotations
 
-import collections
 import json
-import queue
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +41,10 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.common import ROOT, new_api, pin_to, uid
+from bench.common import ROOT, new_api, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
+from bench.sideprocs import CA_POOL, BenchCA, Canary, Child
+from bench.sides import CLOUD_ONLY_SIDES, PROFILE_POOL, SEQUENTIAL_MAX, STANDIN_SIDES, not_run_reason
 from bench.world import (
     DEVICE_PLUGIN_S,
     GPUS,
@@ -50,34 +52,19 @@ from bench.world import (
     Injector,
     StandIn,
     pool_name,
-    profile_boot_drawn,
     pull_watcher,
     scenario,
 )
 from kfp_gpu_rehearsal.devcluster.nodes import (
-    BOOT_DELAY_ANNOTATION,
-    BOOT_INJECTION_LABEL,
     POOL_LABEL,
-    READY_AT_ANNOTATION,
 )
 from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
 
-SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
-         "ours_provisioning_request", "ours_karpenter", "ours_compute_class")  # run in this order; shared node groups are apart
-STANDIN_SIDES = ("naive", "sequential", "ours_node_pool", "ours_compute_class")
-# Sides whose nodes come from an autoscaler on the shared cluster but whose steps still ask the cloud (quota, pools):
-# they get the side-run's stand-in for those calls, so their quota is the bench world's (65,536 GPUs), as every
-# stand-in side's, not the dev cluster's default world (128 A100 GPUs in us-central1), which refused N >= 64.
-CLOUD_ONLY_SIDES = ("ours_provisioning_request",)
-CA_POOL = "bench-ca"
-PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
-PROFILE_MAX = 512
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0  # plus GANG_TIMEOUT_PER_NODE_S per node: 406 s at N=512 (a 2-core control plane)
 GANG_TIMEOUT_PER_NODE_S = 0.5
 CLEAN_WAIT_S = 300.0  # before t0: how long earlier side-runs' nodes may take to go (their controllers' scale-down)
-SEQUENTIAL_MAX = 16
 
 
 def gang_timeout(n: int) -> float:
@@ -114,150 +101,10 @@ class SideRun:
         return out
 
 
-class BenchCA:
-    """The bench's own cluster-autoscaler (profile flags minus ProvisioningRequests), node group ``bench-ca``."""
-
-    def __init__(self, api: client.ApiClient) -> None:
-        from kfp_gpu import accelerators
-        from kfp_gpu_rehearsal.devcluster import autoscaler, ca_profile
-        from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
-
-        acc = accelerators.get("a100-80gb")
-        node = make_gpu_node("template", CA_POOL, acc.gke_label, "us-central1-a", GPUS, False, 1.0,
-                             {BOOT_INJECTION_LABEL: "pending", "kfp-gpu.io/bench": "ca"})
-        node["metadata"]["annotations"].pop(BOOT_DELAY_ANNOTATION, None)
-        node["metadata"]["annotations"].pop(READY_AT_ANNOTATION, None)
-        node["metadata"]["labels"].pop("kubernetes.io/hostname", None)
-        node["metadata"]["annotations"].update({"cluster-autoscaler.kwok.nodegroup/min-count": "0",
-                                                "cluster-autoscaler.kwok.nodegroup/max-count": "600"})
-        autoscaler.install_provider_config(client.CoreV1Api(api), [node], group_label=POOL_LABEL,
-                                           gpu_label="cloud.google.com/gke-accelerator", gpu_types=[acc.gke_label])
-        skip = ("--enable-provisioning-requests", "--provisioning-request", "--status-config-map-name",
-                "--write-status-configmap")
-        self.flags = [f for f in ca_profile.FLAGS if not f.startswith(skip)]
-        self.proc = autoscaler.Autoscaler(Path(_kubeconfig()), extra_args=self.flags)
-        self.proc.start()
-
-    def stop(self) -> None:
-        self.proc.stop(timeout_s=30.0)
-
-
 def _kubeconfig() -> str:
     from bench.common import kubeconfig
 
     return str(kubeconfig())
-
-
-class _Child:
-    """A side's process (``python -m bench.peers '<args>'``; ``cmd`` replaces it in tests): stdout lines queued for
-    :meth:`expect`, stderr drained into a short tail (an unread stderr pipe would block a chatty child)."""
-
-    def __init__(self, args: dict[str, Any], cmd: list[str] | None = None) -> None:
-        self.p = subprocess.Popen(cmd or [sys.executable, "-m", "bench.peers", json.dumps(args)], cwd=str(ROOT),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.run_id = ""  # ours' step run id, from the child's "RUN <id>" line (its teardown if the child dies)
-        self.err: collections.deque[str] = collections.deque(maxlen=40)
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._drain, daemon=True).start()  # an unread stderr pipe blocks the child
-
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            if line.startswith("RUN "):
-                self.run_id = line[4:].strip()
-                continue
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put("EOF")
-
-    def _drain(self) -> None:
-        assert self.p.stderr is not None
-        for line in self.p.stderr:
-            self.err.append(line.rstrip("\n"))
-
-    def expect(self, prefix: str, timeout_s: float) -> str:
-        end = time.time() + timeout_s
-        while time.time() < end:
-            try:
-                line = self.lines.get(timeout=max(0.01, end - time.time()))
-            except queue.Empty:
-                break
-            if line.startswith(prefix) or line == "EOF" or line.startswith("FAILED"):
-                return line
-        return "TIMEOUT"
-
-    def say(self, word: str) -> None:
-        assert self.p.stdin is not None
-        try:
-            self.p.stdin.write(word + "\n")
-            self.p.stdin.flush()
-        except OSError:
-            pass
-
-    def stderr_tail(self) -> str:
-        return " | ".join(list(self.err)[-6:])[-600:]
-
-    def close(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
-
-
-# ours goes through the GpuGang: the controller's work units build their own client for the spec's target
-OURS_KARPENTER_NOT_RUN = (
-    "ours through the GpuGang cannot serve the Karpenter profile on the dev cluster: the controller's work unit builds "
-    "its client from the spec's target, and an EKS target (cluster kfp-gpu-karpenter) is refused there "
-    "(WrongCluster: kfp_gpu.cluster.identity finds the local dev cluster), while a local target cannot name "
-    "Karpenter's us-east-1 zones (target.region must look like 'us-central1')")
-CANARY_TOLERATES = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "nvidia.com/gpu")
-
-
-class Canary:
-    """A GPU-less KWOK node of the bench's own and a pod bound to it: :meth:`ping` is True once KWOK has turned a
-    fresh pod Running (on this 2-core machine KWOK's pod pipeline was seen to stall for minutes after a large gang
-    was deleted: a side starting then would be charged for it)."""
-
-    NAME = "kfp-gpu-bench-canary"
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
-
-        self.core, self.ns = client.CoreV1Api(api), namespace
-        node = make_gpu_node(self.NAME, "bench-canary", "none", "us-central1-a", 0, False, 0.0,
-                             {"kfp-gpu.io/bench": "canary"})
-        try:
-            self.core.create_node(node)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-
-    def ping(self, timeout_s: float) -> bool:
-        end = time.time() + timeout_s
-        while time.time() < end:
-            name = uid("canary-")
-            self.core.create_namespaced_pod(self.ns, {
-                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"kfp-gpu.io/bench": "canary"}},
-                "spec": {"affinity": pin_to(self.NAME), "terminationGracePeriodSeconds": 0,
-                         # keyed: the bench namespace is a kfp-gpu tenant, whose admission policy refuses a pod
-                         # tolerating every taint (the canary node itself has none)
-                         "tolerations": [{"key": k, "operator": "Exists"} for k in CANARY_TOLERATES],
-                         "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "infinity"]}]}})
-            try:
-                until = min(end, time.time() + 60.0)  # a pod KWOK never picked up is replaced after a minute
-                while time.time() < until:
-                    if self.core.read_namespaced_pod(name, self.ns).status.phase == "Running":
-                        return True
-                    time.sleep(0.1)
-            finally:
-                self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
-        return False
-
-    def close(self) -> None:
-        try:
-            self.core.delete_node(self.NAME, grace_period_seconds=0)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
 
 
 class Harness:
@@ -350,32 +197,9 @@ class Harness:
         self.node_class = True
 
     def availability(self, side: str, n: int, sequential_max: int = SEQUENTIAL_MAX) -> str:
-        """'' when the side can run at this N, else the reason it is not run."""
-        if side == "sequential" and n > sequential_max:
-            return (f"the one-at-a-time loop is the anecdotal baseline, run up to N={sequential_max}: it takes about "
-                    f"N x the median boot ({n} x 1.75 s) per repeat, and cannot be the lowest at large N")
-        if side == "cluster_autoscaler" and self.ca is None:
-            return self.ca_error or "not started"
-        if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
-            if n > PROFILE_MAX:
-                return (f"the dev cluster's CA profile (the only CA serving ProvisioningRequests here) has node group "
-                        f"{PROFILE_POOL} of max {PROFILE_MAX} nodes (kfp_gpu_rehearsal/devcluster/ca_profile.py NODE_GROUPS)")
-            from kfp_gpu.cluster import provreq
-
-            if provreq.autoscaler_node_groups(self.api) is None:
-                return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
-            why = profile_boot_drawn(self.core, PROFILE_POOL)
-            if why:
-                return why
-        if side == "ours_karpenter" and self.step_kubeconfig:
-            return OURS_KARPENTER_NOT_RUN
-        if side in ("karpenter", "ours_karpenter"):
-            try:
-                client.CustomObjectsApi(self.api).get_cluster_custom_object(
-                    "karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "kfp-gpu")
-            except Exception as exc:  # noqa: BLE001
-                return f"Karpenter's kwok provider is not installed (make cluster-up AUTOSCALER=karpenter): {exc}"[:300]
-        return ""
+        """'' when the side can run at this N, else the reason it is not run (:func:`bench.sides.not_run_reason`)."""
+        return not_run_reason(self.api, self.core, side, n, ca_started=self.ca is not None, ca_error=self.ca_error,
+                              step_kubeconfig=self.step_kubeconfig, sequential_max=sequential_max)
 
     def run(self, side: str, n: int, repeat: int, *, dry_zones: tuple[str, ...] = (),
             zones: tuple[str, ...] = ("us-central1-a",)) -> SideRun:
@@ -420,7 +244,7 @@ class Harness:
             args["node_class"] = KARPENTER_NODE_CLASS
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
             owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
-        child = _Child(args)
+        child = Child(args)
         t0 = t_job = time.time()
         limit = gang_timeout(n)
         try:

@@ -57,7 +57,7 @@ LARGE_N = 128
 
 
 def _modes() -> dict[str, Mode]:
-    from bench.burst import SIDES
+    from bench.sides import SIDES
 
     return {
         "quick": Mode("quick", (4,), 1, SIDES, 2.0, (64,), 1, 0, 4),

@@ -177,11 +177,11 @@ def test_a_side_process_that_writes_much_to_stderr_is_not_blocked() -> None:
     import sys
     import time
 
-    from bench.burst import _Child
+    from bench.sideprocs import Child
 
     # 300 KB of stderr before READY: a pipe nobody reads holds 64 KB, then the writer blocks
     code = "import sys; sys.stderr.write('x' * 300_000 + '\\nlast words\\n'); print('RUN r-1'); print('READY', flush=True)"
-    child = _Child({}, cmd=[sys.executable, "-c", code])
+    child = Child({}, cmd=[sys.executable, "-c", code])
     try:
         assert child.expect("READY", 20.0) == "READY"
         assert child.run_id == "r-1"

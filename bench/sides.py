@@ -1,0 +1,68 @@
+"""The burst benchmark's sides: their names and run order, which of them a stand-in serves, and whether one can
+run on this cluster at a given N.
+
+Contract: :data:`SIDES` is the run order (sides sharing a node group are apart); :data:`STANDIN_SIDES` get their
+nodes from a fresh stand-in per side-run, :data:`CLOUD_ONLY_SIDES` only its cloud answers; :func:`not_run_reason`
+is '' or the one-line reason a side is reported as not run (a missing autoscaler profile, a node-group limit, the
+sequential baseline's cap), never an exception for a side that simply cannot run here.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from bench.world import profile_boot_drawn
+
+__all__ = ["CLOUD_ONLY_SIDES", "OURS_KARPENTER_NOT_RUN", "PROFILE_MAX", "PROFILE_POOL", "SEQUENTIAL_MAX", "SIDES",
+           "STANDIN_SIDES", "not_run_reason"]
+
+SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
+         "ours_provisioning_request", "ours_karpenter", "ours_compute_class")  # run in this order; shared node groups are apart
+STANDIN_SIDES = ("naive", "sequential", "ours_node_pool", "ours_compute_class")
+# Sides whose nodes come from an autoscaler on the shared cluster but whose steps still ask the cloud (quota, pools):
+# they get the side-run's stand-in for those calls, so their quota is the bench world's (65,536 GPUs), as every
+# stand-in side's, not the dev cluster's default world (128 A100 GPUs in us-central1), which refused N >= 64.
+CLOUD_ONLY_SIDES = ("ours_provisioning_request",)
+PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
+PROFILE_MAX = 512
+SEQUENTIAL_MAX = 16
+# ours goes through the GpuGang: the controller's work units build their own client for the spec's target
+OURS_KARPENTER_NOT_RUN = (
+    "ours through the GpuGang cannot serve the Karpenter profile on the dev cluster: the controller's work unit builds "
+    "its client from the spec's target, and an EKS target (cluster kfp-gpu-karpenter) is refused there "
+    "(WrongCluster: kfp_gpu.cluster.identity finds the local dev cluster), while a local target cannot name "
+    "Karpenter's us-east-1 zones (target.region must look like 'us-central1')")
+
+
+def not_run_reason(api: client.ApiClient, core: client.CoreV1Api, side: str, n: int, *, ca_started: bool,
+                   ca_error: str, step_kubeconfig: str, sequential_max: int = SEQUENTIAL_MAX) -> str:
+    """'' when ``side`` can run at this ``n`` on this cluster, else the reason it is not run (it goes into the
+    results as ``not_run``). ``ca_started``/``ca_error``: whether the bench's own cluster-autoscaler started.
+
+    Raises: ApiException when the cluster cannot be read.
+    """
+    if side == "sequential" and n > sequential_max:
+        return (f"the one-at-a-time loop is the anecdotal baseline, run up to N={sequential_max}: it takes about "
+                f"N x the median boot ({n} x 1.75 s) per repeat, and cannot be the lowest at large N")
+    if side == "cluster_autoscaler" and not ca_started:
+        return ca_error or "not started"
+    if side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
+        if n > PROFILE_MAX:
+            return (f"the dev cluster's CA profile (the only CA serving ProvisioningRequests here) has node group "
+                    f"{PROFILE_POOL} of max {PROFILE_MAX} nodes (kfp_gpu_rehearsal/devcluster/ca_profile.py NODE_GROUPS)")
+        from kfp_gpu.cluster import provreq
+
+        if provreq.autoscaler_node_groups(api) is None:
+            return "the dev cluster's CA profile is not running (make cluster-up AUTOSCALER=cluster-autoscaler)"
+        why = profile_boot_drawn(core, PROFILE_POOL)
+        if why:
+            return why
+    if side == "ours_karpenter" and step_kubeconfig:
+        return OURS_KARPENTER_NOT_RUN
+    if side in ("karpenter", "ours_karpenter"):
+        try:
+            client.CustomObjectsApi(api).get_cluster_custom_object(
+                "karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", "kfp-gpu")
+        except Exception as exc:  # noqa: BLE001
+            return f"Karpenter's kwok provider is not installed (make cluster-up AUTOSCALER=karpenter): {exc}"[:300]
+    return ""
