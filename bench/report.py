@@ -1,7 +1,7 @@
 """docs/benchmarks.md, generated from the bench JSON (``python -m bench.report`` rewrites it; tests/bench checks it).
 
 Every figure in the doc comes from the JSON it names; the prose around the tables is fixed text in this module
-(method, sides, caveats). Targets are evaluated from the JSON by :func:`targets` (stored in the JSON too) and every
+(method, sides, caveats). Targets are evaluated from the JSON by :func:`bench.report_targets.targets` (stored in the JSON too) and every
 miss is printed as a "target missed" row with the profile that explains it.
 """
 
@@ -14,12 +14,10 @@ from typing import Any
 
 from bench import report_recovery
 from bench.common import RESULTS, ROOT
+from bench.report_targets import row, stage_error
 from kfp_gpu_rehearsal.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
-OURS = ("ours_node_pool", "ours_provisioning_request", "ours_karpenter", "ours_compute_class")
-ABOVE_WORLD_TARGETS = ((512, 0.5), (4096, 2.0))  # total - world_nodes_ready, seconds
-PEERS = ("naive", "sequential", "cluster_autoscaler", "cluster_autoscaler_provreq", "karpenter")
 
 
 def source() -> Path:
@@ -34,134 +32,8 @@ def source() -> Path:
     return RESULTS / "quick.json"
 
 
-def _med(s: dict[str, Any] | None, key: str) -> float | None:
-    st = (s or {}).get(key) or {}
-    return st.get("median")
-
-
 def _cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
     return report_recovery.cell(s, key, digits)
-
-
-# ---- targets ---------------------------------------------------------------------------------------
-
-def _t(name: str, target: str, value: str, met: bool | None, profile: str = "") -> dict[str, Any]:
-    return {"name": name, "target": target, "value": value, "met": met, "profile": profile}
-
-
-def _ours_profile(burst_n: dict[str, Any], side: str) -> str:
-    runs = [r for r in burst_n.get("runs", []) if r["side"] == side and r.get("profile_ours_s")]
-    if not runs:
-        return ""
-    p = runs[0]["profile_ours_s"]
-    parts = [f"{k} {v:.2f} s" for k, v in sorted(p.items(), key=lambda kv: kv[1])]
-    calls = runs[0].get("cloud_calls_ours_s") or []
-    first_resize = next((c for c in calls if ":setSize" in c[2]), None)
-    before = [c for c in calls if first_resize is None or c[0] < first_resize[0]]
-    call_text = ""
-    if first_resize is not None:
-        call_text = (f"; the first resize (setSize) left at {first_resize[0]:.2f} s, after {len(before)} cloud "
-                     f"call(s) ({', '.join(f'{c[2]} {c[0]:.2f}-{c[1]:.2f} s' for c in before)})")
-    return (f"ours' own step timeline, seconds after t0 (repeat 0): {', '.join(parts)}; gang Running at "
-            f"{runs[0]['total_s']:.2f} s, largest boot {runs[0]['limit_s']:.2f} s{call_text}")
-
-
-def _stage_error(stage: dict[str, Any]) -> str:
-    """A failed stage's error as bench.run stored it, without its own "FAILED: " (the caller says it failed)."""
-    return str(stage["error"]).removeprefix("FAILED: ")
-
-
-def _all_failed(side_summary: dict[str, Any]) -> str:
-    errs = side_summary.get("failed") or []
-    return f"every run failed ({len(errs)}): {errs[0][:160]}" if errs else "no measurement"
-
-
-def _rng(st: dict[str, Any]) -> str:
-    return f"{st['median']:.2f} s ({st['min']:.2f}-{st['max']:.2f}, {st.get('n', 1)} runs)"
-
-
-def lowest(n: int, ours: str, o: dict[str, Any], peers: dict[str, dict[str, Any]], b: dict[str, Any]) -> dict[str, Any]:
-    """"ours has the lowest overhead", claimed only where the ranges do not overlap: met when ours' max is below
-    every peer's min and each has >= 2 runs; missed when some peer's max is below ours' min; else ``met`` None
-    with ``undecided`` (the ranges overlap, or a single run has no range): no claim either way.
-    ``o``/``peers``: overhead stats (median, min, max, n)."""
-    name, what = f"burst_n{n}_{ours}_lowest_overhead", f"{ours} has the lowest overhead of every side, N={n}"
-    if not peers:
-        return _t(name, what, f"{_rng(o)}, no peer ran", None)
-    best = min(peers.items(), key=lambda kv: kv[1]["median"])
-    below = [p for p, st in peers.items() if st["max"] < o["min"]]
-    value = f"{_rng(o)} vs best peer {best[0]} {_rng(best[1])}"
-    if below:
-        return _t(name, what, value + f"; below ours' whole range: {', '.join(below)}", False, _ours_profile(b, ours))
-    over = [p for p, st in peers.items() if st["min"] <= o["max"]]
-    single = [p for p, st in [(ours, o), *peers.items()] if st.get("n", 1) < 2]
-    if not over and not single:
-        return _t(name, what, value, True)
-    why = "ranges overlap" if over else "one run: no range"
-    row = _t(name, what, value + f"; {why} ({', '.join(over or single)}): no claim", None)
-    row["undecided"] = why
-    return row
-
-
-def targets(out: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, evaluated from the JSON; ``met`` None = not measured in this run (says why)."""
-    rows: list[dict[str, Any]] = []
-    burst = out.get("burst") or {}
-    for n, b in sorted(((int(k), v) for k, v in burst.items() if isinstance(v, dict) and "summary" in v)):
-        summ = b["summary"]
-        ran = {p: summ[p]["overhead_s"] for p in PEERS if (summ.get(p) or {}).get("overhead_s")}
-        for ours in OURS:
-            s = summ.get(ours) or {}
-            if not s.get("overhead_s"):
-                if s.get("failed"):
-                    rows.append(_t(f"burst_n{n}_{ours}_lowest_overhead",
-                                   f"{ours} has the lowest overhead of every side, N={n}", _all_failed(s), False))
-                continue
-            rows.append(lowest(n, ours, s["overhead_s"], ran, b))
-    for n, lim in ((128, 1.0), (512, 2.5)):
-        s = ((burst.get(str(n)) or {}).get("summary") or {}).get("ours_node_pool") or {}
-        o = _med(s, "overhead_s")
-        name, what = f"burst_n{n}_overhead", f"ours overhead <= {lim} s at N={n} (100 ms API latency)"
-        if o is None and s.get("failed"):
-            rows.append(_t(name, what, _all_failed(s), False))
-            continue
-        rows.append(_t(name, what, "not run in this mode" if o is None else f"{o:.2f} s", None if o is None else o <= lim,
-                       "" if o is None or o <= lim else _ours_profile(burst[str(n)], "ours_node_pool")))
-    cp = out.get("control_plane") or {}
-    for gpus, lim in ((512, 2.0), (4096, 6.0)):
-        st = ((cp.get(str(gpus)) or {}).get("stats") or {})
-        v = _med(st, "total")
-        name, what = f"control_plane_{gpus}", f"control-plane overhead < {lim:g} s at {gpus} GPUs, zero boot"
-        if v is None and "error" in cp:
-            rows.append(_t(name, what, f"the stage failed: {_stage_error(cp)[:200]}", False))
-            continue
-        prof = ", ".join(f"{k} {_med(st, k):.2f} s" for k in ("preflight", "warm_pool", "scale_up", "job_launch")
-                         if _med(st, k) is not None)
-        if _med(st, "world_nodes_ready") is not None:
-            prof += (f"; the world's last node was Ready {_med(st, 'world_nodes_ready'):.2f} s after warm pool began "
-                     "(external watch: the floor under warm pool + scale-up on this control plane)")
-        rows.append(_t(name, what, "not run in this mode" if v is None else f"{v:.2f} s", None if v is None else v < lim,
-                       "" if v is None or v < lim else f"per step (median): {prof}"))
-    for gpus, lim in ABOVE_WORLD_TARGETS:
-        st = ((cp.get(str(gpus)) or {}).get("stats") or {})
-        v = _med(st, "above_world")
-        if v is None:  # a run from before above_world was recorded: no such target in its JSON
-            continue
-        prof = ", ".join(f"{k} {_med(st, k):.2f} s" for k in ("preflight", "warm_pool", "scale_up", "job_launch",
-                                                               "world_nodes_ready") if _med(st, k) is not None)
-        ps = (cp.get(str(gpus)) or {}).get("profile_stats") or {}
-        if ps:
-            prof += "; controller profile (median): " + ", ".join(f"{k} {_med(ps, k):.2f} s" for k in sorted(ps))
-        rows.append(_t(f"control_plane_{gpus}_above_world", f"control-plane time above the world's own node-Ready "
-                       f"time <= {lim:g} s at {gpus} GPUs, zero boot", f"{v:.2f} s", v <= lim,
-                       "" if v <= lim else f"per step (median): {prof}"))
-    pf = out.get("preflight") or {}
-    rt = pf.get("ours_round_trips")
-    rows.append(_t("preflight_round_trips", "preflight <= 1.5 round trips (6 regions x 3 accelerators, 100 ms)",
-                   "not run" if rt is None else f"{rt:.2f} round trips", None if rt is None else rt <= 1.5,
-                   "" if rt is None or rt <= 1.5 else f"cloud requests per run: {pf.get('ours_cloud_requests')}"))
-    rows += report_recovery.targets(out, _t)
-    return rows
 
 
 # ---- the document --------------------------------------------------------------------------------
@@ -308,7 +180,7 @@ def _burst(out: dict[str, Any]) -> list[str]:
         lines += [f"Repeats per N (interleaved): {', '.join(f'N={k}: {v}' for k, v in reps.items())}.", ""]
     burst = out.get("burst") or {}
     if "error" in burst:
-        return [*lines, f"**FAILED**: {_stage_error(burst)}", ""]
+        return [*lines, f"**FAILED**: {stage_error(burst)}", ""]
     for n in sorted(int(k) for k in burst):
         b = burst[str(n)]
         lines += [f"### N = {n} nodes x 8 GPUs", "",
@@ -354,7 +226,7 @@ def _other(out: dict[str, Any]) -> list[str]:
               "| GPUs | total | preflight | warm pool | scale-up | job launch | world: last node Ready |"
               + (" above world |" if above else ""), "|---|---|---|---|---|---|---|" + ("---|" if above else "")]
     if "error" in cp:
-        lines.append(f"| FAILED: {_stage_error(cp)} | | | | | | |" + (" |" if above else ""))
+        lines.append(f"| FAILED: {stage_error(cp)} | | | | | | |" + (" |" if above else ""))
     for g in sizes:
         st = cp[str(g)]["stats"]
         lines.append(f"| {g} | {_cell(st, 'total')} | {_cell(st, 'preflight')} | {_cell(st, 'warm_pool')} | "
@@ -395,7 +267,7 @@ def _targets(out: dict[str, Any]) -> list[str]:
     rows = out.get("targets") or []
     rec, rec_src = report_recovery.source(out)
     if rec_src:  # the recovery rows from bench/results/recovery.json, the rest from the main JSON
-        rows = [r for r in rows if not r["name"].startswith("recovery")] + report_recovery.targets(rec, _t)
+        rows = [r for r in rows if not r["name"].startswith("recovery")] + report_recovery.targets(rec, row)
     lines = ["", "## Targets (issue 18)", "", "| target | value | met |", "|---|---|---|"]
     for t in rows:
         met = (f"no claim ({t['undecided']})" if t.get("undecided") else "not measured") if t["met"] is None \

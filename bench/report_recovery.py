@@ -58,7 +58,7 @@ def cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
 
 
 def targets(out: dict[str, Any], t: Any) -> list[dict[str, Any]]:
-    """Recovery rows of the targets table (``t``: report._t)."""
+    """Recovery rows of the targets table (``t``: report_targets.row)."""
     rows = []
     for key, suffix, what in KINDS:
         rec = (out.get(key) or {}).get(f"recovery{suffix}") or {}

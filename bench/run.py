@@ -227,7 +227,7 @@ def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = 
         core.delete_namespace(ns)
         api.close()
         log(f"[bench] cleanup done in {time.time() - t:.1f}s (forced: {out['cleanup_forced'] or 'nothing'})")
-    from bench.report import targets
+    from bench.report_targets import targets
 
     out["targets"] = targets(out)
     out["wall_s"] = round(time.time() - started, 1)

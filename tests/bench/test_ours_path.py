@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import ours, report
+from bench import ours, report, report_targets
 from bench.overhead import _inside
 from bench.run import _only, main
 
@@ -54,12 +54,12 @@ def _out(cp: dict) -> dict:
 
 
 def test_above_world_is_a_target_with_its_profile_and_a_column() -> None:
-    t = {x["name"]: x for x in report.targets(_out(_cp(0.7)))}
+    t = {x["name"]: x for x in report_targets.targets(_out(_cp(0.7)))}
     miss = t["control_plane_512_above_world"]
     assert miss["met"] is False and miss["value"] == "0.70 s"
     assert "world_nodes_ready 1.80 s" in miss["profile"] and "scale_up_dispatch 0.15 s" in miss["profile"]
     assert "control_plane_4096_above_world" not in t  # not measured: no row
-    assert {x["name"]: x for x in report.targets(_out(_cp(0.4)))}["control_plane_512_above_world"]["met"] is True
+    assert {x["name"]: x for x in report_targets.targets(_out(_cp(0.4)))}["control_plane_512_above_world"]["met"] is True
     doc = report.render(_out(_cp(0.7)))
     assert "| job launch | world: last node Ready | above world |" in doc and "| 0.70 (0.70-0.70) |" in doc
     assert "`kfp_gpu.gang.client.request` calls with the tenant's `kfp-gpu` token" in doc
@@ -72,4 +72,4 @@ def test_a_run_from_before_the_gang_path_renders_as_it_was() -> None:
         del st["stats"]["above_world"]
     doc = report.render(out)
     assert "above world" not in doc and "`kfp_gpu.steps.scale_up.run` (provisioner `node-pool`)" in doc
-    assert not [x for x in report.targets(out) if x["name"].endswith("_above_world")]
+    assert not [x for x in report_targets.targets(out) if x["name"].endswith("_above_world")]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import report, report_recovery
+from bench import report_recovery, report_targets
 from bench.common import Result
 from bench.recovery_metrics import best_baseline, lowest_without_overlap
 
@@ -38,7 +38,7 @@ def _data() -> dict[str, Any]:
 
 
 def _t(*a: Any) -> dict[str, Any]:
-    return report._t(*a)
+    return report_targets.row(*a)
 
 
 def test_targets_are_against_the_best_realistic_baseline() -> None:

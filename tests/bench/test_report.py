@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import report
+from bench import report, report_targets
 from bench.common import ROOT
 from bench.critical_path import analyse
 from bench.observe import NodeRec, PodRec, measure, pods_before_ready
@@ -28,7 +28,7 @@ def test_the_json_records_the_commit_it_ran_on() -> None:
     data = json.loads(report.source().read_text())
     assert data["schema"] == 2
     assert re.fullmatch(r"[0-9a-f]{40}", data["git"]["commit"]) and isinstance(data["git"]["dirty"], bool)
-    assert data["targets"] == report.targets(data), "targets in the JSON are not the ones its numbers give"
+    assert data["targets"] == report_targets.targets(data), "targets in the JSON are not the ones its numbers give"
 
 
 def _row(side: str, overhead: float, **kw: object) -> dict:
@@ -48,7 +48,7 @@ def test_a_miss_is_printed_with_its_profile_and_a_not_run_side_with_its_reason()
     rows = [_row("naive", 0.3), _row("ours_node_pool", 0.9, profile_ours_s={"first_requested": 0.6},
                                      cloud_calls_ours_s=calls)]
     out = _out(rows, {"cluster_autoscaler": "the bench's cluster-autoscaler did not start: boom"})
-    out["targets"] = report.targets(out)
+    out["targets"] = report_targets.targets(out)
     t = [x for x in out["targets"] if x["name"] == "burst_n4_ours_node_pool_lowest_overhead"][0]
     assert t["met"] is False and "naive 0.30" in t["value"] and "first_requested 0.60 s" in t["profile"]
     assert "setSize) left at 0.50 s, after 1 cloud call(s) (GET .../c/nodePools 0.05-0.15 s)" in t["profile"]
@@ -56,7 +56,7 @@ def test_a_miss_is_printed_with_its_profile_and_a_not_run_side_with_its_reason()
     assert "**target missed**" in doc and "first_requested 0.60 s" in doc
     assert "not run: the bench's cluster-autoscaler did not start: boom" in doc
     out2 = _out([_row("naive", 0.3), _row("ours_node_pool", 0.2)])  # lower, but one run each: no range, no claim
-    t2 = [x for x in report.targets(out2) if x["name"].startswith("burst_n4")]
+    t2 = [x for x in report_targets.targets(out2) if x["name"].startswith("burst_n4")]
     assert [(x["met"], x.get("undecided")) for x in t2] == [(None, "one run: no range")]
 
 
@@ -72,7 +72,7 @@ def _runs(side: str, overheads: list[float]) -> list[dict]:
 def test_lowest_is_claimed_only_where_ranges_do_not_overlap(ours: list[float], naive: list[float], met: object,
                                                            undecided: object) -> None:
     out = _out(_runs("naive", naive) + _runs("ours_node_pool", ours))
-    out["targets"] = report.targets(out)
+    out["targets"] = report_targets.targets(out)
     t = {x["name"]: x for x in out["targets"]}["burst_n4_ours_node_pool_lowest_overhead"]
     assert (t["met"], t.get("undecided")) == (met, undecided)
     doc = report.render(out)
@@ -101,14 +101,14 @@ def test_a_failed_run_is_loud() -> None:
     s = out["burst"]["4"]["summary"]["ours_node_pool"]
     assert s["runs"] == 0 and s["failed"] == ["RuntimeError: x"]
     assert "Failed run, ours_node_pool: RuntimeError: x" in report.render(out)
-    t = {x["name"]: x for x in report.targets(out)}["burst_n4_ours_node_pool_lowest_overhead"]
+    t = {x["name"]: x for x in report_targets.targets(out)}["burst_n4_ours_node_pool_lowest_overhead"]
     assert t["met"] is False and t["value"] == "every run failed (1): RuntimeError: x"  # never "not run"
 
 
 def test_a_failed_stage_is_named_failed_once() -> None:
     out = _out([_row("naive", 0.3)])
     out["control_plane"] = {"error": "FAILED: ProvisioningTimeout: only 63/64"}  # as bench.run stores a stage error
-    t = {x["name"]: x for x in report.targets(out)}["control_plane_512"]
+    t = {x["name"]: x for x in report_targets.targets(out)}["control_plane_512"]
     assert t["met"] is False and t["value"] == "the stage failed: ProvisioningTimeout: only 63/64"
     assert "| FAILED: ProvisioningTimeout: only 63/64 | | | | | |" in report.render(out)
 
@@ -164,11 +164,11 @@ def test_recovery_targets_cover_one_and_two_overlapping_preemptions(monkeypatch:
     out["recovery"] = {"recovery": {"ratio_vs_training_operator": 1.1, "stats": {}}}
     out["recovery_overlap"] = {"recovery_2x": {"ratio_vs_training_operator": 1.79, "stats": {},
                                                "phases_ours_median_from_t0_s": {"decided": 0.01}}}
-    got = {t["name"]: t for t in report.targets(out)}
+    got = {t["name"]: t for t in report_targets.targets(out)}
     assert got["recovery_vs_best_peer"]["met"] is True
     assert got["recovery_2x_vs_best_peer"]["met"] is False and "decided" in got["recovery_2x_vs_best_peer"]["profile"]
     out["recovery_overlap"] = {"not_run": "not run in --quick"}
-    t = {t["name"]: t for t in report.targets(out)}["recovery_2x_vs_best_peer"]
+    t = {t["name"]: t for t in report_targets.targets(out)}["recovery_2x_vs_best_peer"]
     assert t["met"] is None and t["value"] == "not run in --quick"
     assert "Two overlapping preemptions (0.1 s apart): not run in --quick" in report.render(out)
 
@@ -200,7 +200,7 @@ def test_a_control_plane_miss_names_the_worlds_floor() -> None:
           (("total", 3.1), ("preflight", 0.1), ("warm_pool", 1.0), ("scale_up", 1.9), ("job_launch", 0.1),
            ("world_nodes_ready", 2.2))}
     out["control_plane"] = {"512": {"gpus": 512, "nodes": 64, "samples": {}, "stats": st}}
-    t = {x["name"]: x for x in report.targets(out)}["control_plane_512"]
+    t = {x["name"]: x for x in report_targets.targets(out)}["control_plane_512"]
     assert t["met"] is False and "last node was Ready 2.20 s after warm pool began" in t["profile"]
     assert "| 512 | 3.10 (3.10-3.10) | 0.10 (0.10-0.10) | 1.00 (1.00-1.00) | 1.90 (1.90-1.90) | 0.10 (0.10-0.10) | " \
            "2.20 (2.20-2.20) |" in report.render(out)
