@@ -23,8 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def wait_gang(tracker: GangTracker, gang: int, zones: tuple[str, ...], deadline: float,
-               provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]], watched: Sequence[PoolRef] = (),
-               since: float = 0.0) -> tuple[str, KfpGpuError | None]:
+              provider: CapacityProvider, ops: list[tuple[PoolRef, Operation]], watched: Sequence[PoolRef] = (),
+              since: float = 0.0) -> tuple[str, KfpGpuError | None]:
     """Block on the Node watch until ``gang`` nodes are Ready in ``zones`` or the deadline passes;
     check the cloud operations, and the ``watched`` pools' instance groups (stockouts since ``since``),
     meanwhile, on a thread of their own (:class:`_CloudChecks`): a cloud read in flight never delays the
@@ -97,7 +97,7 @@ class _CloudChecks:
 
 
 def stockout(provider: CapacityProvider, watched: Sequence[PoolRef], since: float
-              ) -> tuple[str, KfpGpuError] | None:
+             ) -> tuple[str, KfpGpuError] | None:
     """The first watched pool whose instance group hit a stockout or a quota refusal at or after ``since``, as
     (zone, error): a quota error blocks the region (QuotaExceeded), a stockout the zone."""
     for ref in watched:

@@ -111,7 +111,7 @@ def _headroom(spec: ProvisioningSpec, pools: list[PoolState], per_pool: dict[str
 
 
 def topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[NodeCounts],
-                    pools: list[PoolState] | None) -> ClusterCheck:
+                   pools: list[PoolState] | None) -> ClusterCheck:
     """Whether the gang fits one ``spec.topology_level`` domain (:func:`kfp_gpu.plan.topology.preflight_check`)."""
     label = node_labels.for_target(spec.target.kind.value).topology_label(spec.topology_level)
     try:
@@ -128,7 +128,7 @@ def topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[NodeCounts],
 
 
 def capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[NodeCounts],
-                    pools: list[PoolState] | None) -> ClusterCheck:
+                   pools: list[PoolState] | None) -> ClusterCheck:
     name = "gpu-capacity"
     try:
         ready, per_pool, _, _ = nodes_f.result()

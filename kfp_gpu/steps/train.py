@@ -148,7 +148,7 @@ def _supervise(
                     progress.report(progress.DEGRADED, "UnhealthyGpu", f"job {st.job}: GPU health probe failed on "
                                     f"{', '.join(bad)}; replacing before the job starts"[:1000], lost_nodes=len(bad))
                     replace_nodes(st, bad, st.budget.on_demand, reprovision,
-                                   attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
+                                  attempt=HEALTH_ATTEMPT_BASE + st.health.rounds)
                     await_listed(st, min(gate_s, 30.0))
                     converge(st, reprovision, gate_s)
             else:  # no node is known before admission, and once the pods bind they hold every GPU the probe needs
@@ -214,7 +214,7 @@ def _supervise(
                 replacing = Background(functools.partial(replace_nodes, st, lost, decision.on_demand, reprovision))
         elif outcome.cause in (Cause.STALL, Cause.STRAGGLER) and st.stall is not None:  # swap a bad/slow node
             replacing = st.stall.remediate(outcome, lambda bad: replace_nodes(st, bad, False, reprovision,
-                                                                               entry=st.ledger["stalls"][-1]))
+                                                                              entry=st.ledger["stalls"][-1]))
         kind.delete(st.api, st.namespace, st.job)
         if not kind.wait_gone(st.api, st.namespace, st.job, timeout_s=cleanup_s):
             raise GangPlacementFailed(

@@ -175,7 +175,7 @@ HEALTH_ATTEMPT_BASE = 10000  # a health replacement's provisioner request key: n
 
 
 def replace_nodes(st: TrainState, lost: list[str], on_demand: bool, reprovision: Reprovision | None,
-                   deficit: int = 0, attempt: int | None = None, entry: dict[str, Any] | None = None) -> None:
+                  deficit: int = 0, attempt: int | None = None, entry: dict[str, Any] | None = None) -> None:
     """Replace ``lost`` (same zone first), plus ``deficit`` more nodes, and record which nodes replaced them."""
     zone = next((p.zone for p in st.capacity.placements for n in p.nodes if n in lost), "")
     zone = zone or next((st.watch.nodes[n].zone for n in lost if n in st.watch.nodes), "")
