@@ -177,14 +177,16 @@ class ReadyWatch:
 
 
 def delete_nodes(api: client.ApiClient, selector: str, timeout_s: float = 60.0) -> int:
+    """Delete every Node matching ``selector`` in one ``deletecollection`` call (not one DELETE per node: 512 of
+    them cost the harness seconds of round trips) and wait up to ``timeout_s`` for them to be gone. Returns how
+    many there were. Raises: ValueError on an empty selector (it would match every node of the shared cluster);
+    ApiException."""
+    if not selector.strip():
+        raise ValueError("delete_nodes: an empty label selector would delete every node of the shared cluster")
     core = client.CoreV1Api(api)
     names = [n.metadata.name for n in core.list_node(label_selector=selector).items]
-    for name in names:
-        try:
-            core.delete_node(name, grace_period_seconds=0)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
+    if names:
+        core.delete_collection_node(label_selector=selector, grace_period_seconds=0)
     end = time.time() + timeout_s
     while time.time() < end and core.list_node(label_selector=selector).items:
         time.sleep(0.2)
