@@ -193,6 +193,7 @@ def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = 
         except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
             out[name] = {"error": f"FAILED: {type(exc).__name__}: {exc}"[:800]}
             log(f"[bench] {name} FAILED: {exc}")
+        out.setdefault("stage_wall_s", {})[name] = round(time.time() - t, 1)  # the wall budget, per scenario
         log(f"[bench] {name} done in {time.time() - t:.1f}s")
 
     try:

@@ -34,3 +34,34 @@ def test_the_phase_clock_splits_the_side_run_and_adds_up_repeated_phases(monkeyp
 def test_the_bulk_node_delete_refuses_an_empty_selector() -> None:
     with pytest.raises(ValueError, match="every node"):
         delete_nodes(None, " ")  # refused before any API call
+
+
+def test_the_report_states_each_cas_scale_down_rate_from_the_flags_the_run_recorded() -> None:
+    from bench import report
+    from bench.world import scale_down_flags
+
+    real = scale_down_flags(ca_profile.FLAGS)
+    assert real == {"scan-interval": "1s", "scale-down-unneeded-time": "5s", "max-scale-down-parallelism": "120",
+                    "node-delete-delay-after-taint": "42ms"}
+    old = scale_down_flags(["--cloud-provider=kwok", "--scan-interval=1s", "--scale-down-unneeded-time=5s"])
+    assert old["max-scale-down-parallelism"] == old["node-delete-delay-after-taint"] == "default"
+    text = report._ca_scale_down({"bench_ca": real, "ca_profile": old})
+    assert "the bench CA (cluster_autoscaler) at the real rate" in text
+    assert "the CA profile (the ProvisioningRequest sides) removed empty nodes at the defaults'" in text
+    assert "the CA profile (the ProvisioningRequest sides) at the real rate" in report._ca_scale_down(
+        {"bench_ca": real, "ca_profile": real})
+    assert "not running" in report._ca_scale_down({"bench_ca": real, "ca_profile": "not running"})
+    assert "did not record" in report._ca_scale_down(None)
+
+
+def test_the_wall_breakdown_sums_each_phase_over_every_side_run() -> None:
+    from bench import report
+
+    out = {"stage_wall_s": {"burst": 600.0, "recovery": 120.0},
+           "burst": {"4": {"runs": [{"wall_phases_s": {"gang": 30.0, "after_job": 6.0}},
+                                    {"wall_phases_s": {"gang": 12.0, "after_job": 60.0}}, {"error": "x"}]},
+                     "512": {"runs": [{"wall_phases_s": {"quiesce": 18.0}}]}}}
+    text = report._where_the_wall_went(out)
+    assert "burst 10.0, recovery 2.0" in text
+    assert "after_job 1.1, gang 0.7, quiesce 0.3." in text  # summed, largest first
+    assert report._where_the_wall_went({"burst": {}}) == ""
