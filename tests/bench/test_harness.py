@@ -65,3 +65,21 @@ def test_the_wall_breakdown_sums_each_phase_over_every_side_run() -> None:
     assert "burst 10.0, recovery 2.0" in text
     assert "after_job 1.1, gang 0.7, quiesce 0.3." in text  # summed, largest first
     assert report._where_the_wall_went({"burst": {}}) == ""
+
+
+def test_the_full_matrix_is_every_side_with_its_repeats_and_the_estimate_counts_each_run() -> None:
+    from bench.burst import SIDES
+    from bench.run import _modes, burst_matrix, estimate_wall_s
+
+    full = _modes()["full"]
+    m = burst_matrix(full)
+    assert {(n, r) for n, _, r in m} == {(4, 5), (16, 5), (64, 5), (128, 3), (512, 3)}
+    assert [n for n, side, _ in m if side == "sequential"] == [4]
+    assert not [x for x in m if x[1] == "ours_karpenter"]
+    per_n = {n: sorted(side for k, side, _ in m if k == n) for n in (4, 512)}
+    assert per_n[512] == sorted(set(SIDES) - {"sequential", "ours_karpenter"})
+    assert per_n[4] == sorted(set(SIDES) - {"ours_karpenter"})
+    walls = {(side, n): 10.0 for n, side, _ in m if side != "karpenter"}
+    est, missing = estimate_wall_s(full, walls, other_s=100.0)
+    assert missing == ["karpenter@4", "karpenter@16", "karpenter@64", "karpenter@128", "karpenter@512"]
+    assert est == 100.0 + 10.0 * (5 * (7 + 6 + 6) + 3 * (6 + 6))  # runs per N, without karpenter
