@@ -83,3 +83,15 @@ def test_the_full_matrix_is_every_side_with_its_repeats_and_the_estimate_counts_
     est, missing = estimate_wall_s(full, walls, other_s=100.0)
     assert missing == ["karpenter@4", "karpenter@16", "karpenter@64", "karpenter@128", "karpenter@512"]
     assert est == 100.0 + 10.0 * (5 * (7 + 6 + 6) + 3 * (6 + 6))  # runs per N, without karpenter
+
+
+def test_a_development_run_gets_no_verdict_against_the_full_runs_120_minutes() -> None:
+    from bench import report
+
+    full = {"mode": "full", "wall_s": 600.0, "command": "python -m bench.run --full"}
+    assert ": met." in report._wall(full)
+    assert "**missed**" in report._wall({**full, "wall_s": 7300.0})
+    for cmd in ("python -m bench.run --full --only burst --out /tmp/x.json",
+                "python -m bench.run --full --sides naive --n 512 --out /tmp/x.json"):
+        text = report._wall({**full, "command": cmd})
+        assert "no verdict" in text and "met" not in text
