@@ -41,7 +41,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.common import ROOT, new_api, pin_to, uid
+from bench.common import ROOT, Phases, new_api, pin_to, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
 from bench.world import (
     DEVICE_PLUGIN_S,
@@ -267,20 +267,6 @@ class Canary:
                 raise
 
 
-class _Phases:
-    """The side-run's wall clock split into phases (``wall_phases_s`` in the row: where the harness's time goes;
-    ``gang`` holds the measured total, the rest is the harness's own and the sides' setup and release)."""
-
-    def __init__(self) -> None:
-        self.last = time.time()
-        self.laps: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.time()
-        self.laps[name] = round(self.laps.get(name, 0.0) + now - self.last, 2)
-        self.last = now
-
-
 class Harness:
     def __init__(self, namespace: str, *, after_cap_s: float, defer_cleanup: bool = False,
                  log: Callable[[str], None] = print, step_kubeconfig: str = "") -> None:
@@ -402,7 +388,7 @@ class Harness:
             zones: tuple[str, ...] = ("us-central1-a",)) -> SideRun:
         seed = 1000 * n + repeat
         r = SideRun(side, n, repeat, seed)
-        clock = _Phases()
+        clock = Phases()  # wall_phases_s: where the side-run's wall goes (gang: the measured total)
         for shared in (("cluster_autoscaler_provreq", "ours_provisioning_request"), ("cluster_autoscaler",)):
             if side in shared:  # the same node group: start from zero nodes
                 forced = [f for other in shared for f in self.finish(other + " ")]
@@ -563,7 +549,7 @@ class Harness:
         return out
 
     def _cleanup(self, side: str, tag: str, sim: StandIn | None, selector: Callable[[NodeRec], bool],
-                 t0: float, clock: _Phases) -> None:
+                 t0: float, clock: Phases) -> None:
         """Everything the side-run created goes: gang pods, its ProvisioningRequest/PodTemplate/NodePool, the
         stand-in process and its nodes; nodes of the CA profile / Karpenter are left to their controller's
         scale-down, waited for."""

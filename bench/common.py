@@ -176,6 +176,20 @@ class ReadyWatch:
         self._w.stop()
 
 
+class Phases:
+    """A wall clock split into named phases (a side-run's ``wall_phases_s``: where the harness's time goes); a
+    phase named twice adds up."""
+
+    def __init__(self) -> None:
+        self.last = time.time()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.time()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self.last, 2)
+        self.last = now
+
+
 def delete_nodes(api: client.ApiClient, selector: str, timeout_s: float = 60.0) -> int:
     """Delete every Node matching ``selector`` in one ``deletecollection`` call (not one DELETE per node: 512 of
     them cost the harness seconds of round trips) and wait up to ``timeout_s`` for them to be gone. Returns how

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import burst
-from bench.common import delete_nodes
+from bench.common import Phases, delete_nodes
 from kfp_gpu_rehearsal.devcluster import ca_profile
 
 
@@ -22,8 +22,8 @@ def test_the_bench_ca_scales_down_as_the_profile_and_serves_no_provisioning_requ
 
 def test_the_phase_clock_splits_the_side_run_and_adds_up_repeated_phases(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [100.0]
-    monkeypatch.setattr("bench.burst.time.time", lambda: now[0])
-    clock = burst._Phases()
+    monkeypatch.setattr("bench.common.time.time", lambda: now[0])
+    clock = Phases()
     for name, dt in (("quiesce", 3.0), ("setup", 1.25), ("cleanup_objects", 0.5), ("setup", 0.25)):
         now[0] += dt
         clock.lap(name)
