@@ -41,7 +41,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench.common import ROOT, new_api, uid
+from bench.common import ROOT, Phases, delete_nodes, new_api, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
 from bench.sideprocs import CA_POOL, BenchCA, Canary, Child
 from bench.sides import CLOUD_ONLY_SIDES, PROFILE_POOL, SEQUENTIAL_MAX, STANDIN_SIDES, not_run_reason
@@ -205,12 +205,14 @@ class Harness:
             zones: tuple[str, ...] = ("us-central1-a",)) -> SideRun:
         seed = 1000 * n + repeat
         r = SideRun(side, n, repeat, seed)
+        clock = Phases()  # wall_phases_s: where the side-run's wall goes (gang: the measured total)
         for shared in (("cluster_autoscaler_provreq", "ours_provisioning_request"), ("cluster_autoscaler",)):
             if side in shared:  # the same node group: start from zero nodes
                 forced = [f for other in shared for f in self.finish(other + " ")]
                 if forced:
                     r.extra["previous_cleanup_forced"] = forced
         r.extra.update(self.quiesce())
+        clock.lap("quiesce")
         tag = uid(f"b{side[:4].replace('_', '')}-")
         # ours gets the peers' budget for the gang, less 10 s so its own TIMEOUT arrives before the harness gives up
         args: dict[str, Any] = {"side": side, "n": n, "namespace": self.ns, "tag": tag,
@@ -249,6 +251,7 @@ class Harness:
         limit = gang_timeout(n)
         try:
             line = child.expect("READY", 120.0)
+            clock.lap("setup")  # the stand-in (if any) and the side's process up to READY
             if line != "READY":
                 raise RuntimeError(f"side did not start: {line} {child.stderr_tail()}")
             base_req = sim.requests() if sim else 0
@@ -269,11 +272,14 @@ class Harness:
                                    f"({sum(p.running is not None for p in self.obs.gang(tag))} Running; "
                                    f"side's stderr: {child.stderr_tail()})")
             t_job = got
+            clock.lap("gang")  # go -> the whole gang Running (the measured total, plus the watch's reaction)
             cloud_req = (sim.requests() - base_req) if sim else 0
             time.sleep(JOB_S)
             t_end = time.time()
+            clock.lap("job")
             child.say("release")
             res_line = child.expect("RESULT", 120.0)
+            clock.lap("release")  # the side's own release, up to its RESULT line
             res = json.loads(res_line[len("RESULT "):]) if res_line.startswith("RESULT") else {}
             if res.get("error"):
                 r.error = str(res["error"])
@@ -291,6 +297,7 @@ class Harness:
             nodes = self.obs.matching(mine, t0)
             self.obs.wait(lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), self.after_cap_s)
             t_cap = time.time()
+            clock.lap("after_job")  # the measured idle-after watch (up to after_cap_s)
             r.m = measure(self.obs.matching(mine, t0), t0, t_job, t_end, t_cap, GPUS, compress(DEVICE_PLUGIN_S),
                           compress(PULL.pull_s()))
             if len(nodes) < n:
@@ -309,8 +316,10 @@ class Harness:
                 # the step was still running (it reads `release` only when it returns): its teardown, by run id
                 r.extra["teardown_by_harness"] = self._release_ours(args, child.run_id)
         finally:
+            clock.lap("failed" if r.error else "measure")
             child.close()
-            self._cleanup(side, tag, sim, selector, t0)
+            self._cleanup(side, tag, sim, selector, t0, clock)
+            r.extra["wall_phases_s"] = clock.laps
         if owns is not None:
             r.extra["injector_draws"] = len(self.injector.drawn)  # == nodes: no other node took the side's draws
         if self.injector.errors:
@@ -357,12 +366,10 @@ class Harness:
         return out
 
     def _cleanup(self, side: str, tag: str, sim: StandIn | None, selector: Callable[[NodeRec], bool],
-                 t0: float) -> None:
+                 t0: float, clock: Phases) -> None:
         """Everything the side-run created goes: gang pods, its ProvisioningRequest/PodTemplate/NodePool, the
         stand-in process and its nodes; nodes of the CA profile / Karpenter are left to their controller's
         scale-down, waited for."""
-        from bench.common import delete_nodes
-
         self.core.delete_collection_namespaced_pod(self.ns, label_selector=f"kfp-gpu.io/bench-gang={tag}",
                                                    grace_period_seconds=0)
         custom = client.CustomObjectsApi(self.api)
@@ -375,9 +382,12 @@ class Harness:
             except client.ApiException as exc:
                 if exc.status != 404:
                     self.log(f"  cleanup {tag}: {exc.status} {exc.reason}")
+        clock.lap("cleanup_objects")
         if sim is not None:
             sim.stop()
+            clock.lap("cleanup_standin_stop")
             delete_nodes(self.api, sim.selector)
+            clock.lap("cleanup_standin_nodes")
         if side == "cluster_autoscaler":
             # CA scales its empty nodes down itself (5 s unneeded); any still there are deleted (CA forgets them)
             self._gone(f"{side} {tag}", lambda: all(x.gone is not None for x in self.obs.matching(selector, t0)),
@@ -387,3 +397,4 @@ class Harness:
             mine = lambda rec: rec.name in gang_nodes or selector(rec)  # noqa: E731
             self._gone(f"{side} {tag}", lambda: all(x.gone is not None for x in self.obs.matching(mine, t0)), 60.0,
                        lambda: self.log(f"  cleanup: {side} nodes still there after 60 s (their controller's)"))
+        clock.lap("cleanup_scale_down")  # the side's controller's scale-down (CA, Karpenter), waited for

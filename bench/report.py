@@ -101,6 +101,7 @@ Caveats a reader needs (each is in the side's favour or against it, as stated):
   `cluster_autoscaler` overhead below is dominated by it and overstates CA's real-world gap (against CA). Its
   `--scan-interval=1s` is 2 world minutes (the default 10 s would be 0.08 s here; against CA). The
   ProvisioningRequest path has no such buffer.
+* {ca_scale_down}
 * The hand-written loops retry a refused call every 0.1-0.5 s and poll every 10 world seconds (0.083 s): a
   careful script (in their favour).
 * The gang is N plain pods (8 GPUs each) pinned to the nodes a side obtained, or scheduled onto them by the
@@ -296,6 +297,7 @@ def render(out: dict[str, Any], src: str = "") -> str:
     bench_group = next(g for g in ca_profile.NODE_GROUPS if g.name == ca_profile.BENCH_GROUP)  # the code's, not a copy
     body = [HEAD.format(src=src or "the bench JSON", world=_world(out.get("world", {})),
                        ours_rows=OURS_THROUGH_GANG if out.get("controller") else OURS_IN_PROCESS, wall=_wall(out),
+                       ca_scale_down=_ca_scale_down(out.get("world", {}).get("ca_scale_down")),
                        bench_group=bench_group.name, bench_zone=bench_group.zone, bench_max=bench_group.max_size,
                        gang_rule=" (all N pods Running at once: a pod evicted meanwhile does not count)"
                        if out.get("gang_running") == "simultaneous" else ""), *run, *_burst(out),
@@ -303,16 +305,73 @@ def render(out: dict[str, Any], src: str = "") -> str:
     return "\n".join(body).rstrip() + "\n"
 
 
+REAL_RATE = {"max-scale-down-parallelism": "120", "node-delete-delay-after-taint": "42ms"}
+
+
+def _ca_scale_down(got: Any) -> str:
+    """The caveat on the cluster-autoscalers' removal of empty nodes, from the flags the run recorded
+    (bench/world.py ``ca_scale_down``): at CA's real rate per world minute, or at its defaults' uncompressed rate."""
+    why = ("CA removes at most `--max-scale-down-parallelism` empty nodes at once, each "
+           "`--node-delete-delay-after-taint` after tainting it (defaults 10 and 5 s: 60 nodes a real minute, 512 "
+           "in ~8.5 real minutes). A 1 s loop here stands for 12 real 10 s loops and 5 s real is 42 ms here, so the "
+           "real rate is `--max-scale-down-parallelism=120 --node-delete-delay-after-taint=42ms` "
+           "(kfp_gpu_rehearsal/devcluster/ca_profile.py, citing CA's FAQ and flags)")
+    slow = ("removed empty nodes at the defaults' uncompressed rate, 10 per ~5.5 s (512 in ~280 s here, 33 world "
+            "hours): idle-after GPU-minutes capped at large N (against the side) and the next side waited for them")
+    if not isinstance(got, dict):
+        return f"{why}. This run did not record its CAs' flags (older JSON): the CA sides {slow}."
+    parts = []
+    for key, who in (("bench_ca", "the bench CA (cluster_autoscaler)"),
+                     ("ca_profile", "the CA profile (the ProvisioningRequest sides)")):
+        flags = got.get(key)
+        if not isinstance(flags, dict):
+            parts.append(f"{who}: {flags}")
+        elif all(flags.get(k) == v for k, v in REAL_RATE.items()):
+            parts.append(f"{who} at the real rate")
+        else:
+            parts.append(f"{who} {slow} ({', '.join(f'{k}={v}' for k, v in flags.items())})")
+    return f"{why}. In this run: " + "; ".join(parts) + "."
+
+
+DEV_FLAGS = ("--only", "--sides", "--n", "--repeats", "--control-plane-gpus")  # bench.run's partial-run flags
+
+
 def _wall(out: dict[str, Any]) -> str:
     """The run's own wall time, against issue 28's aim for the full run (under 120 min on this machine)."""
     wall = out.get("wall_s")
     if not isinstance(wall, (int, float)):
         return "Wall time: not recorded in this JSON."
-    if out.get("mode") != "full":
-        return f"Wall time of this `{out.get('command')}`: {wall / 60:.1f} min (the bench process alone)."
+    dev = any(f in str(out.get("command", "")).split() for f in DEV_FLAGS)
+    if out.get("mode") != "full" or dev or out.get("only"):
+        return (f"Wall time of this `{out.get('command')}`: {wall / 60:.1f} min (the bench process alone"
+                + ("; a development run: no verdict against the full run's 120 min)." if dev or out.get("only")
+                   else ").") + _where_the_wall_went(out))
     verdict = "met" if wall < 120 * 60 else "**missed**"
     return (f"Wall time of this `{out.get('command')}`: {wall / 60:.1f} min measured (the bench process alone; "
-            f"`make bench` adds the cluster start), against the aim of under 120 min for the full run: {verdict}.")
+            f"`make bench` adds the cluster start), against the aim of under 120 min for the full run: {verdict}."
+            + _where_the_wall_went(out))
+
+
+def _where_the_wall_went(out: dict[str, Any]) -> str:
+    """Per scenario (``stage_wall_s``) and, for the burst, per side-run phase (``wall_phases_s``, summed over every
+    side-run): what the harness spends beside the measured totals. '' for a JSON older than these fields."""
+    stages = out.get("stage_wall_s") or {}
+    phases: dict[str, float] = {}
+    for per_n in (out.get("burst") or {}).values():
+        for side_run in per_n.get("runs", []) if isinstance(per_n, dict) else []:
+            for k, v in (side_run.get("wall_phases_s") or {}).items():
+                phases[k] = phases.get(k, 0.0) + float(v)
+    if not stages and not phases:
+        return ""
+    text = ""
+    if stages:
+        text += " Per scenario (min): " + ", ".join(f"{k} {v / 60:.1f}" for k, v in stages.items()) + "."
+    if phases:
+        text += (" Burst side-runs by phase (min, summed; `gang` is go to the gang Running, the measured totals; "
+                 "`after_job` the measured idle-after watch): "
+                 + ", ".join(f"{k} {v / 60:.1f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])
+                             if v >= 3.0) + ".")  # a phase under 0.05 min is left out
+    return text
 
 
 def write_doc(out: dict[str, Any] | None = None, doc: Path = DOC) -> Path:

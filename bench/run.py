@@ -124,6 +124,28 @@ def run_burst(h: Any, mode: Mode, log: Callable[[str], None]) -> dict[str, Any]:
     return out
 
 
+def burst_matrix(mode: Mode) -> list[tuple[int, str, int]]:
+    """``(N, side, repeats)`` for every side the burst runs in ``mode``: the sequential loop only up to
+    ``sequential_max``; ``ours_karpenter`` never while ours runs through the GpuGang (bench/burst.py
+    OURS_KARPENTER_NOT_RUN). Sides the harness finds unavailable at run time (a profile not running) are not known
+    here."""
+    return [(n, side, mode.burst_repeats(n)) for n in mode.burst_ns for side in mode.sides
+            if not (side == "sequential" and n > mode.sequential_max) and side != "ours_karpenter"]
+
+
+def estimate_wall_s(mode: Mode, per_run_s: dict[tuple[str, int], float], other_s: float) -> tuple[float, list[str]]:
+    """The full run's wall: the burst's side-runs (``per_run_s[(side, N)]``: one side-run's wall, all phases) times
+    their repeats, plus ``other_s`` (every other scenario and the start/cleanup). Returns the estimate and the
+    (side, N) the caller gave no figure for (counted as 0: the estimate is then a floor)."""
+    total, missing = other_s, []
+    for n, side, reps in burst_matrix(mode):
+        if (side, n) in per_run_s:
+            total += per_run_s[(side, n)] * reps
+        else:
+            missing.append(f"{side}@{n}")
+    return total, missing
+
+
 def run_stockout(h: Any, mode: Mode, log: Callable[[str], None]) -> dict[str, Any]:
     zones = ("us-central1-a", "us-central1-b", "us-central1-c")
     r = h.run("ours_node_pool", mode.stockout_n, 0, dry_zones=zones[:2], zones=zones)
@@ -193,6 +215,7 @@ def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = 
         except Exception as exc:  # noqa: BLE001 - one broken scenario must not hide the others
             out[name] = {"error": f"FAILED: {type(exc).__name__}: {exc}"[:800]}
             log(f"[bench] {name} FAILED: {exc}")
+        out.setdefault("stage_wall_s", {})[name] = round(time.time() - t, 1)  # the wall budget, per scenario
         log(f"[bench] {name} done in {time.time() - t:.1f}s")
 
     try:

@@ -52,14 +52,21 @@ class BenchCA:
                                                 "cluster-autoscaler.kwok.nodegroup/max-count": "600"})
         autoscaler.install_provider_config(client.CoreV1Api(api), [node], group_label=POOL_LABEL,
                                            gpu_label="cloud.google.com/gke-accelerator", gpu_types=[acc.gke_label])
-        skip = ("--enable-provisioning-requests", "--provisioning-request", "--status-config-map-name",
-                "--write-status-configmap")
-        self.flags = [f for f in ca_profile.FLAGS if not f.startswith(skip)]
+        self.flags = bench_ca_flags(ca_profile.FLAGS)
         self.proc = autoscaler.Autoscaler(kubeconfig(), extra_args=self.flags)
         self.proc.start()
 
     def stop(self) -> None:
         self.proc.stop(timeout_s=30.0)
+
+
+def bench_ca_flags(profile_flags: tuple[str, ...]) -> list[str]:
+    """The bench CA's flags: the CA profile's (its scan interval and scale-down rate, ca_profile.py) minus its
+    ProvisioningRequest and status-ConfigMap ones (two CAs serving the same requests would fight over their
+    status; autoscaler.Autoscaler names the bench CA's own status ConfigMap)."""
+    skip = ("--enable-provisioning-requests", "--provisioning-request", "--status-config-map-name",
+            "--write-status-configmap")
+    return [f for f in profile_flags if not f.startswith(skip)]
 
 
 class Child:

@@ -207,7 +207,32 @@ def description() -> dict[str, Any]:
             "image_pull": {"image_gb": PULL.image_gb, "pull_mib_s": PULL.pull_mib_s, "serial": True,
                            "pull_real_s": round(PULL.pull_s(), 2), "pull_wall_s": round(compress(PULL.pull_s()), 4)},
             "poll_interval_real_s": 10.0, "poll_interval_wall_s": round(POLL_S, 4), "accelerator": ACCEL,
-            "gpus_per_node": GPUS}
+            "gpus_per_node": GPUS, "ca_scale_down": ca_scale_down()}
+
+
+SCALE_DOWN_FLAGS = ("--scan-interval", "--scale-down-unneeded-time", "--max-scale-down-parallelism",
+                    "--node-delete-delay-after-taint")
+
+
+def scale_down_flags(argv: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The empty-node scale-down flags in a cluster-autoscaler argv (``default`` where unset)."""
+    got = {f.split("=", 1)[0]: f.split("=", 1)[1] for f in argv if "=" in f}
+    return {k.lstrip("-"): got.get(k, "default") for k in SCALE_DOWN_FLAGS}
+
+
+def ca_scale_down() -> dict[str, Any]:
+    """How both cluster-autoscalers of the run remove empty nodes: the bench CA's flags (the cluster_autoscaler
+    side: ca_profile.FLAGS) and the running CA profile's, read from its recorded args (the ProvisioningRequest
+    sides'; a profile started by older code keeps its flags until the next ``up``), so the report never states a
+    rate the run did not have."""
+    from kfp_gpu_rehearsal.devcluster import ca_profile, versions
+
+    args = versions.cluster_dir() / f"{ca_profile.NAME}.args"
+    try:
+        profile: dict[str, str] | str = scale_down_flags(args.read_text().split())
+    except OSError:
+        profile = "not running"
+    return {"bench_ca": scale_down_flags(ca_profile.FLAGS), "ca_profile": profile}
 
 
 def pull_watcher(api_client: Any) -> Any:

@@ -99,6 +99,19 @@ def test_flags_serve_provisioning_requests_and_keep_the_status_configmap() -> No
     assert autoscaler.BENCH_STATUS_CM != ca_profile.STATUS_CM
 
 
+def test_empty_node_scale_down_runs_at_the_real_rate_per_world_minute() -> None:
+    """A real CA (10 s loop, 10 deletions at once, 5 s taint delay) removes 60 empty nodes a real minute; a loop here
+    is 120 world seconds, so it may start 120 deletions, each 5 s / TIME_SCALE after its taint."""
+    from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+
+    flags = set(ca_profile.FLAGS)
+    assert "--max-scale-down-parallelism=120" in flags and "--node-delete-delay-after-taint=42ms" in flags
+    real_per_world_s = 10 / 10.0  # CA defaults: nodes started per real second
+    loop_world_s = 1.0 * TIME_SCALE  # --scan-interval=1s here, in world seconds
+    assert ca_profile.SCALE_DOWN_PARALLELISM == round(real_per_world_s * loop_world_s)
+    assert abs(ca_profile.DELETE_DELAY_AFTER_TAINT_MS / 1000 * TIME_SCALE - 5.0) < 0.1
+
+
 UPSTREAM = {
     "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
     "metadata": {"name": "provisioningrequests.autoscaling.x-k8s.io", "annotations": {"a": "b"},
