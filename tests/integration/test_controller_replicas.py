@@ -28,7 +28,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 LEASE_S, RENEW_S, RETRY_S = 4, 3.0, 0.5
-JOB_S = LEASE_S + 15.0  # the job outlives the handover: the standby re-attaches to it running
+JOB_S = LEASE_S + 8.0  # the job outlives the handover: the standby re-attaches to it running
 _RBAC = "rbac.authorization.k8s.io"
 
 
@@ -37,19 +37,22 @@ def _pools_total(t: Any) -> int:
 
 
 def _descendants(pid: int) -> set[int]:
-    """Live (non-zombie) processes of the session ``pid`` leads (LocalController starts each replica in its own
-    session), other than ``pid`` itself: the replica's forkserver and work units, also once ``kill -9`` orphaned
-    them."""
+    """The live (non-zombie) work processes of the replica ``pid``: its forkserver and the work units forked from it
+    (all run the forkserver's command line), found by session (LocalController starts each replica in its own), so
+    also once ``kill -9`` orphaned them. multiprocessing's resource tracker, which acts on nothing and exits once
+    the replica is gone, is not counted."""
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == pid:
             continue
         try:
             fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[3]) != pid:
+                continue
+            if b"multiprocessing.forkserver" in (d / "cmdline").read_bytes():
+                out.add(int(d.name))
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[3]) == pid:
-            out.add(int(d.name))
     return out
 
 
@@ -131,6 +134,21 @@ def _holder(t: Any, lease: str, replicas: dict[str, LocalController]) -> str:
     """The replica (POD_NAME) holding the Lease; its holderIdentity is ``<POD_NAME>_<uuid>``."""
     held = _lease_spec(t, lease).get("holder", "")
     return next((n for n in replicas if held.startswith(f"{n}_")), "")
+
+
+def _take(t: Any, lease: str, holder: str) -> bool:
+    """Write ``holder`` into the Lease as a replica would (conditional on the resourceVersion read): False when the
+    leader renewed in between (409)."""
+    coord = client.CoordinationV1Api(t.kube.api)
+    obj = coord.read_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE)
+    obj.spec.holder_identity = holder
+    try:
+        coord.replace_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE, obj)
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
 
 
 def _two_replicas(t: Any, lease: str) -> tuple[dict[str, LocalController], Sampler]:
@@ -220,10 +238,7 @@ def test_a_leader_that_loses_its_lease_stops_its_work_before_the_standby_starts(
         th.start()
         wait_until("the leader provisions", lambda: _descendants(active.pid) and _pools_total(t) == 2, timeout=30,
                    every=0.05)
-        coord = client.CoordinationV1Api(t.kube.api)
-        obj = coord.read_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE)
-        obj.spec.holder_identity = "someone-else"  # conditional on the resourceVersion just read, as a replica writes
-        coord.replace_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE, obj)
+        wait_until("the Lease taken", lambda: _take(t, lease, "someone-else"), timeout=10, every=0.01)
         stolen_at = time.monotonic()
         assert active.proc is not None
         wait_until("the old leader exited", lambda: active.proc is not None and active.proc.poll() is not None,
