@@ -10,9 +10,9 @@ steps' ledgers. kopf's own state lives in annotations (``kfp-gpu.io/``), never i
 Two replicas: a ``coordination.k8s.io/v1`` Lease elects the leader (:mod:`kfp_gpu.controller.election`, client-go
 semantics), and kopf runs **only in the leader**, started once the Lease is held, as controller-runtime starts its
 manager's controllers only after winning the election. A standby runs no handler, no daemon and no work unit; it
-only polls the Lease. kopf peering is gone: it is not a lock (kopf's docs: peering pauses operators that see each
-other, and both act until they do, ~0.5 s at every start), and with kopf in the leader alone there is nothing left
-for it to freeze. A leader that loses the Lease (another holder, or no renewal within the renew deadline) kills
+only polls the Lease. kopf peering is gone: it is not a lock (https://docs.kopf.dev/en/stable/peering/: an operator
+pauses when it *notices* a peer of higher priority, so both act until it does: under a second at a start on the dev
+cluster), and with kopf in the leader alone there is nothing left for it to pause. A leader that loses the Lease (another holder, or no renewal within the renew deadline) kills
 every work unit and exits (:func:`_lost`, controller-runtime's "leader election lost"); its pod restarts as a new
 candidate. ``renew deadline < lease duration`` makes it stop before any other replica may acquire. A clean exit
 (SIGTERM) stops the work, then releases the Lease so the standby takes over at its next round. ``--standalone`` (a

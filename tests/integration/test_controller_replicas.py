@@ -306,3 +306,19 @@ def test_the_standby_takes_over_a_running_job_with_one_job_copy(lease, tenant):
     wait_until("no job left", lambda: not custom.list_namespaced_custom_object(
         "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"], timeout=60)
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_a_replica_whose_lease_the_rbac_does_not_grant_stops_with_one_line(tenant):
+    """--leader-elect-resource-name names a Lease the controller's Role does not grant: the candidate exits at its
+    first read with the API server's refusal and where to grant it, no traceback, no work."""
+    t = tenant(start=False)
+    c = LocalController(t.ctl_kubeconfig, [t.ns], t.workdir / "ungranted" / "controller.log",
+                        lease=f"not-granted-{uuid.uuid4().hex[:6]}", replica="kfp-gpu-controller-x",
+                        lease_timings=(LEASE_S, RENEW_S, RETRY_S)).start()
+    t.controllers.append(c)
+    assert c.proc is not None
+    code = c.proc.wait(60)
+    lines = [ln for ln in c.log_path.read_text(errors="replace").splitlines() if ln.startswith("kfp-gpu")]
+    assert code != 0 and len(lines) == 1, c.log_path.read_text(errors="replace")[-3000:]
+    assert "cannot get resource \"leases\"" in lines[0] and "controller-rbac.yaml" in lines[0], lines[0]
+    assert "Traceback" not in c.log_path.read_text(errors="replace")

@@ -173,3 +173,12 @@ def test_short_test_timings_keep_the_same_guarantees() -> None:
     a, b = Replica("a", cut_off=(5.0, 20.0)), Replica("b")
     _, both = _run([a, b], 25.0, short, dt=0.01)
     assert both == [] and b.leading
+
+
+def test_kfp_gpu_controller_refuses_timings_that_cannot_work_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from kfp_gpu.cli import main
+
+    code = main(["controller", "--leader-elect-lease-duration", "15", "--leader-elect-renew-deadline", "20"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1, err  # one line, no traceback, before any cluster call
+    assert "--leader-elect-renew-deadline=20.0 must be shorter than --leader-elect-lease-duration=15" in err
