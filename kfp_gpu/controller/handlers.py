@@ -25,19 +25,21 @@ import json
 import logging
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from kfp_gpu.cluster import ledger
-from kfp_gpu.controller import election, metrics
+from kfp_gpu.controller import election, metrics, work
 from kfp_gpu.controller.runner import Obj, Runner, post_event
 from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import RELEASE_FINALIZER
 from kfp_gpu.plan.election import DEFAULT, Timings
 
 log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 2.0  # SIGTERM: how long kopf may take to stop before the Lease is released and the process exits
 TURN_S = 0.5  # at the latest: a watch event of the gang or a unit's end wakes its loop at once (Runner.wake)
 _runners: dict[tuple[str, str], Runner] = {}
 _state: dict[str, Any] = {}
@@ -65,8 +67,10 @@ def _event(obj: Obj, etype: str, reason: str, message: str) -> None:
 
 
 def _kill_all_work() -> None:
-    """SIGKILL every work unit of every gang, then the forkserver they are forked from (a unit it is forking right
-    now dies with it: ``PR_SET_PDEATHSIG``). No cleanup: the next leader re-attaches through the steps' ledgers."""
+    """Fence this replica (no unit starts, no outcome is recorded, no status is written: :data:`work.FENCE`), then
+    SIGKILL every work unit of every gang and the forkserver they are forked from (a unit it is forking right now
+    dies with it: ``PR_SET_PDEATHSIG``). No cleanup: the next leader re-attaches through the steps' ledgers."""
+    work.FENCE.set()
     for _ in range(3):  # the dicts may change under us (a daemon's turn): copy, and go round again
         try:
             units = [w for r in list(_runners.values()) for w in list(r.work.values())]
@@ -158,21 +162,47 @@ def run(namespaces: list[str], *, standalone: bool, lease: str = election.LEASE_
     Raises: KfpGpuError (bad timings; the Lease refused)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event lines; the gangs' decisions are ours
+    logging.getLogger("kopf._core.reactor.running").setLevel(logging.ERROR)  # "OS signals are ignored": ours
     _state["log_dir"] = log_dir or os.environ.get("KFP_GPU_CONTROLLER_LOGS", "/tmp/kfp-gpu-controller")
     home = os.environ.get("POD_NAMESPACE") or gang.CONTROLLER_NAMESPACE
     # the step ledgers live in the controller's own namespace, out of tenants' reach (kfp_gpu/cluster/ledger.py);
     # set before the first work unit forks, so every unit inherits it
     os.environ.setdefault(ledger.HOME_ENV, home)
     elector = None if standalone else election.LeaderElector(_api(), lease_namespace or home, lease, timings=timings)
+    # SIGTERM/SIGINT are this thread's at every moment (a standby waiting, a leader starting kopf, kopf running):
+    # kopf runs in a thread of its own with this flag as its stop (https://docs.kopf.dev/en/stable/embedding/),
+    # so a stop that lands while kopf starts up cannot leave it retrying its first requests for a minute
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
     if metrics_port:
         metrics.serve(metrics_port)
     if elector is not None:
-        elector.acquire()
+        if not elector.acquire(stopping):
+            return
         elector.keep(_lost)
+    failed: list[BaseException] = []
+
+    def operate() -> None:
+        try:
+            kopf.run(standalone=True, namespaces=namespaces, clusterwide=not namespaces,
+                     liveness_endpoint=liveness or None, stop_flag=stopping)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            failed.append(exc)
+
+    operator = threading.Thread(target=operate, name="kopf", daemon=True)
+    operator.start()
     try:
-        kopf.run(standalone=True, namespaces=namespaces, clusterwide=not namespaces,
-                 liveness_endpoint=liveness or None)
+        while not stopping.wait(0.2) and operator.is_alive():
+            pass
     finally:
+        _kill_all_work()  # fenced and killed: nothing acts from here, whatever kopf still does
+        operator.join(SHUTDOWN_GRACE_S)  # kopf stops its daemons and watches
         if elector is not None:
-            _kill_all_work()  # the daemons killed theirs; nothing may outlive the Lease we hand back
             elector.release()
+    if operator.is_alive():  # kopf did not stop in time: its executor threads would keep the process up
+        log.warning("kopf did not stop within %ss; exiting", SHUTDOWN_GRACE_S)
+        logging.shutdown()
+        os._exit(0)
+    if failed:
+        raise failed[0]

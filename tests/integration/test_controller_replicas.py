@@ -322,3 +322,24 @@ def test_a_replica_whose_lease_the_rbac_does_not_grant_stops_with_one_line(tenan
     assert code != 0 and len(lines) == 1, c.log_path.read_text(errors="replace")[-3000:]
     assert "cannot get resource \"leases\"" in lines[0] and "controller-rbac.yaml" in lines[0], lines[0]
     assert "Traceback" not in c.log_path.read_text(errors="replace")
+
+
+def test_a_leader_stopped_cleanly_hands_the_lease_over_without_the_wait(lease, tenant):
+    """SIGTERM (a rollout, ``kubectl delete pod``): the leader stops its work, then releases the Lease (empty
+    holder), and the standby takes it at its next round instead of waiting out the lease duration."""
+    t = tenant(start=False)
+    replicas, sampler = _two_replicas(t, lease)
+    sampler.stop()
+    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+    assert active.proc is not None
+    stop_at = time.monotonic()
+    active.stop()
+    took = wait_until("the standby holds the Lease", lambda: _holder(t, lease, replicas) not in ("", leader)
+                      and time.monotonic() - stop_at, timeout=LEASE_S + 10, every=0.02)
+    print(f"SIGTERM of the leader -> standby holds the Lease {took:.2f}s (lease {LEASE_S}s)")
+    assert active.proc.returncode == 0, active.proc.returncode
+    assert "released the Lease" in active.log_path.read_text(errors="replace")
+    took_over = [ln for ln in standby.log_path.read_text(errors="replace").splitlines() if "acquired the Lease" in ln]
+    assert len(took_over) == 1 and "(released by its last holder)" in took_over[0], took_over  # not expired
+    assert _lease_spec(t, lease)["transitions"] == 1
