@@ -1,7 +1,7 @@
 """``kfp-gpu install`` and ``kfp-gpu tenant add|remove``: the control plane and its tenants, server-side applied.
 
 The control plane is the kustomize base ``kfp_gpu/manifests/`` (package data; ``kubectl apply -k deploy/`` applies
-the same objects): the GpuGang/GpuPolicy CRDs, kopf's peering API, the controller's ServiceAccount and RBAC, the
+the same objects): the GpuGang/GpuPolicy CRDs, the controller's ServiceAccount and RBAC, the
 claim-toleration ValidatingAdmissionPolicy and the controller Deployment. Its ``kustomization.yaml`` is expanded
 here (``resources`` and ``images`` only: no kustomize binary is needed).
 

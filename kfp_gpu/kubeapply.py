@@ -37,7 +37,6 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "Role": ("roles", True), "RoleBinding": ("rolebindings", True),
     "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
-    "ClusterKopfPeering": ("clusterkopfpeerings", False),
     gang.KIND: (gang.PLURAL, True), gang.POLICY_KIND: (gang.POLICY_PLURAL, False),
     "Topology": ("topologies", False),  # Kueue's (kfp-gpu install --kueue-topology)
 }

@@ -36,6 +36,9 @@ from kfp_gpu import progress
 from kfp_gpu.errors import KfpGpuError
 
 PR_SET_PDEATHSIG = 1
+# Set when this replica stops acting (leadership lost, SIGTERM): no unit starts after it, and the runner neither
+# records the outcome of a unit killed then nor writes the gang's status (kfp_gpu.controller.handlers._fence)
+FENCE = threading.Event()
 
 
 @dataclass
@@ -115,6 +118,8 @@ class Work:
 
     def __init__(self, key: str, step: str, spec_json: str, run_id: str, upstream_json: str,
                  log_path: Path, *, on_exit: Callable[[], None] | None = None, **kwargs: Any) -> None:
+        if FENCE.is_set():
+            raise RuntimeError(f"not starting {key}: this controller replica is stopping")
         self.key, self.step = key, step
         self._dir = Path(tempfile.mkdtemp(prefix=f"kfp-gpu-work-{step}-"))
         req = self._dir / "request.json"

@@ -67,21 +67,26 @@ def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: An
 class LocalController:
     """``kfp-gpu controller --standalone`` in a child process with ``kubeconfig`` as its only credentials.
 
-    ``peering`` names a ClusterKopfPeering: the process is then one replica of the Deployment (``--peering``, as
-    kfp_gpu/manifests/controller.yaml runs it, ``POD_NAME`` = ``replica``) instead of the only one."""
+    ``lease`` names the leader-election Lease (in kfp-gpu-system): the process is then one replica of the Deployment
+    (``--leader-elect-resource-name``, as kfp_gpu/manifests/controller.yaml runs it, ``POD_NAME`` = ``replica``)
+    instead of the only one; ``lease_timings`` (lease duration, renew deadline, retry period, seconds) shorten the
+    election for a test."""
 
     def __init__(self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path,
-                 env: Mapping[str, str] | None = None, metrics_port: int = 0, *, peering: str = "",
-                 replica: str = "") -> None:
+                 env: Mapping[str, str] | None = None, metrics_port: int = 0, *, lease: str = "",
+                 replica: str = "", lease_timings: tuple[int, float, float] | None = None) -> None:
         self.kubeconfig, self.namespaces, self.log_path = kubeconfig, list(namespaces), log_path
         self.env = dict(os.environ if env is None else env)
-        self.metrics_port, self.peering, self.replica = metrics_port, peering, replica
+        self.metrics_port, self.lease, self.replica, self.lease_timings = metrics_port, lease, replica, lease_timings
         self.proc: subprocess.Popen[bytes] | None = None
         self.last_peak_rss_mib = 0.0
 
     def argv(self) -> list[str]:
         """The controller's command line (the Deployment's ``kfp-gpu controller``, namespaced, local)."""
-        mode = ["--peering", self.peering] if self.peering else ["--standalone"]
+        mode = ["--leader-elect-resource-name", self.lease] if self.lease else ["--standalone"]
+        if self.lease and self.lease_timings:
+            mode += [f"--leader-elect-{flag}={value}" for flag, value in
+                     zip(("lease-duration", "renew-deadline", "retry-period"), self.lease_timings, strict=True)]
         argv = [sys.executable, "-m", "kfp_gpu.cli", "controller", *mode, "--metrics-port", str(self.metrics_port),
                 "--log-dir", str(self.log_path.parent / "controller-work")]
         for ns in self.namespaces:

@@ -30,7 +30,6 @@ _KS = "karpenter.sh"
 _CC = "cloud.google.com"
 _GG = gang.GROUP
 _GANGS, _GSTATUS, _POLICIES = gang.PLURAL, f"{gang.PLURAL}/status", gang.POLICY_PLURAL
-_KOPF = "kopf.dev"
 _CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NS, CLUSTER = "namespace", "cluster"
 
@@ -50,10 +49,6 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
     ("", "namespaces", "list"): (CLUSTER, "kopf with --namespace: which of the namespaces exist"),
     ("", "namespaces", "watch"): (CLUSTER, "kopf with --namespace: namespaces that come and go"),
     ("", "events", "create"): (CLUSTER, "runner and kopf: events on the gangs (kubectl describe gpugang)"),
-    (_KOPF, "clusterkopfpeerings", "get"): (CLUSTER, "kopf peering: one active replica"),
-    (_KOPF, "clusterkopfpeerings", "list"): (CLUSTER, "kopf peering: the peers"),
-    (_KOPF, "clusterkopfpeerings", "watch"): (CLUSTER, "kopf peering: the peers"),
-    (_KOPF, "clusterkopfpeerings", "patch"): (CLUSTER, "kopf peering: this replica's heartbeat"),
     (*_CRDS, "list"): (CLUSTER, "kopf: which resources are served"),
     (*_CRDS, "watch"): (CLUSTER, "kopf: resources that come and go"),
     ("argoproj.io", "workflows", "get"): (NS, "owner-gone release: is the gang's Argo Workflow still running"),
@@ -125,7 +120,6 @@ STEP_NEEDS: dict[Need, tuple[str, str]] = {  # the controller's -> (scope, why)
 # Requests kopf makes itself (the scan sees only kfp_gpu's): listed in STEP_NEEDS, used by no scanned call.
 KOPF_NEEDS: set[Need] = {
     (_GG, _GANGS, "watch"), (_GG, _GANGS, "patch"), ("", "namespaces", "list"), ("", "namespaces", "watch"),
-    *((_KOPF, "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")),
     (*_CRDS, "list"), (*_CRDS, "watch"),
 }
 # The pipeline steps (kfp_gpu/gang/client.py, through kfp_gpu/steps/entry.py's request_step): one tenant namespace.
@@ -251,6 +245,12 @@ RAW_CALLS: dict[tuple[str, str, str], set[Need]] = {
     ("cluster/owners.py", "_check", "GET"): {("", _PODS, "get"), ("argoproj.io", "workflows", "get")},
     ("cluster/owners.py", "_argo_served", "GET"): set(),  # discovery
     ("steps/janitor.py", "_gangs", "GET"): {(_GG, _GANGS, "list")},  # the janitor: a run with a gang is live
+    # leader election: the Role kfp-gpu-controller in kfp-gpu-system (get/update on its Lease by name, create);
+    # tests/unit/test_manifests.py::test_controller_lease_rights_are_its_one_lease checks that Role's Lease rules
+    ("controller/election.py", "round", "GET"): {(*_LEASES, "get")},
+    ("controller/election.py", "round", "POST"): {(*_LEASES, "create")},
+    ("controller/election.py", "round", "PUT"): {(*_LEASES, "update")},
+    ("controller/election.py", "release", "PUT"): {(*_LEASES, "update")},
     ("controller/runner.py", "post_event", "POST"): {("", "events", "create")},
     ("controller/runner.py", "read", "GET"): {(_GG, _GANGS, "get")},
     ("controller/runner.py", "flush", "PATCH"): {(_GG, _GSTATUS, "patch")},

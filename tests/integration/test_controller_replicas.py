@@ -1,7 +1,9 @@
-"""The controller's two replicas (kfp_gpu/manifests/controller.yaml: ``replicas: 2``, kopf peering), run as two
-local processes the way the Deployment runs them: ``--peering`` (a ClusterKopfPeering), ``POD_NAME`` per replica,
-each under the controller's ServiceAccount token. One acts; ``kill -9`` of it hands the gang to the other within
-the peering lifetime (kfp_gpu.controller.handlers.PEERING_LIFETIME_S)."""
+"""The controller's two replicas (kfp_gpu/manifests/controller.yaml: ``replicas: 2``), run as two local processes
+the way the Deployment runs them: a leader-election Lease (``--leader-elect-resource-name``), ``POD_NAME`` per
+replica, each under the controller's ServiceAccount token. Only the Lease's holder runs kopf and the gangs' work
+units (kfp_gpu/controller/handlers.py). A sampler reads every ~20 ms which replica has work-unit processes: never
+both, from the instant both start through every handover. The tests use short timings (4 s / 3 s / 0.5 s) so a
+handover takes seconds; the Deployment's are 15 s / 10 s / 2 s."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.controller.handlers import PEERING_LIFETIME_S
 from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import LEDGER_GANG_NAMESPACE_LABEL
 from kfp_gpu_rehearsal.devcluster.client import Kube
@@ -26,12 +27,9 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-_KOPF = ("kopf.dev", "v1", "clusterkopfpeerings")
-JOB_S = PEERING_LIFETIME_S + 10.0  # the job outlives the handover: the standby re-attaches to it running
-
-
-def _peers(custom: client.CustomObjectsApi, name: str) -> dict[str, dict[str, Any]]:
-    return dict(custom.get_cluster_custom_object(*_KOPF, name).get("status") or {})
+LEASE_S, RENEW_S, RETRY_S = 4, 3.0, 0.5
+JOB_S = LEASE_S + 8.0  # the job outlives the handover: the standby re-attaches to it running
+_RBAC = "rbac.authorization.k8s.io"
 
 
 def _pools_total(t: Any) -> int:
@@ -39,95 +37,174 @@ def _pools_total(t: Any) -> int:
 
 
 def _descendants(pid: int) -> set[int]:
-    """Live (non-zombie) processes below ``pid``: the replica's forkserver and work units."""
-    children: dict[int, list[int]] = {}
+    """The live (non-zombie) work processes of the replica ``pid``: its forkserver and the work units forked from it
+    (all run the forkserver's command line), found by session (LocalController starts each replica in its own), so
+    also once ``kill -9`` orphaned them. multiprocessing's resource tracker, which acts on nothing and exits once
+    the replica is gone, is not counted."""
+    out = set()
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+        if not d.name.isdigit() or int(d.name) == pid:
             continue
         try:
             fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[3]) != pid:
+                continue
+            if b"multiprocessing.forkserver" in (d / "cmdline").read_bytes():
+                out.add(int(d.name))
         except OSError:
             continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
     return out
 
 
+class Sampler:
+    """Every ``every_s``: which replicas have work-unit processes. ``both`` lists the instants two had at once."""
+
+    def __init__(self, replicas: dict[str, LocalController], every_s: float = 0.02) -> None:
+        self.replicas, self.every_s = replicas, every_s
+        self.samples = 0
+        self.both: list[tuple[float, dict[str, int]]] = []
+        self.worked: set[str] = set()
+        self.first_work: dict[str, float] = {}
+        self._stop = threading.Event()
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            working = {n: len(_descendants(c.pid)) for n, c in self.replicas.items() if c.proc is not None}
+            working = {n: k for n, k in working.items() if k}
+            self.samples += 1
+            for n in working:
+                self.worked.add(n)
+                self.first_work.setdefault(n, now)
+            if len(working) > 1:
+                self.both.append((now - self.t0, working))
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 @pytest.fixture
-def peering(kube: Kube) -> Iterator[str]:
-    """A ClusterKopfPeering of this test's own (the Deployment's is kfp-gpu-controller, kopf-peering.yaml): parallel
-    worlds never pause each other. Requested before ``tenant``, it outlives the tenant's clean-up (which needs a
-    replica working)."""
+def lease(kube: Kube) -> Iterator[str]:
+    """A Lease name of this test's own (the Deployment's is kfp-gpu-controller), so parallel worlds never elect
+    each other, and a Role granting the controller get/update on that name only, as the shipped Role does for
+    kfp-gpu-controller (an operator who renames the Lease adds its name the same way). Requested before
+    ``tenant``, it outlives the tenant's clean-up (which needs a replica working)."""
     name = f"kfp-gpu-test-{uuid.uuid4().hex[:8]}"
-    custom = client.CustomObjectsApi(kube.api)
-    custom.create_cluster_custom_object(*_KOPF, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                                 "metadata": {"name": name}})
+    ns, rbac = gang.CONTROLLER_NAMESPACE, client.RbacAuthorizationV1Api(kube.api)
+    meta = {"name": name, "namespace": ns, "labels": {"kfp-gpu.io/managed": "true"}}
+    rbac.create_namespaced_role(ns, {"metadata": meta, "rules": [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
+         "verbs": ["get", "update"]}]})
+    rbac.create_namespaced_role_binding(ns, {"metadata": meta, "roleRef": {"apiGroup": _RBAC, "kind": "Role",
+                                                                          "name": name},
+                                             "subjects": [{"kind": "ServiceAccount", "name": gang.CONTROLLER_SA,
+                                                           "namespace": ns}]})
     yield name
+    coord = client.CoordinationV1Api(kube.api)
+    for delete in (lambda: coord.delete_namespaced_lease(name, ns), lambda: rbac.delete_namespaced_role(name, ns),
+                   lambda: rbac.delete_namespaced_role_binding(name, ns)):
+        try:
+            delete()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _lease_spec(t: Any, name: str) -> dict[str, Any]:
     try:
-        custom.delete_cluster_custom_object(*_KOPF, name)
+        obj = client.CoordinationV1Api(t.kube.api).read_namespaced_lease(name, gang.CONTROLLER_NAMESPACE)
     except ApiException as exc:
-        if exc.status != 404:
-            raise
+        if exc.status == 404:
+            return {}
+        raise
+    s = obj.spec
+    return {"holder": s.holder_identity or "", "transitions": s.lease_transitions or 0,
+            "duration": s.lease_duration_seconds}
 
 
-def _two_replicas(t: Any, peering: str) -> tuple[str, LocalController, LocalController]:
-    """Start the Deployment's two replicas; (the active one's name, the active one, the standby)."""
-    custom = client.CustomObjectsApi(t.kube.api)
-    replicas = {}
-    for r in ("a", "b"):
-        name = f"kfp-gpu-controller-{t.ns}-{r}"
-        replicas[name] = LocalController(t.ctl_kubeconfig, [t.ns], t.workdir / r / "controller.log",
-                                         peering=peering, replica=name).start()
-        t.controllers.append(replicas[name])
-    peers = wait_until("both replicas in the peering", lambda: len(_peers(custom, peering)) == 2 and
-                       _peers(custom, peering), timeout=30)
-    assert set(peers) == set(replicas), peers  # the peer records are the pods' names
-    active_name = max(peers, key=lambda p: peers[p]["priority"])
-    return active_name, replicas[active_name], next(c for n, c in replicas.items() if n != active_name)
+def _holder(t: Any, lease: str, replicas: dict[str, LocalController]) -> str:
+    """The replica (POD_NAME) holding the Lease; its holderIdentity is ``<POD_NAME>_<uuid>``."""
+    held = _lease_spec(t, lease).get("holder", "")
+    return next((n for n in replicas if held.startswith(f"{n}_")), "")
 
 
-def _handover(t: Any, peering: str, active_name: str, standby: LocalController) -> tuple[float, float]:
-    """After ``kill -9`` of the active replica: (seconds until its peer record is gone, until the standby works)."""
-    custom = client.CustomObjectsApi(t.kube.api)
-    killed_at = time.monotonic()
-    wait_until("the killed replica's record expired", lambda: active_name not in _peers(custom, peering),
-               timeout=PEERING_LIFETIME_S + 15, every=0.1)
-    handover = time.monotonic() - killed_at
-    wait_until("the standby works the gang", lambda: _descendants(standby.pid), timeout=15, every=0.05)
-    return handover, time.monotonic() - killed_at
+def _take(t: Any, lease: str, holder: str) -> bool:
+    """Write ``holder`` into the Lease as a replica would (conditional on the resourceVersion read): False when the
+    leader renewed in between (409)."""
+    coord = client.CoordinationV1Api(t.kube.api)
+    obj = coord.read_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE)
+    obj.spec.holder_identity = holder
+    try:
+        coord.replace_namespaced_lease(lease, gang.CONTROLLER_NAMESPACE, obj)
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
 
 
-def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(peering, tenant):
+def _two_replicas(t: Any, lease: str) -> tuple[dict[str, LocalController], Sampler]:
+    """Start the Deployment's two replicas back to back (the same instant, as a rollout of a new ReplicaSet or a
+    cluster restart does) with the sampler already running."""
+    replicas = {f"kfp-gpu-controller-{t.ns}-{r}": LocalController(
+        t.ctl_kubeconfig, [t.ns], t.workdir / r / "controller.log", lease=lease, replica=f"kfp-gpu-controller-{t.ns}-{r}",
+        lease_timings=(LEASE_S, RENEW_S, RETRY_S)) for r in ("a", "b")}
+    sampler = Sampler(replicas)
+    for c in replicas.values():
+        c.start()
+        t.controllers.append(c)
+    sampler.start()
+    return replicas, sampler
+
+
+def _standby_works(standby: LocalController, killed_at: float) -> float:
+    wait_until("the standby works the gang", lambda: _descendants(standby.pid), timeout=LEASE_S + 30, every=0.02)
+    return time.monotonic() - killed_at
+
+
+def test_two_replicas_started_at_once_never_both_work_and_a_killed_leaders_gang_moves_to_the_standby(lease, tenant):
     t = tenant(median_s=5.0, start=False)
-    active_name, active, standby = _two_replicas(t, peering)
+    replicas, sampler = _two_replicas(t, lease)
+    try:
+        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
 
-    spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
-    t.step("preflight", spec, run)
-    t.step("warm_pool", spec, run)
-    box: dict[str, Any] = {}
-    th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
-    th.start()
-    wait_until("scale-up running", lambda: ((t.gang(run) or {}).get("status") or {}).get("phase")
-               == "Provisioning" and _pools_total(t) == 4, timeout=30, every=0.05)
-    assert t.resizes() == 1, t.sim.request_counts()  # one replica asked the cloud, once
-    assert _descendants(active.pid), "the active replica runs the gang's work"
-    assert not _descendants(standby.pid), "the standby runs nothing"
+        spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
+        t.step("preflight", spec, run)
+        t.step("warm_pool", spec, run)
+        box: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
+        th.start()
+        wait_until("scale-up running", lambda: ((t.gang(run) or {}).get("status") or {}).get("phase")
+                   == "Provisioning" and _pools_total(t) == 4, timeout=30, every=0.05)
+        assert t.resizes() == 1, t.sim.request_counts()  # one replica asked the cloud, once
+        assert _descendants(active.pid), "the leader runs the gang's work"
+        assert not _descendants(standby.pid), "the standby runs nothing"
 
-    active.kill()  # kill -9, mid-provisioning
-    killed_at = time.monotonic()
-    g = t.gang(run) or {}
-    assert not gang.is_true(g, gang.PROVISIONED), g.get("status")
-    handover, acting = _handover(t, peering, active_name, standby)
-    th.join(90)
-    ready = time.monotonic() - killed_at
-    print(f"kill -9 -> peer record gone {handover:.1f}s, standby working {acting:.1f}s, gang Ready "
-          f"{ready:.1f}s (peering lifetime {PEERING_LIFETIME_S}s)")
-    assert handover <= PEERING_LIFETIME_S + 5, handover
+        active.kill()  # kill -9, mid-provisioning
+        killed_at = time.monotonic()
+        assert not gang.is_true(t.gang(run) or {}, gang.PROVISIONED)
+        acting = _standby_works(standby, killed_at)
+        th.join(90)
+        ready = time.monotonic() - killed_at
+    finally:
+        sampler.stop()
+    print(f"kill -9 of the leader -> standby working {acting:.2f}s, gang Ready {ready:.1f}s (lease {LEASE_S}s, "
+          f"retry {RETRY_S}s); {sampler.samples} samples, both working in {len(sampler.both)}")
+    assert sampler.both == [], sampler.both[:5]
+    assert sampler.samples > 200 and sampler.worked == set(replicas)  # the sampler saw each replica's work
+    assert LEASE_S - RETRY_S <= acting <= LEASE_S + 10, acting  # bounded by the lease duration (+ kopf's start)
+    assert _lease_spec(t, lease) == {"holder": _lease_spec(t, lease)["holder"], "transitions": 1,
+                                     "duration": LEASE_S}
+    assert _holder(t, lease, replicas) != leader
     assert "result" in box, f"{box}\n{t.controller_log()}"
     assert small(box["result"].output_json)
     assert (t.gang(run) or {})["status"]["phase"] == "Ready"
@@ -144,33 +221,82 @@ def test_two_replicas_one_acts_and_the_standby_takes_over_a_killed_ones_gang(pee
     assert not _descendants(active.pid)
 
 
-def test_the_standby_takes_over_a_running_job_with_one_job_copy(peering, tenant):
-    """The active replica is killed while the gang's job runs: the standby re-attaches to the train unit's job
-    through its ledger; one job copy ever, no second resize, nothing left."""
+def test_a_leader_that_loses_its_lease_stops_its_work_before_the_standby_starts(lease, tenant):
+    """The Lease is taken from the leader while it provisions (as when it was cut off from the API server and
+    another replica took over): it kills its work units and exits at its next renewal; the standby takes over the
+    stolen Lease once it expired; never both working."""
+    t = tenant(median_s=5.0, start=False)
+    replicas, sampler = _two_replicas(t, lease)
+    try:
+        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+        t.step("preflight", spec, run)
+        t.step("warm_pool", spec, run)
+        box: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
+        th.start()
+        wait_until("the leader provisions", lambda: _descendants(active.pid) and _pools_total(t) == 2, timeout=30,
+                   every=0.05)
+        wait_until("the Lease taken", lambda: _take(t, lease, "someone-else"), timeout=10, every=0.01)
+        stolen_at = time.monotonic()
+        assert active.proc is not None
+        wait_until("the old leader exited", lambda: active.proc is not None and active.proc.poll() is not None,
+                   timeout=RENEW_S + 10, every=0.02)
+        stopped = time.monotonic() - stolen_at
+        assert not _descendants(active.pid), "its work units died with it"
+        acting = _standby_works(standby, stolen_at)
+        th.join(90)
+    finally:
+        sampler.stop()
+    print(f"lease taken -> old leader stopped its work and exited {stopped:.2f}s, standby working {acting:.2f}s; "
+          f"{sampler.samples} samples, both working in {len(sampler.both)}")
+    assert active.proc.returncode == 1, active.proc.returncode
+    assert "leader election lost" in active.log_path.read_text(errors="replace")
+    assert stopped <= 2 * RETRY_S + 2.0, stopped  # at its next renewal, not at the lease's end
+    assert acting >= LEASE_S - RETRY_S, acting  # the stolen lease was waited out
+    assert sampler.both == [], sampler.both[:5]
+    assert "result" in box, f"{box}\n{t.controller_log()}"
+    assert (t.gang(run) or {})["status"]["phase"] == "Ready" and len(t.claimed(run)) == 2
+    assert t.resizes() <= 2, t.sim.request_counts()
+    t.step("teardown", spec, run)
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_the_standby_takes_over_a_running_job_with_one_job_copy(lease, tenant):
+    """The leader is killed while the gang's job runs: the standby re-attaches to the train unit's job through its
+    ledger; one job copy ever, no second resize, nothing left."""
     from kfp_gpu.cluster import pytorchjob
     from tests.integration.test_train_support import job_json, running_pods
 
     t = tenant()
-    active_name, active, standby = _two_replicas(t, peering)
-    spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
-    for s in ("preflight", "warm_pool", "scale_up"):
-        t.step(s, spec, run)
-    resizes = t.resizes()
-    box: dict[str, Any] = {}
-    th = threading.Thread(target=lambda: box.update(result=t.step(
-        "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
-    th.start()
-    core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
-    job = pytorchjob.job_name(run, "train")
-    wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
-    assert not _descendants(standby.pid), "the standby runs nothing"
-    uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
-    active.kill()
-    jobs_state = ((t.gang(run) or {}).get("status") or {}).get("jobs") or {}
-    assert jobs_state.get("train", {}).get("state") == gang.JOB_RUNNING, jobs_state  # killed while the job runs
-    handover, acting = _handover(t, peering, active_name, standby)
-    th.join(90)
-    print(f"kill -9 during the job -> peer record gone {handover:.1f}s, standby working {acting:.1f}s")
+    replicas, sampler = _two_replicas(t, lease)
+    try:
+        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+        for s in ("preflight", "warm_pool", "scale_up"):
+            t.step(s, spec, run)
+        resizes = t.resizes()
+        box: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: box.update(result=t.step(
+            "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
+        th.start()
+        core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
+        job = pytorchjob.job_name(run, "train")
+        wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
+        assert not _descendants(standby.pid), "the standby runs nothing"
+        uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
+        active.kill()
+        killed_at = time.monotonic()
+        jobs_state = ((t.gang(run) or {}).get("status") or {}).get("jobs") or {}
+        assert jobs_state.get("train", {}).get("state") == gang.JOB_RUNNING, jobs_state  # killed while it runs
+        acting = _standby_works(standby, killed_at)
+        th.join(90)
+    finally:
+        sampler.stop()
+    print(f"kill -9 during the job -> standby working {acting:.2f}s; both working in {len(sampler.both)} samples")
+    assert sampler.both == [], sampler.both[:5]
     assert "result" in box, f"{box}\n{t.controller_log()}"
     jobs = custom.list_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs")["items"]
     assert [(j["metadata"]["name"], j["metadata"]["uid"]) for j in jobs] == [(job, uid)]  # the same job: one copy
@@ -180,3 +306,40 @@ def test_the_standby_takes_over_a_running_job_with_one_job_copy(peering, tenant)
     wait_until("no job left", lambda: not custom.list_namespaced_custom_object(
         "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"], timeout=60)
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_a_replica_whose_lease_the_rbac_does_not_grant_stops_with_one_line(tenant):
+    """--leader-elect-resource-name names a Lease the controller's Role does not grant: the candidate exits at its
+    first read with the API server's refusal and where to grant it, no traceback, no work."""
+    t = tenant(start=False)
+    c = LocalController(t.ctl_kubeconfig, [t.ns], t.workdir / "ungranted" / "controller.log",
+                        lease=f"not-granted-{uuid.uuid4().hex[:6]}", replica="kfp-gpu-controller-x",
+                        lease_timings=(LEASE_S, RENEW_S, RETRY_S)).start()
+    t.controllers.append(c)
+    assert c.proc is not None
+    code = c.proc.wait(60)
+    lines = [ln for ln in c.log_path.read_text(errors="replace").splitlines() if ln.startswith("kfp-gpu")]
+    assert code != 0 and len(lines) == 1, c.log_path.read_text(errors="replace")[-3000:]
+    assert "cannot get resource \"leases\"" in lines[0] and "controller-rbac.yaml" in lines[0], lines[0]
+    assert "Traceback" not in c.log_path.read_text(errors="replace")
+
+
+def test_a_leader_stopped_cleanly_hands_the_lease_over_without_the_wait(lease, tenant):
+    """SIGTERM (a rollout, ``kubectl delete pod``): the leader stops its work, then releases the Lease (empty
+    holder), and the standby takes it at its next round instead of waiting out the lease duration."""
+    t = tenant(start=False)
+    replicas, sampler = _two_replicas(t, lease)
+    sampler.stop()
+    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+    assert active.proc is not None
+    stop_at = time.monotonic()
+    active.stop()
+    took = wait_until("the standby holds the Lease", lambda: _holder(t, lease, replicas) not in ("", leader)
+                      and time.monotonic() - stop_at, timeout=LEASE_S + 10, every=0.02)
+    print(f"SIGTERM of the leader -> standby holds the Lease {took:.2f}s (lease {LEASE_S}s)")
+    assert active.proc.returncode == 0, active.proc.returncode
+    assert "released the Lease" in active.log_path.read_text(errors="replace")
+    took_over = [ln for ln in standby.log_path.read_text(errors="replace").splitlines() if "acquired the Lease" in ln]
+    assert len(took_over) == 1 and "(released by its last holder)" in took_over[0], took_over  # not expired
+    assert _lease_spec(t, lease)["transitions"] == 1

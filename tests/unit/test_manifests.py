@@ -221,7 +221,6 @@ def test_controller_cluster_role_has_the_gang_api_and_kopf():
     need |= {(gang.GROUP, f"{gang.PLURAL}/status", "patch", "*"), (gang.GROUP, gang.POLICY_PLURAL, "list", "*")}
     need |= {("", "namespaces", v, "*") for v in ("get", "list", "watch")}
     need |= {("", "events", "create", "*")}
-    need |= {("kopf.dev", "clusterkopfpeerings", v, "*") for v in ("get", "list", "watch", "patch")}
     need |= {("apiextensions.k8s.io", "customresourcedefinitions", v, "*") for v in ("list", "watch")}
     assert need <= cluster, need - cluster
 
@@ -257,7 +256,24 @@ def test_controller_deployment_and_metrics_service():
     svc = by_kind(OBJS, "Service", "kfp-gpu-controller-metrics")
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     assert svc["spec"]["ports"][0]["port"] == 8080
-    assert by_kind(OBJS, "ClusterKopfPeering", "kfp-gpu-controller")
+    assert not [o for o in OBJS if o["apiVersion"].startswith("kopf.dev/")]  # no kopf peering: a Lease elects
+    env = {e["name"]: e.get("valueFrom") for e in c["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the Lease holder's name
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}  # where the Lease is
+
+
+def test_controller_lease_rights_are_its_one_lease():
+    """The Role in kfp-gpu-system grants get/update on the leader-election Lease by name, and create (which RBAC
+    cannot restrict by name); the ClusterRoles grant no Lease write anywhere else."""
+    home = by_kind(OBJS, "Role", "kfp-gpu-controller")
+    assert home["metadata"]["namespace"] == gang.CONTROLLER_NAMESPACE
+    leases = [r for r in home["rules"] if "leases" in r["resources"]]
+    assert sorted((tuple(r["verbs"]), tuple(r.get("resourceNames") or ())) for r in leases) == [
+        (("create",), ()), (("get", "update"), ("kfp-gpu-controller",))]
+    for name in ("kfp-gpu-controller", install.TENANT_CLUSTER_ROLE):
+        rules = by_kind(OBJS, "ClusterRole", name)["rules"]
+        assert not {v for r in rules if "leases" in r["resources"] for v in r["verbs"]} & {"create", "update",
+                                                                                          "patch"}
 
 
 def test_claim_admission_policy():
