@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kfp_gpu.controller import flags as controller_flags
 from kfp_gpu.errors import InvalidSpec, KfpGpuError
 
 if TYPE_CHECKING:
@@ -181,19 +182,6 @@ def cmd_dev_cluster(a: argparse.Namespace) -> int:
     return int(dc_main([a.action, *more]) or 0)
 
 
-def cmd_controller(a: argparse.Namespace) -> int:
-    from kfp_gpu.controller.handlers import run as run_controller
-    from kfp_gpu.plan.election import Timings
-
-    timings = Timings(a.leader_elect_lease_duration, a.leader_elect_renew_deadline, a.leader_elect_retry_period)
-    if timings.problem():
-        raise KfpGpuError(timings.problem())
-    run_controller([] if a.all_namespaces else list(a.namespace), standalone=a.standalone,
-                   lease=a.leader_elect_resource_name, lease_namespace=a.leader_elect_resource_namespace,
-                   timings=timings, metrics_port=a.metrics_port, log_dir=a.log_dir)
-    return 0
-
-
 def cmd_install(a: argparse.Namespace) -> int:
     from kfp_gpu import install
 
@@ -307,24 +295,7 @@ def parser() -> argparse.ArgumentParser:
                    "(default: $KFP_GPU_QUOTA_CONTACT_EMAIL)")
     c.set_defaults(fn=cmd_quota)
     c = sub.add_parser("controller", help="run the kfp-gpu controller (acts on GpuGangs; docs/operator-guide.md)")
-    c.add_argument("--namespace", "-n", action="append", default=[],
-                   help="only gangs in this namespace (repeatable; default: every namespace)")
-    c.add_argument("--all-namespaces", "-A", action="store_true", help="every namespace (the default)")
-    c.add_argument("--standalone", action="store_true",
-                   help="no leader election: the only replica, acting at once (local rehearsal)")
-    c.add_argument("--leader-elect-resource-name", default="kfp-gpu-controller", metavar="NAME",
-                   help="the Lease that elects the one acting replica")
-    c.add_argument("--leader-elect-resource-namespace", default="", metavar="NS",
-                   help="the Lease's namespace (default: $POD_NAMESPACE, else kfp-gpu-system)")
-    c.add_argument("--leader-elect-lease-duration", type=int, default=15, metavar="S",
-                   help="seconds a standby waits, after the Lease last changed, before taking it over (15)")
-    c.add_argument("--leader-elect-renew-deadline", type=float, default=10.0, metavar="S",
-                   help="seconds the leader tries to renew before it stops all work and exits (10)")
-    c.add_argument("--leader-elect-retry-period", type=float, default=2.0, metavar="S",
-                   help="seconds between two renewals, or two tries of a standby (2)")
-    c.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off)")
-    c.add_argument("--log-dir", default="", help="where each unit of work logs (default /tmp/kfp-gpu-controller)")
-    c.set_defaults(fn=cmd_controller)
+    controller_flags.add_arguments(c)
     c = sub.add_parser("dev-cluster", help="the local control plane with KWOK GPU nodes")
     c.add_argument("action", choices=["up", "down", "status", "build"])
     c.add_argument("--autoscaler", default="none",

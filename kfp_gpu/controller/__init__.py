@@ -4,5 +4,7 @@
 - :mod:`.runner`: one gang's loop, doing what :func:`kfp_gpu.plan.gang.next_action` says;
 - :mod:`.work`: the child process that runs one step function under the controller's identity;
 - :mod:`.owners`: is the pipeline that owns a gang still there?
-- :mod:`.metrics`: the Prometheus endpoint.
+- :mod:`.metrics`: the Prometheus endpoint;
+- :mod:`.flags`: `kfp-gpu controller`'s flags and command;
+- :mod:`.election`: the Lease that elects the one acting replica.
 """

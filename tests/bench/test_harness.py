@@ -68,8 +68,8 @@ def test_the_wall_breakdown_sums_each_phase_over_every_side_run() -> None:
 
 
 def test_the_full_matrix_is_every_side_with_its_repeats_and_the_estimate_counts_each_run() -> None:
-    from bench.sides import SIDES
     from bench.run import _modes, burst_matrix, estimate_wall_s
+    from bench.sides import SIDES
 
     full = _modes()["full"]
     m = burst_matrix(full)
