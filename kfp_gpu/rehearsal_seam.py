@@ -3,8 +3,10 @@ reaches it. Core code never imports the rehearsal's modules (tests/unit/test_lay
 written here:
 
 - **paths**: the cache (``$KFP_GPU_CACHE``, default ``~/.cache/kfp-gpu``), the dev cluster's state dir and admin
-  kubeconfig (``<cache>/cluster/kubeconfig``, which a ``local`` target uses when ``$KUBECONFIG`` is unset), and the
-  file where the GKE stand-in daemon records its URL (``<cache>/cluster/sim.url``);
+  kubeconfig (``<cache>/cluster/kubeconfig``, which a ``local`` target uses when ``$KUBECONFIG`` is unset), the
+  file where the GKE stand-in daemon records its URL (``<cache>/cluster/sim.url``), and the file where the stand-in
+  of one world (a ``kfp-gpu run``'s, named by its ``target.cluster``) records its URL
+  (``<cache>/cluster/sim-<cluster>.url``): the dev cluster's one controller finds each run's world there;
 - **environment names**: ``KFP_GPU_SIM_ENDPOINT`` (the GKE stand-in's URL for a ``local`` target),
   ``KFP_GPU_WORLD_TIME_SCALE`` (real-world seconds per wall-clock second of the world the run happens in: the
   rehearsal sets it, a real cluster leaves it unset = 1);
@@ -54,14 +56,16 @@ def local_kubeconfig() -> Path:
     return cluster_dir() / "kubeconfig"
 
 
-def sim_url_file() -> Path:
-    return cluster_dir() / SIM_URL_FILE
+def sim_url_file(cluster: str = "") -> Path:
+    """Where a GKE stand-in records its URL: the daemon's (``cluster`` ""), or the one that serves the world of
+    ``target.cluster`` == ``cluster`` for a ``kfp-gpu run``."""
+    return cluster_dir() / (f"sim-{cluster}.url" if cluster else SIM_URL_FILE)
 
 
-def running_sim_url() -> str:
-    """The GKE stand-in daemon's URL when it answers, else ""."""
+def running_sim_url(cluster: str = "") -> str:
+    """The URL in :func:`sim_url_file` (``cluster``) when a stand-in answers there, else ""."""
     try:
-        url = sim_url_file().read_text().strip()
+        url = sim_url_file(cluster).read_text().strip()
         with urllib.request.urlopen(f"{url}{SIM_PROBE}", timeout=2):
             return url
     except (OSError, ValueError):
