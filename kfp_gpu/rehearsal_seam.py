@@ -5,8 +5,8 @@ written here:
 - **paths**: the cache (``$KFP_GPU_CACHE``, default ``~/.cache/kfp-gpu``), the dev cluster's state dir and admin
   kubeconfig (``<cache>/cluster/kubeconfig``, which a ``local`` target uses when ``$KUBECONFIG`` is unset), the
   file where the GKE stand-in daemon records its URL (``<cache>/cluster/sim.url``), and the file where the stand-in
-  of one world (a ``kfp-gpu run``'s, named by its ``target.cluster``) records its URL
-  (``<cache>/cluster/sim-<cluster>.url``): the dev cluster's one controller finds each run's world there;
+  of one world (a ``kfp-gpu run``'s, named by its ``target.cluster``) records its URL and the pid of the process it
+  lives in (``<cache>/cluster/worlds/<cluster>.url``): the dev cluster's one controller finds each run's world there;
 - **environment names**: ``KFP_GPU_SIM_ENDPOINT`` (the GKE stand-in's URL for a ``local`` target),
   ``KFP_GPU_WORLD_TIME_SCALE`` (real-world seconds per wall-clock second of the world the run happens in: the
   rehearsal sets it, a real cluster leaves it unset = 1);
@@ -35,6 +35,7 @@ SIM_ENDPOINT_ENV = "KFP_GPU_SIM_ENDPOINT"
 TIME_SCALE_ENV = "KFP_GPU_WORLD_TIME_SCALE"
 LOCAL_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 SIM_URL_FILE = "sim.url"
+WORLDS_DIR = "worlds"  # <cluster>.url: "URL PID" of the stand-in serving that world (a kfp-gpu run's)
 SIM_PROBE = "/sim/v1/requests"  # the GKE stand-in answers here once it serves
 PACKAGE = "kfp_gpu_rehearsal"  # the rehearsal's own distribution (kfp-gpu[rehearsal], kfp_gpu_rehearsal/pyproject.toml)
 INSTALL_HINT = "pip install 'kfp-gpu[rehearsal]'"
@@ -59,17 +60,30 @@ def local_kubeconfig() -> Path:
 def sim_url_file(cluster: str = "") -> Path:
     """Where a GKE stand-in records its URL: the daemon's (``cluster`` ""), or the one that serves the world of
     ``target.cluster`` == ``cluster`` for a ``kfp-gpu run``."""
-    return cluster_dir() / (f"sim-{cluster}.url" if cluster else SIM_URL_FILE)
+    return cluster_dir() / WORLDS_DIR / f"{cluster}.url" if cluster else cluster_dir() / SIM_URL_FILE
 
 
 def running_sim_url(cluster: str = "") -> str:
-    """The URL in :func:`sim_url_file` (``cluster``) when a stand-in answers there, else ""."""
+    """The URL in :func:`sim_url_file` (``cluster``) when a stand-in answers there (and the process the record names,
+    if any, still lives: a dead run's port may serve another world by now), else ""."""
     try:
-        url = sim_url_file(cluster).read_text().strip()
+        url, *pid = sim_url_file(cluster).read_text().split()
+        if pid and not _alive(int(pid[0])):
+            return ""
         with urllib.request.urlopen(f"{url}{SIM_PROBE}", timeout=2):
             return url
     except (OSError, ValueError):
         return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def node_selector(target: Target) -> dict[str, str]:

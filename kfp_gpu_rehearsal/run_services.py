@@ -6,6 +6,7 @@ the record of the run's world (its GKE stand-in's URL, by ``target.cluster``) wh
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,12 +47,12 @@ def claim_world(cluster: str, url: str, stop: Callable[[], None]) -> Path:
                           remediation="wait for that run to finish, or give this one another target.cluster "
                           "(and a --scenario naming it)")
     f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(url + "\n")
+    f.write_text(f"{url} {os.getpid()}\n")
     return f
 
 
 def release_world(f: Path, url: str) -> None:
     """Remove the record of our stand-in (not one a later run wrote). Raises: nothing."""
     with contextlib.suppress(OSError):
-        if f.read_text().strip() == url:
+        if f.read_text().split()[:1] == [url]:
             f.unlink()

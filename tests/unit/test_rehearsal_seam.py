@@ -3,6 +3,7 @@ local target's node-label scheme, and the one-line install hint when `kfp-gpu ru
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +58,14 @@ def test_a_local_target_finds_its_world_s_standin_before_the_daemon_s(
         (tmp_path / "cluster").mkdir()
         seam.sim_url_file().write_text(daemon_url + "\n")
         assert local_endpoint("w1") == daemon_url
-        assert seam.sim_url_file("w1") == tmp_path / "cluster" / "sim-w1.url"
-        seam.sim_url_file("w1").write_text(world_url + "\n")
+        assert seam.sim_url_file("w1") == tmp_path / "cluster" / "worlds" / "w1.url"
+        assert seam.sim_url_file("aws") != tmp_path / "cluster" / "sim-aws.url"  # the AWS stand-in daemon's record
+        seam.sim_url_file("w1").parent.mkdir()
+        dead = subprocess.Popen([sys.executable, "-c", ""])  # noqa: S603
+        dead.wait()
+        seam.sim_url_file("w1").write_text(f"{world_url} {dead.pid}\n")
+        assert local_endpoint("w1") == daemon_url  # its run is gone: the port may serve another world by now
+        seam.sim_url_file("w1").write_text(f"{world_url} {os.getpid()}\n")
         assert local_endpoint("w1") == world_url
         assert local_endpoint("w2") == daemon_url  # another world's stand-in is not this one's
         monkeypatch.setenv(seam.SIM_ENDPOINT_ENV, "http://127.0.0.1:9")
