@@ -29,7 +29,6 @@ from kubernetes import client
 from kfp_gpu import install, rehearsal_seam
 from kfp_gpu_rehearsal.devcluster import boot, controller_profile
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from tests.integration.conftest import scoped_namespace
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -86,6 +85,14 @@ def _run(kube: Kube, tmp: Path, ns: str, log: list[str]) -> Iterator[subprocess.
                 core.delete_node(node.metadata.name)
 
 
+def _delete_namespace(kube: Kube, ns: str) -> None:
+    try:
+        kube.core.delete_namespace(ns, propagation_policy="Background")
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def _worked(ns: str, event: str) -> list[str]:
     """The row's log lines for ``ns``'s gangs with ``event`` (Preflighted, OwnerGone, Released...)."""
     try:
@@ -98,8 +105,10 @@ def _worked(ns: str, event: str) -> list[str]:
 def test_two_runs_at_once_are_served_by_the_row_and_killed_runs_are_released_by_it(kube: Kube, namespace: str,
                                                                                    tmp_path: Path) -> None:
     logs: list[str] = []
+    other = f"{namespace[:50]}-b"
+    kube.core.create_namespace({"metadata": {"name": other, "labels": {"kfp-gpu.io/test": "true"}}})
     with contextlib.ExitStack() as stack:
-        other = stack.enter_context(contextlib.contextmanager(scoped_namespace)(kube, f"{namespace[:50]}-b"))
+        stack.callback(_delete_namespace, kube, other)
         runs = {ns: stack.enter_context(_run(kube, tmp_path, ns, logs)) for ns in (namespace, other)}
         # each run's first stage is worked by the row's controller (its log) while both runs live; each run is
         # killed -9 (with its steps) right then, before its scale-up makes anything in its world (see the docstring)
