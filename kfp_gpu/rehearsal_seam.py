@@ -16,7 +16,7 @@ written here:
 - **the commands**: ``kfp-gpu run``, ``kfp-gpu demo`` and ``kfp-gpu dev-cluster`` load the rehearsal by name
   (:func:`load`), and say in one line how to install it when it is missing.
 
-No imports beyond the standard library and :mod:`kfp_gpu.spec`/:mod:`kfp_gpu.errors`.
+No module-level imports beyond the standard library and :mod:`kfp_gpu.spec`/:mod:`kfp_gpu.errors`.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def running_sim_url(cluster: str = "") -> str:
     if any, still lives: a dead run's port may serve another world by now), else ""."""
     try:
         url, *pid = sim_url_file(cluster).read_text().split()
-        if pid and not _alive(int(pid[0])):
+        if pid and not _pid_alive(int(pid[0])):
             return ""
         with urllib.request.urlopen(f"{url}{SIM_PROBE}", timeout=2):
             return url
@@ -76,14 +76,11 @@ def running_sim_url(cluster: str = "") -> str:
         return ""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _pid_alive(pid: int) -> bool:
+    """The one liveness check (a zombie is dead), imported here: its module imports kubernetes."""
+    from kfp_gpu.cluster.owners import pid_alive
+
+    return pid_alive(pid)
 
 
 def node_selector(target: Target) -> dict[str, str]:
