@@ -64,12 +64,13 @@ def sim_url_file(cluster: str = "") -> Path:
 
 
 def running_sim_url(cluster: str = "") -> str:
-    """The URL in :func:`sim_url_file` (``cluster``) when a stand-in answers there (and the process the record names,
-    if any, still lives: a dead run's port may serve another world by now), else ""."""
+    """The URL in :func:`sim_url_file` (``cluster``), else "". A record naming the process the stand-in lives in (a
+    run's world) counts while that process lives (a dead run's port may serve another world by now; a busy live one
+    may answer slowly, and its world must not fall back to another); the daemon's record counts when it answers."""
     try:
         url, *pid = sim_url_file(cluster).read_text().split()
-        if pid and not _pid_alive(int(pid[0])):
-            return ""
+        if pid:
+            return url if _pid_alive(int(pid[0])) else ""
         with urllib.request.urlopen(f"{url}{SIM_PROBE}", timeout=2):
             return url
     except (OSError, ValueError):

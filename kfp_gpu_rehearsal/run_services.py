@@ -47,6 +47,9 @@ def claim_world(cluster: str, url: str, stop: Callable[[], None]) -> Path:
                           remediation="wait for that run to finish, or give this one another target.cluster "
                           "(and a --scenario naming it)")
     f.parent.mkdir(parents=True, exist_ok=True)
+    for old in f.parent.glob("*.url"):  # the records of killed runs (their process is gone)
+        if old != f and not rehearsal_seam.running_sim_url(old.stem):
+            old.unlink(missing_ok=True)  # (a record counts while its process lives, answering or not)
     f.write_text(f"{url} {os.getpid()}\n")
     return f
 

@@ -71,9 +71,10 @@ def test_a_local_target_finds_its_world_s_standin_before_the_daemon_s(
         monkeypatch.setenv(seam.SIM_ENDPOINT_ENV, "http://127.0.0.1:9")
         assert local_endpoint("w1") == "http://127.0.0.1:9"  # the process's own stand-in first (the test tier's)
         monkeypatch.delenv(seam.SIM_ENDPOINT_ENV)
-        servers[1].shutdown()
-        servers[1].server_close()
-        assert local_endpoint("w1") == daemon_url  # a recorded world whose stand-in is gone (its run was killed)
+        servers[1].shutdown()  # a live run's stand-in that does not answer (busy): still its world's, not the daemon's
+        assert local_endpoint("w1") == world_url
+        servers[0].shutdown()
+        assert local_endpoint("w2") == ""  # the daemon's record (no pid) counts only while it answers
     finally:
         for srv in servers:
             srv.shutdown()
