@@ -3,8 +3,10 @@ reaches it. Core code never imports the rehearsal's modules (tests/unit/test_lay
 written here:
 
 - **paths**: the cache (``$KFP_GPU_CACHE``, default ``~/.cache/kfp-gpu``), the dev cluster's state dir and admin
-  kubeconfig (``<cache>/cluster/kubeconfig``, which a ``local`` target uses when ``$KUBECONFIG`` is unset), and the
-  file where the GKE stand-in daemon records its URL (``<cache>/cluster/sim.url``);
+  kubeconfig (``<cache>/cluster/kubeconfig``, which a ``local`` target uses when ``$KUBECONFIG`` is unset), the
+  file where the GKE stand-in daemon records its URL (``<cache>/cluster/sim.url``), and the file where the stand-in
+  of one world (a ``kfp-gpu run``'s, named by its ``target.cluster``) records its URL and the pid of the process it
+  lives in (``<cache>/cluster/worlds/<cluster>.url``): the dev cluster's one controller finds each run's world there;
 - **environment names**: ``KFP_GPU_SIM_ENDPOINT`` (the GKE stand-in's URL for a ``local`` target),
   ``KFP_GPU_WORLD_TIME_SCALE`` (real-world seconds per wall-clock second of the world the run happens in: the
   rehearsal sets it, a real cluster leaves it unset = 1);
@@ -14,7 +16,7 @@ written here:
 - **the commands**: ``kfp-gpu run``, ``kfp-gpu demo`` and ``kfp-gpu dev-cluster`` load the rehearsal by name
   (:func:`load`), and say in one line how to install it when it is missing.
 
-No imports beyond the standard library and :mod:`kfp_gpu.spec`/:mod:`kfp_gpu.errors`.
+No module-level imports beyond the standard library and :mod:`kfp_gpu.spec`/:mod:`kfp_gpu.errors`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SIM_ENDPOINT_ENV = "KFP_GPU_SIM_ENDPOINT"
 TIME_SCALE_ENV = "KFP_GPU_WORLD_TIME_SCALE"
 LOCAL_CLUSTER_LABEL = "kfp-gpu.io/sim-cluster"
 SIM_URL_FILE = "sim.url"
+WORLDS_DIR = "worlds"  # <cluster>.url: "URL PID" of the stand-in serving that world (a kfp-gpu run's)
 SIM_PROBE = "/sim/v1/requests"  # the GKE stand-in answers here once it serves
 PACKAGE = "kfp_gpu_rehearsal"  # the rehearsal's own distribution (kfp-gpu[rehearsal], kfp_gpu_rehearsal/pyproject.toml)
 INSTALL_HINT = "pip install 'kfp-gpu[rehearsal]'"
@@ -54,18 +57,31 @@ def local_kubeconfig() -> Path:
     return cluster_dir() / "kubeconfig"
 
 
-def sim_url_file() -> Path:
-    return cluster_dir() / SIM_URL_FILE
+def sim_url_file(cluster: str = "") -> Path:
+    """Where a GKE stand-in records its URL: the daemon's (``cluster`` ""), or the one that serves the world of
+    ``target.cluster`` == ``cluster`` for a ``kfp-gpu run``."""
+    return cluster_dir() / WORLDS_DIR / f"{cluster}.url" if cluster else cluster_dir() / SIM_URL_FILE
 
 
-def running_sim_url() -> str:
-    """The GKE stand-in daemon's URL when it answers, else ""."""
+def running_sim_url(cluster: str = "") -> str:
+    """The URL in :func:`sim_url_file` (``cluster``), else "". A record naming the process the stand-in lives in (a
+    run's world) counts while that process lives (a dead run's port may serve another world by now; a busy live one
+    may answer slowly, and its world must not fall back to another); the daemon's record counts when it answers."""
     try:
-        url = sim_url_file().read_text().strip()
+        url, *pid = sim_url_file(cluster).read_text().split()
+        if pid:
+            return url if _pid_alive(int(pid[0])) else ""
         with urllib.request.urlopen(f"{url}{SIM_PROBE}", timeout=2):
             return url
     except (OSError, ValueError):
         return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    """The one liveness check (a zombie is dead), imported here: its module imports kubernetes."""
+    from kfp_gpu.cluster.owners import pid_alive
+
+    return pid_alive(pid)
 
 
 def node_selector(target: Target) -> dict[str, str]:

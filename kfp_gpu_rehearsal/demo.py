@@ -230,7 +230,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp_gpu.report._common import world
     from kfp_gpu.report.cost import cost_report
     from kfp_gpu.report.terminal import cost_table, gantt
-    from kfp_gpu_rehearsal.devcluster import boot, controller, controller_profile, crds
+    from kfp_gpu_rehearsal import run_services as served
+    from kfp_gpu_rehearsal.devcluster import boot, controller, crds
     from kfp_gpu_rehearsal.sim.clock import TIME_SCALE
     from kfp_gpu_rehearsal.sim.server import SimServer
 
@@ -269,6 +270,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         say(f"AWS (EKS/EC2/Auto Scaling) stand-in on {daemon.start_aws(port)}")
     sim = SimServer(scenario, ctx.kubeconfig)
     url = sim.start()
+    world_file = served.claim_world(spec.target.cluster, url, sim.stop)  # where the row's controller finds it
     os.environ[rehearsal_seam.SIM_ENDPOINT_ENV] = url
     # the controller, the steps and this report put times and costs in the world's clock
     os.environ[rehearsal_seam.TIME_SCALE_ENV] = f"{TIME_SCALE:g}"
@@ -279,13 +281,10 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     say(f"GKE/Compute stand-in on {url}; node pools become KWOK GPU nodes")
     say(f"executor logs: {log_path}\n")
     ns = spec.target.namespace
-    controller_profile.refuse_served(ctx, ns)  # one controller per namespace: not the dev cluster's row as well
-    ctl_kc, step_kc = controller.prepare(crds.api_client(ctx.kubeconfig), ns, Path(root),
-                                         max_gpus_per_gang=max(64, spec.nodes * spec.gpus_per_node),
-                                         max_gpus_per_namespace=max(128, 2 * spec.nodes * spec.gpus_per_node))
-    ctl = controller.LocalController(ctl_kc, [ns], Path(root) / "controller.log").start()
-    say(f"kfp-gpu controller: pid {ctl.pid}, ServiceAccount {gang_api.CONTROLLER_NAMESPACE}/"
-        f"{gang_api.CONTROLLER_SA}; steps run as {ns}/{gang_api.STEP_SA} (log {root}/controller.log)")
+    step_kc = controller.prepare_tenant(crds.api_client(ctx.kubeconfig), ns, Path(root),
+                                        max_gpus_per_gang=max(64, spec.nodes * spec.gpus_per_node),
+                                        max_gpus_per_namespace=max(128, 2 * spec.nodes * spec.gpus_per_node))
+    ctl_pid, ctl_log = served.controller(ctx, ns, say)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root, raise_on_error=True)
     t0, failure = time.time(), ""
     admin_kc = os.environ["KUBECONFIG"]
@@ -314,8 +313,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                     left = leftovers(admin, ns, run_id, list(out.get("nodes_deleted") or []),  # type: ignore[call-overload]
                                      timeout_s=60.0 + 0.25 * spec.nodes, ledger_home=gang_api.CONTROLLER_NAMESPACE)
             finally:
-                ctl.stop()
                 sim.stop()
+                served.release_world(world_file, url)
     took = time.time() - t0
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
     say(f"\n=== pipeline {graph.name} {status} in {duration(took * TIME_SCALE)} (kfp.local, SubprocessRunner"
@@ -336,7 +335,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     what = "GpuGang, ledgers, balloons, node claims, PyTorchJobs/TrainJobs, leases, NodePools, deleted nodes"
     say(f"leak check (run {run_id or '?'}: {what}): " + ("nothing left" if not left else "LEFT BEHIND " + "; ".join(
         f"{k}: {len(v)} ({', '.join(v[:3])}{', ...' if len(v) > 3 else ''})" for k, v in sorted(left.items()))))
-    say(f"controller: peak RSS {ctl.last_peak_rss_mib:.0f} MiB (log {root}/controller.log)")
+    say(f"controller (the dev cluster's, pid {ctl_pid}, still running): peak RSS {controller.peak_rss_mib(ctl_pid):.0f}"
+        f" MiB since it started (log {ctl_log})")
     say(f"executor logs: {log_path}\nartifacts and HTML reports: {root}")
     if not keep:
         boot.down()

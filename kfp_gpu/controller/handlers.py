@@ -112,7 +112,11 @@ def _configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
 
 
-@kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_timeout=30.0)  # type: ignore[arg-type]
+# cancellation_backoff: on the gang's deletion kopf sets ``stopped`` and looks again after the backoff (the loop sees
+# it within TURN_S and exits); without one it cancels at once and looks again only after cancellation_timeout, which
+# held each deleted gang's finalizer ~30 s in a long-lived controller (measured: teardown 2 s -> 32 s)
+@kopf.daemon(gang.GROUP, gang.VERSION, gang.PLURAL, cancellation_backoff=2 * TURN_S + 0.5,  # type: ignore[arg-type]
+             cancellation_timeout=30.0)
 def gang_daemon(stopped: kopf.DaemonStopped, body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
     runner = _runner(namespace, name)
     with runner.lock:  # a (re)started daemon reads the status afresh

@@ -26,9 +26,7 @@ def for_target(target: Target) -> CapacityProvider:
 
     endpoint = target.endpoint
     if target.kind is TargetKind.LOCAL:
-        endpoint = endpoint or os.environ.get(rehearsal_seam.SIM_ENDPOINT_ENV, "")
-        if not endpoint:
-            endpoint = rehearsal_seam.running_sim_url()
+        endpoint = endpoint or local_endpoint(target.cluster)
         if not endpoint:
             raise InvalidSpec(
                 "target.endpoint", endpoint, "a local target needs the kfp_gpu_rehearsal.sim stand-in URL",
@@ -36,3 +34,11 @@ def for_target(target: Target) -> CapacityProvider:
             )
     gke: CapacityProvider = GkeProvider.from_target(target, endpoint=endpoint)
     return gke
+
+
+def local_endpoint(cluster: str) -> str:
+    """The GKE stand-in a ``local`` target without an ``endpoint`` talks to: this process's own
+    (``$KFP_GPU_SIM_ENDPOINT``), else the one serving the world of ``cluster`` (a ``kfp-gpu run``'s, which the dev
+    cluster's one controller serves beside other runs), else the daemon's; "" when none answers. Raises: nothing."""
+    return (os.environ.get(rehearsal_seam.SIM_ENDPOINT_ENV, "")
+            or (rehearsal_seam.running_sim_url(cluster) if cluster else "") or rehearsal_seam.running_sim_url())

@@ -1,5 +1,6 @@
 """The kfp-gpu controller as a local process on the dev cluster, under its own ServiceAccount token, and the
-tenant step identity beside it: what ``kfp-gpu run``, ``make demo`` and the integration tier use.
+tenant step identity beside it: what the dev cluster's controller row (which ``kfp-gpu run`` and ``make demo`` use)
+and the integration tier run.
 
 :func:`prepare` installs the CRDs, the controller's RBAC and the admission policy (``kfp-gpu install
 --no-controller``) and makes ``namespace`` a tenant (``kfp-gpu tenant add``); :func:`sa_kubeconfig` mints a
@@ -55,13 +56,30 @@ def token_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, token: st
 
 def prepare(admin: client.ApiClient, namespace: str, workdir: Path, **limits: Any) -> tuple[Path, Path]:
     """Install (no Deployment), make ``namespace`` a tenant, and return (controller kubeconfig, step kubeconfig)."""
+    step = prepare_tenant(admin, namespace, workdir, **limits)
+    ctl = sa_kubeconfig(admin, gang.CONTROLLER_NAMESPACE, gang.CONTROLLER_SA, workdir / "kubeconfig-controller")
+    return ctl, step
+
+
+def prepare_tenant(admin: client.ApiClient, namespace: str, workdir: Path, **limits: Any) -> Path:
+    """Install (no Deployment), make ``namespace`` a tenant with ``limits``, and return the step kubeconfig (its
+    ``kfp-gpu`` ServiceAccount's token): what a run needs when the dev cluster's controller row serves it."""
     from kfp_gpu import install
 
     install.apply(admin, controller=False, autoscaler_status=True)  # the dev cluster's autoscaler is self-managed
     install.tenant_add(admin, namespace, **limits)
-    ctl = sa_kubeconfig(admin, gang.CONTROLLER_NAMESPACE, gang.CONTROLLER_SA, workdir / "kubeconfig-controller")
-    step = sa_kubeconfig(admin, namespace, gang.STEP_SA, workdir / f"kubeconfig-{namespace}-{gang.STEP_SA}")
-    return ctl, step
+    return sa_kubeconfig(admin, namespace, gang.STEP_SA, workdir / f"kubeconfig-{namespace}-{gang.STEP_SA}")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (VmHWM) so far; 0 when it is not running."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 class LocalController:
@@ -123,13 +141,7 @@ class LocalController:
         """The controller process's peak resident set (VmHWM) so far; 0 when it is not running."""
         if self.proc is None or self.proc.poll() is not None:
             return 0.0
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-        except OSError:
-            pass
-        return 0.0
+        return peak_rss_mib(self.proc.pid)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

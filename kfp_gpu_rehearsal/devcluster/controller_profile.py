@@ -2,16 +2,21 @@
 it, ``down --only controller`` stops it, and a later ``up`` re-uses it while its fingerprint (argv, identity
 environment, the code it runs) is unchanged.
 
-It is the same process :class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` runs for ``kfp-gpu run`` and
-the integration tier (one definition of its argv and identity: :meth:`LocalController.argv` and
-:meth:`LocalController.identity_env`): ``kfp-gpu controller --standalone --namespace NS...`` under the controller's
-ServiceAccount token (a TokenRequest kubeconfig in ``<state>/controller/``) and the stand-ins' controller
-credentials; the steps of the namespaces it serves run as their ``kfp-gpu`` ServiceAccount.
+It is the controller ``kfp-gpu run`` and ``make demo`` use (:func:`serve`), and the same process
+:class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` runs for the integration tier (one definition of its
+argv and identity: :meth:`LocalController.argv` and :meth:`LocalController.identity_env`): ``kfp-gpu controller
+--standalone --namespace NS...`` under the controller's ServiceAccount token (a TokenRequest kubeconfig in
+``<state>/controller/``) and the stand-ins' controller credentials; the steps of the namespaces it serves run as
+their ``kfp-gpu`` ServiceAccount. A run's GKE stand-in is found by the run's ``target.cluster``
+(:func:`kfp_gpu.providers.local_endpoint`), so one process serves several runs, each in its own world.
 
-Which namespaces: ``$KFP_GPU_CONTROLLER_NAMESPACES`` (comma list), default ``kfp-gpu-dev``; ``up`` makes each a
-tenant (``kfp-gpu tenant add``, default limits). It never serves every namespace: ``kfp-gpu run`` and each test start
-a controller of their own for their own namespace, and two controllers acting on one namespace would both work its
-gangs; ``kfp-gpu run`` refuses a namespace this row serves (:func:`serving`).
+Which namespaces (:func:`served`): ``$KFP_GPU_CONTROLLER_NAMESPACES`` (comma list), default ``kfp-gpu-dev``, which
+``up`` makes tenants (``kfp-gpu tenant add``, default limits); plus each namespace a ``kfp-gpu run`` asked for
+(:func:`serve`, recorded in ``<state>/controller/run-namespaces``; the run made it a tenant with its own limits),
+kept while it exists and is a tenant. Never every namespace: the integration tier runs controllers of its own for
+its own namespaces on the same API server, and two controllers acting on one namespace would both work its gangs.
+A namespace added changes the argv, so the runner restarts the process (a few seconds; the gangs it was working are
+level-triggered state in the API and the new process picks them up).
 """
 
 from __future__ import annotations
@@ -54,12 +59,29 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def _runs_file(c: Ctx) -> Path:
+    return c.unit_dir(UNIT_NAME) / "run-namespaces"
+
+
+def _run_namespaces(c: Ctx) -> list[str]:
+    try:
+        return [n for n in _runs_file(c).read_text().split() if n]
+    except OSError:
+        return []
+
+
+def served(c: Ctx) -> list[str]:
+    """The namespaces the row runs for: :func:`namespaces`, then the runs' (sorted), each once."""
+    own = namespaces()
+    return own + sorted(set(_run_namespaces(c)) - set(own))
+
+
 def kubeconfig(c: Ctx) -> Path:
     return c.unit_dir(UNIT_NAME) / "kubeconfig-controller"
 
 
 def _local(c: Ctx) -> LocalController:
-    return LocalController(kubeconfig(c), namespaces(), c.unit_dir(UNIT_NAME) / "controller.log", env={},
+    return LocalController(kubeconfig(c), served(c), c.unit_dir(UNIT_NAME) / "controller.log", env={},
                            metrics_port=c.ports[PORT_KEY])
 
 
@@ -68,8 +90,14 @@ def _argv(c: Ctx) -> list[str]:
 
 
 def _env(c: Ctx) -> dict[str, str]:
-    # the worktree's own code (the process starts in the state dir), and its digest so an edit restarts it
-    return {**_local(c).identity_env(), "PYTHONPATH": str(_code_root().parent), CODE_ENV: code_digest()}
+    """The worktree's own code (the process starts in the state dir) and its digest, so an edit restarts it; the
+    world's clock; and no stand-in URL of whoever started it: each gang's world is found by its target.cluster."""
+    from kfp_gpu import rehearsal_seam
+
+    from .worldtime import TIME_SCALE
+
+    return {**_local(c).identity_env(), "PYTHONPATH": str(_code_root().parent), CODE_ENV: code_digest(),
+            rehearsal_seam.SIM_ENDPOINT_ENV: "", rehearsal_seam.TIME_SCALE_ENV: f"{TIME_SCALE:g}"}
 
 
 def _healthy(c: Ctx) -> bool:
@@ -77,8 +105,8 @@ def _healthy(c: Ctx) -> bool:
 
 
 def _record(c: Ctx) -> str:
-    (c.state / f"{NAME}.json").write_text(json.dumps({"namespaces": namespaces()}) + "\n")
-    return f" for namespace(s) {', '.join(namespaces())} as {kubeconfig_identity()}"
+    (c.state / f"{NAME}.json").write_text(json.dumps({"namespaces": served(c)}) + "\n")
+    return f" for namespace(s) {', '.join(served(c))} as {kubeconfig_identity()}"
 
 
 def kubeconfig_identity() -> str:
@@ -134,18 +162,40 @@ def serving(c: Ctx, namespace: str) -> int | None:
     return pid if pid is not None and namespace in _served(c.state) else None
 
 
-def refuse_served(c: Ctx, namespace: str) -> None:
-    """For ``kfp-gpu run``, which starts a controller of its own for ``namespace``: two would both work its gangs.
+def serve(c: Ctx, namespace: str) -> tuple[int, str]:
+    """For ``kfp-gpu run``: the row's controller, serving ``namespace`` (already a tenant) besides what it serves,
+    started through the runner when it does not run (or runs other code, or not for ``namespace``: restarted).
+    Returns its pid and the runner's word ("running": re-used, "started"). Namespaces an earlier run added that are
+    gone, or no longer tenants, are dropped. Serialized with every up/down of the dev cluster.
 
-    Raises: InvalidSpec naming target.namespace and the two ways out, when the row's controller serves it."""
-    from kfp_gpu.errors import InvalidSpec
+    Raises: procs.BootError (not healthy: names its log; the API server refuses).
+    """
+    import time
 
-    pid = serving(c, namespace)
-    if pid is not None:
-        raise InvalidSpec("target.namespace", namespace, f"is served by the dev cluster's controller (pid {pid}, "
-                          f"{NAMESPACES_ENV}); kfp-gpu run starts its own and two would both work its gangs",
-                          remediation="run in another namespace, or stop that controller: python -m "
-                          "kfp_gpu_rehearsal.devcluster down --only controller")
+    from kubernetes import client
+
+    from kfp_gpu import ownership
+
+    from . import crds
+
+    with runner.locked(c.state):
+        admin = crds.api_client(c.kubeconfig)
+        try:
+            tenants = {n.metadata.name for n in client.CoreV1Api(admin).list_namespace(
+                label_selector=f"{ownership.TENANT_LABEL}=true").items}
+        except client.ApiException as e:
+            raise procs.BootError(f"controller: cannot list the tenant namespaces ({e.status} {e.reason})") from None
+        finally:
+            admin.close()
+        if namespace not in tenants:
+            raise procs.BootError(f"controller: namespace {namespace} is not a tenant: run kfp-gpu tenant add "
+                                  f"{namespace}")
+        runs = sorted((set(_run_namespaces(c)) & tenants) | {namespace})
+        _runs_file(c).parent.mkdir(parents=True, exist_ok=True)
+        _runs_file(c).write_text("".join(f"{n}\n" for n in runs))
+        status: dict[str, str] = {}
+        runner.up(c, UNIT, True, status, time.monotonic())
+        return runner.pids(c, UNIT)[NAME], status[NAME]
 
 
 def build(*, wait_for_others: bool = True) -> Path:

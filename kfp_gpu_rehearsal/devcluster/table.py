@@ -21,9 +21,10 @@ Order: the trainer before Kueue (Kueue enables its TrainJob/JobSet integrations 
 start; on the way down Kueue, whose webhooks then guard TrainJobs and JobSets, stops first); every optional unit
 after the core, whose API server they need; the controller last (it stops first, before what its work uses).
 
-The controller row serves the namespaces it is given, never all: ``kfp-gpu run`` and the integration tier start
-their own controller (the same :class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` process) for their
-own namespaces.
+The controller row is the controller ``kfp-gpu run`` and ``make demo`` use (each run adds its namespace:
+:func:`kfp_gpu_rehearsal.devcluster.controller_profile.serve`). It serves the namespaces it is given, never all: the
+integration tier starts controllers of its own (the same
+:class:`kfp_gpu_rehearsal.devcluster.controller.LocalController` process) for its own namespaces.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The kfp-gpu controller as a row of the dev cluster's table (kfp_gpu_rehearsal/devcluster/controller_profile.py),
 run by the one runner in a private state dir against the shared API server: started, shown by status, re-used,
-acting under its own ServiceAccount token on its own namespace only, refused to ``kfp-gpu run`` for that namespace,
-stopped."""
+acting under its own ServiceAccount token on its own namespace only, serving a ``kfp-gpu run``'s namespace besides
+(one restart, then re-used), stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -15,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from kfp_gpu import install
-from kfp_gpu.errors import InvalidSpec, PermissionDenied
+from kfp_gpu.errors import PermissionDenied
 from kfp_gpu.gang import api as gang
 from kfp_gpu.gang import client as gang_client
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target
@@ -23,6 +24,7 @@ from kfp_gpu_rehearsal.devcluster import controller_profile as row
 from kfp_gpu_rehearsal.devcluster import crds, runner, table
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.devcluster.controller import sa_kubeconfig
+from kfp_gpu_rehearsal.devcluster.procs import BootError
 from kfp_gpu_rehearsal.devcluster.runner import Ctx
 from kfp_gpu_rehearsal.devcluster.versions import Versions
 from tests.waiting import wait_until
@@ -38,7 +40,7 @@ def _free_port() -> int:
 
 def test_the_controller_row_runs_through_the_runner_under_its_service_account(
         kube: Kube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ns = f"tr-{uuid.uuid4().hex[:8]}"
+    ns, other = f"tr-{uuid.uuid4().hex[:8]}", f"tr-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv(row.NAMESPACES_ENV, ns)
     monkeypatch.setenv("KFP_GPU_CONTROLLER_METRICS_PORT", str(_free_port()))
     state = tmp_path / "state"
@@ -76,13 +78,22 @@ def test_the_controller_row_runs_through_the_runner_under_its_service_account(
         finally:
             step_api.close()
 
-        # kfp-gpu run starts a controller of its own: it refuses the namespace this one serves, not another
-        with pytest.raises(InvalidSpec, match="down --only controller"):
-            row.refuse_served(c, ns)
-        row.refuse_served(c, f"{ns}-other")
+        # kfp-gpu run asks the row to serve its namespace: a tenant is added (one restart), then re-used; a
+        # namespace that is not a tenant is refused naming the fix
+        with pytest.raises(BootError, match=f"namespace {other} is not a tenant: run kfp-gpu tenant add {other}"):
+            row.serve(c, other)
+        assert runner.pids(c, unit)[row.NAME] == pid
+        install.tenant_add(kube.api, other)
+        served_pid, how = row.serve(c, other)
+        assert how == "started" and served_pid != pid and row.serving(c, other) == served_pid
+        assert row.serving(c, ns) == served_pid
+        assert row.serve(c, other) == (served_pid, "running")
+        assert runner.status(c, unit)[row.NAME] == f"running pid={served_pid} namespaces={ns},{other} healthy"
     finally:
         assert runner.stop(c, unit) or not status
-        install.tenant_remove(kube.api, ns, force=True)
-        client.CoreV1Api(kube.api).delete_namespace(ns, propagation_policy="Background")
+        for n in (ns, other):
+            install.tenant_remove(kube.api, n, force=True)
+            with contextlib.suppress(client.ApiException):  # ``other`` exists only once tenant_add ran
+                client.CoreV1Api(kube.api).delete_namespace(n, propagation_policy="Background")
     assert runner.pids(c, unit) == {}
     assert runner.status(c, unit) == {"controller": "stopped (profile off; up --with controller starts it)"}

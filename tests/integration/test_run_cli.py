@@ -17,7 +17,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kfp_gpu import ownership
+from kfp_gpu import ownership, rehearsal_seam
 from kfp_gpu.cluster import owned
 from tests.waiting import wait_until
 
@@ -56,6 +56,12 @@ def test_run_rehearses_a_user_pipeline_quietly_and_leaves_nothing(kube, namespac
     positions = [res.stdout.find(s) for s in sections]
     assert -1 not in positions and positions == sorted(positions), (sections, positions, term)
     assert f"gke-{cluster}-l4-" in res.stdout  # the timeline shows this run's nodes
+    # its gang was worked by the dev cluster's controller row (its log), which still runs: not one of the run's own
+    said = re.search(r"^kfp-gpu controller: the dev cluster's \((?:started|re-used), pid (\d+);", res.stdout, re.M)
+    assert said, term
+    row_log = (rehearsal_seam.cluster_dir() / "kfp-gpu-controller.log").read_text(errors="replace")
+    assert re.search(rf" INFO {namespace}/\S+ Released: released", row_log), row_log[-3000:]
+    assert Path(f"/proc/{said.group(1)}").exists()
 
     # executor logs and JSON went to the printed file, not the terminal
     logs = re.findall(r"^executor logs: (\S+)$", res.stdout, re.M)
