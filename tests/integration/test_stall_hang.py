@@ -58,6 +58,9 @@ pytestmark = pytest.mark.integration
 OWNER = Owner("run-stall", "scale-up", 2_000_000_000.0)
 STEP_S = 2.0  # world seconds per training step
 HANG_AFTER_S = 240.0  # world seconds after the hung rank started
+CKPT_EVERY = 50  # the rehearsal gang saves a checkpoint every 50 steps (training.checkpoint_every)
+CKPT_STEP = int(HANG_AFTER_S / STEP_S) // CKPT_EVERY * CKPT_EVERY  # the newest checkpoint when rank 1 hangs: 100
+HANGS = {"step_s": STEP_S, "checkpoint_every": CKPT_EVERY, "hang": {"rank": 1, "after_s": HANG_AFTER_S}}
 PG_TIMEOUT_S = 600.0  # torch's NCCL default, world seconds (5 s here)
 GPUS = 4 * 8
 
@@ -105,19 +108,19 @@ def _plain(namespace: str, nodes: list[str], ckpt: Path, prefix: str = "plain") 
     return name, gang_manifest(name, namespace, nodes, _template(300.0), checkpoint_uri=str(ckpt))
 
 
-def _hang(sim: SimServer, ckpt: Path, victim: Any) -> tuple[float, int]:
-    """The test plays the trainer's checkpointer (every rank past step 60 -> step 60), then waits for the world to
-    hang ``victim``: (when it stopped, the step it had written)."""
-    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+def _hang(sim: SimServer, victim: Any) -> tuple[float, int]:
+    """Waits for the world to hang ``victim``: (when it stopped, the step it had written). The world's gang saved its
+    checkpoints itself (``training.checkpoint_every``), each before any rank reported a step past it: the test used to
+    save step 60 once it saw the ranks past it, and a test 3 s late (an artificial sleep) let the stall be decided
+    before that save (restarted from step 0)."""
     pw = sim.progress_world
     hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
     return hung_at, pw.written.get(victim.metadata.uid, 0)
 
 
 def _hang_waste(until_s: float, hung_step: int) -> tuple[int, float]:
-    """Steps lost past the step-60 checkpoint and the GPU-minutes of the gang from the hang to ``until_s``."""
-    lost = max(0, hung_step - 60)
+    """Steps lost past the newest checkpoint and the GPU-minutes of the gang from the hang to ``until_s``."""
+    lost = max(0, hung_step - CKPT_STEP)
     return lost, GPUS * (until_s + lost * STEP_S) / 60.0
 
 
@@ -131,10 +134,10 @@ def _record_unnoticed_straggler(backend: str, test: str, factor: float, horizon_
     return wasted
 
 
-def _job_running(out: dict[str, Any]) -> float:
-    """When the first attempt's gang was Running, from the step's timeline (``job-running`` event)."""
+def _job_running(out: dict[str, Any], attempt: int = 1) -> float:
+    """When the ``attempt``-th attempt's gang was Running, from the step's timeline (``job-running`` events)."""
     tl = json.loads(out["ledger"]["timeline"])
-    return min(float(e["t"]) for e in tl["events"] if e["kind"] == "job-running")
+    return sorted(float(e["t"]) for e in tl["events"] if e["kind"] == "job-running")[attempt - 1]
 
 
 def _newest(ckpt: Path) -> int:
@@ -145,7 +148,7 @@ def _newest(ckpt: Path) -> int:
 def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint(
     kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
 ) -> None:
-    sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, prov, _ = world(0, HANGS)
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt)
     run, th = _start(spec, prov, step_api, 6.0)
@@ -154,7 +157,7 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
         first = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
         old_uid = first[0].metadata.owner_references[0].uid
         victim = next(p for p in first if p.metadata.name.endswith("worker-0"))  # rank 1
-        hung_at, hung_step = _hang(sim, ckpt, victim)
+        hung_at, hung_step = _hang(sim, victim)
 
         def restarted() -> list[Any]:
             new = [p for p in job_pods(kube.core, namespace, job) if p.metadata.owner_references[0].uid != old_uid
@@ -162,25 +165,25 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
             return new if len(new) == 4 else []
 
         new = wait_until("the whole gang running again", restarted, timeout=compress(PG_TIMEOUT_S) + 30)
-        back_s = expand(time.time() - hung_at)
         out = json.loads(th.outcome(120).output_json)
     finally:
         teardown.run(spec, run, "", api=step_api, provider=prov)
     assert out["status"] == "Succeeded", out
     (stall,) = out["ledger"]["stalls"]
     detected_s = expand(stall["decided_at"] - hung_at)
-    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == 60, stall
+    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == CKPT_STEP, stall
     assert stall["first_stopped_nodes"] == {"1": victim.spec.node_name}, stall
     assert set(stall["logs"]) == {p.metadata.name for p in first}  # every rank's log tail (KWOK: none, said so)
     assert out["ledger"]["budget"]["preemptions"] == 1 and not out["ledger"].get("preemptions")
     assert {p.metadata.owner_references[0].uid for p in new} != {old_uid}
     env = {e.name: e.value for e in new[0].spec.containers[0].env or []}
-    assert env[pytorchjob.ENV_RESUME_STEP] == "60"
+    assert env[pytorchjob.ENV_RESUME_STEP] == str(CKPT_STEP)
     assert 120.0 * 0.9 <= detected_s < PG_TIMEOUT_S, detected_s  # the auto floor, well before the pg timeout
+    back_s = expand(_job_running(out, attempt=2) - hung_at)  # the step's record, not when this test looked
     assert back_s < PG_TIMEOUT_S
     lost, wasted = _hang_waste(back_s, hung_step)
     print(f"\nrank hang under kfp-gpu: detected {detected_s:.0f}s (world) after the hang (stall timeout "
-          f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step 60; hung at step "
+          f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step {CKPT_STEP}; hung at step "
           f"{hung_step}: {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
     record("hang", "kfp_gpu", test="test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint",
            detection_s=round(detected_s, 1), action="stall: whole gang restarted from the newest checkpoint",
@@ -192,7 +195,7 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
 def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, _, nodes = world(4, HANGS)
     ckpt = tmp_path / "ckpt"
     name, body = _plain(namespace, nodes, ckpt)
     operator_restarts(body)
@@ -202,7 +205,7 @@ def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     placed = ranks_running(kube, namespace, name)
     uids = {p.metadata.uid: p.metadata.name for p in placed.values()}
     victim = next(p for p in placed.values() if p.metadata.name.endswith("worker-0"))
-    hung_at, hung_step = _hang(sim, ckpt, victim)
+    hung_at, hung_step = _hang(sim, victim)
     wait_until("every rank exits", lambda: all(log.first(u, lambda ph, code, st: ph == "Failed") for u in uids),
                timeout=compress(PG_TIMEOUT_S) + 20)
     log.w.stop()
@@ -275,7 +278,7 @@ def _jobset(name: str, pod_template: dict[str, Any], replicas: int) -> dict[str,
 def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeout(
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, _, nodes = world(4, HANGS)
     ckpt = tmp_path / "ckpt"
     name, pt = _plain(namespace, nodes, ckpt, prefix="js")
     pod_template = pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
@@ -289,7 +292,7 @@ def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeou
     first = wait_until("4 ranks Running", lambda: (ps := [p for p in attempt_pods("0") if p.status.phase == "Running"])
                        and len(ps) == 4 and ps, timeout=60)
     victim = next(p for p in first if p.metadata.labels.get("jobset.sigs.k8s.io/job-global-index") == "1")
-    hung_at, hung_step = _hang(sim, ckpt, victim)
+    hung_at, hung_step = _hang(sim, victim)
     phases: set[str] = set()
 
     def restarted() -> bool:
