@@ -273,6 +273,16 @@ class ProgressWorld:
             if rep.report(step, compress(world_step * self._factor((ns, job), rank, p)), now=now):
                 self.written[p.metadata.uid] = step
 
+    def _annotate(self, ns: str, patches: list[tuple[str, dict[str, str]]]) -> None:
+        from kubernetes.client import ApiException
+
+        for name, notes in patches:
+            try:
+                self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": notes}})
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("sim: hung pod %s/%s not annotated: %s", ns, name, exc)
+
     def _backend(self, uri: str) -> Backend:
         backend = self.backends.get(uri) or open_backend(uri)
         self.backends[uri] = backend
@@ -291,20 +301,22 @@ class ProgressWorld:
         self.saved[key] = step
 
     def _hang(self, ns: str, job: str, owner: str, victim: Any, pods: list[Any], now: float, gang_step: float) -> None:
-        from kubernetes.client import ApiException
-
+        """The hang, in memory at once (the ranks stop reporting from ``now``); the pods' annotations (their exit at
+        the process-group timeout, played by KWOK) are written by a thread of their own. Written inline, four
+        PATCHes on a loaded API server paused every rank's progress with the hung one (a 1.5 s slower PATCH made
+        all four ranks look stopped at once: first_stopped [0, 1, 2, 3])."""
         self.hung.setdefault((ns, job), set()).add(owner)
+        patches: list[tuple[str, dict[str, str]]] = []
         for p in pods:
             notes = p.metadata.annotations or {}
             timeout = compress(float(notes.get(PG_TIMEOUT_ANNOTATION) or DEFAULT_PG_TIMEOUT_S))
             stop = now if p is victim else now + gang_step  # the peers block in the next collective
             self.stopped[p.metadata.uid] = stop
-            patch = {STALLED_ANNOTATION: rfc3339(stop), "kfp-gpu.io/sim-exit-code": str(HANG_EXIT_CODE),
-                     "kfp-gpu.io/sim-duration": rfc3339(now + timeout)}
-            try:
-                self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": patch}})
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            patches.append((p.metadata.name, {STALLED_ANNOTATION: rfc3339(stop),
+                                              "kfp-gpu.io/sim-exit-code": str(HANG_EXIT_CODE),
+                                              "kfp-gpu.io/sim-duration": rfc3339(now + timeout)}))
+        t = threading.Thread(target=self._annotate, args=(ns, patches), name="sim-progress-hang", daemon=True)
+        t.start()
+        self._threads.append(t)
         log.info("sim: rank of %s/%s (%s) hangs; the gang exits at its process-group timeout", ns, job,
                  victim.metadata.name)
