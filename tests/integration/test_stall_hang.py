@@ -10,7 +10,8 @@ with the rehearsal trainer writing per-rank progress through the progress API (k
   process-group timeout.
 * ``test_straggler_is_reported``: one rank 1.5 x slower: reported (ledger, timeline) while the gang keeps training.
 
-World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120). Each test records its
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120; 60 for the tests whose
+restart races the process-group timeout, ``REPAIR_SCALE``). Each test records its
 measured row in the fault table (tests/integration/fault_rows.py, docs/faults.md).
 """
 
@@ -35,8 +36,9 @@ from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu_rehearsal.devcluster import worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim import SimServer, clock
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
 from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
@@ -61,16 +63,32 @@ HANG_AFTER_S = 240.0  # world seconds after the hung rank started
 CKPT_EVERY = 50  # the rehearsal gang saves a checkpoint every 50 steps (training.checkpoint_every)
 CKPT_STEP = int(HANG_AFTER_S / STEP_S) // CKPT_EVERY * CKPT_EVERY  # the newest checkpoint when rank 1 hangs: 100
 HANGS = {"step_s": STEP_S, "checkpoint_every": CKPT_EVERY, "hang": {"rank": 1, "after_s": HANG_AFTER_S}}
+# The tests where kfp-gpu must restart the hung gang before the process-group timeout run their world at 60, not 120:
+# the restart's API calls take real seconds (1.5-4.3 s measured under load 4-7), which at 120 are 180-520 world
+# seconds of the 600 s timeout. With the step thread held 3.5 s at the stall decision (an artificial delay) the
+# gang came back 678 s (world) after the hang at 120; CI's loaded machine can hold it as long.
+REPAIR_SCALE = 60.0
+# The straggler tests' ranks train 8 s (960 s world, was 4-5 s): the report (found 183-308 s after the start, load 1-9)
+# and the swap at the next checkpoint (464 s at load 9, of a 600 s job) must come before the job ends; with the step
+# thread held 3.5 s once the ranks reported (an artificial delay) the 4 s job ended unreported.
+STRAGGLER_RUN_S = 8.0
+REPAIR_RUN_S = 9.0  # wall seconds a rank trains at REPAIR_SCALE (540 s world): the hang at 240 s falls in it
 PG_TIMEOUT_S = 600.0  # torch's NCCL default, world seconds (5 s here)
 GPUS = 4 * 8
 
 
 @pytest.fixture
-def world(kube: Kube) -> Iterator[Callable[..., tuple[SimServer, GkeProvider, list[str]]]]:
-    """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes."""
+def world(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[SimServer, GkeProvider,
+                                                                                       list[str]]]]:
+    """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes.
+    ``scale``: the world's time compression for this test (one factor for the world, its ranks, the product's stall
+    policy and this test's ``compress``/``expand``)."""
     worlds = GkeWorlds(kube)
 
-    def make(n: int, training: dict[str, Any]) -> tuple[SimServer, GkeProvider, list[str]]:
+    def make(n: int, training: dict[str, Any], scale: float = clock.TIME_SCALE,
+             ) -> tuple[SimServer, GkeProvider, list[str]]:
+        monkeypatch.setattr(clock, "TIME_SCALE", scale)
+        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)
         return worlds.make(n, OWNER, boot_s=30.0, device_plugin_s=6.0, training=training)
 
     yield make
@@ -148,10 +166,10 @@ def _newest(ckpt: Path) -> int:
 def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint(
     kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
 ) -> None:
-    sim, prov, _ = world(0, HANGS)
+    sim, prov, _ = world(0, HANGS, scale=REPAIR_SCALE)
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt)
-    run, th = _start(spec, prov, step_api, 6.0)
+    run, th = _start(spec, prov, step_api, REPAIR_RUN_S)
     job = pytorchjob.job_name(run, "train")
     try:
         first = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -183,7 +201,7 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
     assert back_s < PG_TIMEOUT_S
     lost, wasted = _hang_waste(back_s, hung_step)
     print(f"\nrank hang under kfp-gpu: detected {detected_s:.0f}s (world) after the hang (stall timeout "
-          f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step {CKPT_STEP}; hung at step "
+          f"{expand(stall['timeout_s']):.0f}s), gang running again after {back_s:.0f}s from step {CKPT_STEP}; hung at step "
           f"{hung_step}: {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
     record("hang", "kfp_gpu", test="test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint",
            detection_s=round(detected_s, 1), action="stall: whole gang restarted from the newest checkpoint",
@@ -239,7 +257,7 @@ def test_straggler_is_reported_while_the_gang_keeps_training(
     sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt, straggler_margin=0.2, straggler_window_s=120.0)
-    run, th = _start(spec, prov, step_api, 4.0)
+    run, th = _start(spec, prov, step_api, STRAGGLER_RUN_S)
     job = pytorchjob.job_name(run, "train")
     try:
         pods = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -350,10 +368,10 @@ def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
 ) -> None:
     # a bad node: whichever rank runs there hangs (sticky), in every incarnation of the job
     sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S, "times": 3,
-                                                        "sticky": True}})
+                                                        "sticky": True}}, scale=REPAIR_SCALE)
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt).replace(recovery=Recovery(max_preemptions=3))
-    run, th = _start(spec, prov, step_api, 6.0)
+    run, th = _start(spec, prov, step_api, REPAIR_RUN_S)
     try:
         out = json.loads(th.outcome(180).output_json)
         bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
@@ -396,7 +414,7 @@ def test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint(
                 saved = step
 
     cp = threading.Thread(target=checkpointer, daemon=True)
-    run, th = _start(spec, prov, step_api, 5.0)
+    run, th = _start(spec, prov, step_api, STRAGGLER_RUN_S)
     cp.start()
     job = pytorchjob.job_name(run, "train")
     try:
