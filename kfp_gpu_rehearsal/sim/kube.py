@@ -7,6 +7,8 @@ decides *when* each happens (kfp_gpu_rehearsal.sim.mig).
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -26,6 +28,38 @@ SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."  
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+COUNT_WAIT_S = 30.0  # wall seconds the pod GC leaves a terminal Job pod for the Job controller to count
+
+
+def _collect(core: Any, pods: list[Any], wait_s: float = COUNT_WAIT_S) -> None:
+    """The pod GC for terminal pods of a deleted Node that a Job tracks: each is deleted once the Job controller
+    removed its ``batch.kubernetes.io/job-tracking`` finalizer (it has counted the pod), or after ``wait_s``
+    (a Job controller that is not running). Kubernetes: pods of a deleted node are orphans the pod GC deletes
+    (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-garbage-collection); the Job controller
+    keeps its finalizer on a pod until the pod is accounted for
+    (https://kubernetes.io/docs/concepts/workloads/controllers/job/#job-tracking-with-finalizers)."""
+    from kubernetes.client import ApiException
+
+    deadline = time.monotonic() + wait_s
+    left = list(pods)
+    while left:
+        for pod in list(left):
+            try:
+                cur = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+                if cur.metadata.uid == pod.metadata.uid and JOB_TRACKING_FINALIZER in (cur.metadata.finalizers or []) \
+                        and time.monotonic() < deadline:
+                    continue
+                if cur.metadata.uid == pod.metadata.uid:
+                    core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("sim pod GC: %s/%s: %s", pod.metadata.namespace, pod.metadata.name, exc)
+            left.remove(pod)
+        if left:
+            time.sleep(0.05)
 
 
 class KubeBackend:
@@ -114,7 +148,11 @@ class KubeBackend:
 
     def delete(self, name: str) -> None:
         """Delete a Node and the pods bound to it (what the pod GC does for a VM that is gone, without
-        its 40 s quarantine, which the stand-in's compressed time would stretch). A missing Node is a
+        its 40 s quarantine, which the stand-in's compressed time would stretch). A pod the kubelet already reported
+        terminal that a Job still tracks (finalizer ``batch.kubernetes.io/job-tracking``) is deleted only once the
+        Job controller has counted it and removed that finalizer (:func:`_collect`): KWOK's pod-delete stage strips a
+        deleted pod's finalizers, so a Failed pod deleted at once was never counted (measured: a Job with
+        backoffLimit 0 made a new pod instead of failing; with the pod left 1 s it failed). A missing Node is a
         no-op. Raises: ApiException for other failures."""
         from kubernetes.client import ApiException
 
@@ -124,12 +162,19 @@ class KubeBackend:
             if exc.status != 404:
                 raise
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
+        held = [p for p in pods if p.status.phase in ("Failed", "Succeeded")
+                and JOB_TRACKING_FINALIZER in (p.metadata.finalizers or [])]
+        kept = {p.metadata.uid for p in held}
         for pod in pods:
+            if pod.metadata.uid in kept:
+                continue
             try:
                 self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        if held:
+            threading.Thread(target=_collect, args=(self.core, held), name="sim-pod-gc", daemon=True).start()
         self.ranks.lost(pods)  # ranks still Running when their VM vanished
 
     def notice(self, name: str, taint_key: str = "") -> None:

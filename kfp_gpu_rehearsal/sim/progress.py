@@ -32,6 +32,7 @@ from typing import Any
 
 from kfp_gpu.checkpoint.backends import Backend, open_backend
 from kfp_gpu.checkpoint.progress import DEFAULT_INTERVAL_S, Progress
+from kfp_gpu.checkpoint.store import CheckpointStore
 from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.dws import SIM_CLUSTER_LABEL
 from kfp_gpu_rehearsal.sim.ranks import (
@@ -89,6 +90,15 @@ def incarnation(pod: Any) -> tuple[str, str, str] | None:
     return None
 
 
+def ours(pods: list[Any], nodes: set[str]) -> list[Any]:
+    """The pods of this world's jobs: those on ``nodes``, and those not bound to any node yet. An unbound rank is still
+    a member of its incarnation: its peers wait for it at the rendezvous (``init_process_group`` blocks until every
+    rank joins), so they must not start stepping without it (they did, when a loaded scheduler bound two of four
+    ranks late: the two never reported, and a stall detector rightly called them stopped). Another world's unbound
+    pods only count for their own incarnation, which has no Running rank here."""
+    return [p for p in pods if not p.spec.node_name or p.spec.node_name in nodes]
+
+
 def step_at(now: float, *, started: float, resume: int, step_s: float, stopped_at: float | None = None,
             resumes_at: float | None = None) -> int:
     """The step a rank has reached at ``now`` (stand-in seconds): ``resume`` plus the whole steps of ``step_s``
@@ -97,7 +107,9 @@ def step_at(now: float, *, started: float, resume: int, step_s: float, stopped_a
     ran = max(0.0, end - started)
     if stopped_at is not None and resumes_at is not None and now > resumes_at:
         ran += now - max(resumes_at, stopped_at)
-    return resume + int(ran / step_s) if step_s > 0 else resume
+    # a step done exactly at a boundary counts: compressed times (2 s / 120) are not exact in binary, and a peer that
+    # stops one step after a hung rank must be one step ahead of it, not tied by a rounding error
+    return resume + int(ran / step_s + 1e-6) if step_s > 0 else resume
 
 
 def _time(value: Any) -> float | None:
@@ -130,6 +142,7 @@ class ProgressWorld:
         self.first_seen: dict[str, float] = {}  # pod uid -> when it was first seen Running
         self.reporters: dict[str, Progress] = {}
         self.written: dict[str, int] = {}
+        self.saved: dict[tuple[str, str, str], int] = {}  # incarnation -> the newest checkpoint step it saved
         self.hung: dict[tuple[str, str], set[str]] = {}  # (namespace, job) -> incarnations (owner uids) hung
         self.stopped: dict[str, float] = {}  # pod uid -> when it stopped (hangs this world played)
         self.bad_nodes: dict[tuple[str, str], str] = {}  # (namespace, job) -> the node a sticky hang follows
@@ -173,7 +186,7 @@ class ProgressWorld:
                      for p in self.core.list_pod_for_all_namespaces(label_selector=sel).items}.values())
         if self.cluster:  # this world's ranks only: pods on its own nodes (another world may share the cluster)
             mine = {n.metadata.name for n in self.core.list_node(label_selector=f"{SIM_CLUSTER_LABEL}={self.cluster}").items}
-            pods = [p for p in pods if p.spec.node_name in mine]
+            pods = ours(pods, mine)
         with self._lock:
             for p in pods:
                 if p.status.phase == "Running":
@@ -227,18 +240,17 @@ class ProgressWorld:
             bad = self.bad_nodes.get((ns, job))
             victim = (next((p for p in pods if p.spec.node_name == bad), None) if bad is not None
                       else by_rank.get(hang.rank))
-        if victim is not None and hang is not None:
-            if now - started >= compress(hang.after_s):
-                if hang.sticky:
-                    self.bad_nodes[(ns, job)] = victim.spec.node_name
-                self._hang(ns, job, owner, victim, pods, now, gang_step)
+        if victim is not None and hang is not None and now - started >= compress(hang.after_s):
+            if hang.sticky:
+                self.bad_nodes[(ns, job)] = victim.spec.node_name
+            # at its time on the world's timeline, not at this (possibly late) tick: nothing was written past it
+            self._hang(ns, job, owner, victim, pods, started + compress(hang.after_s), gang_step)
+        ranks: list[tuple[int, Any, str, int, int]] = []  # (rank, pod, checkpoint uri, resume step, step reached)
         for rank, p in by_rank.items():
-            if rank is None:
-                continue
             notes = p.metadata.annotations or {}
             env = _env(p)
             uri = env.get("KFP_GPU_CHECKPOINT_URI", "")
-            if not uri:
+            if rank is None or not uri:
                 continue
             stopped = self.stopped.get(p.metadata.uid) or _time(notes.get(STALLED_ANNOTATION))
             resumes = _time(notes.get(RESUMES_ANNOTATION))
@@ -246,35 +258,65 @@ class ProgressWorld:
                 resume = int(env.get("KFP_GPU_RESUME_STEP") or 0)
             except ValueError:
                 resume = 0
-            step = step_at(now, started=started, resume=resume, step_s=gang_step,
-                           stopped_at=stopped, resumes_at=resumes)
+            ranks.append((rank, p, uri, resume, step_at(now, started=started, resume=resume, step_s=gang_step,
+                                                        stopped_at=stopped, resumes_at=resumes)))
+        if ranks and self.spec.checkpoint_every:
+            self._checkpoint(key, min(ranks, key=lambda r: r[0])[2], min(r[3] for r in ranks), min(r[4] for r in ranks))
+        for rank, p, uri, resume, step in ranks:
             if step <= resume or self.written.get(p.metadata.uid) == step:
                 continue  # a trainer reports a step once it is done: nothing before the first one
             rep = self.reporters.get(p.metadata.uid)
             if rep is None:
-                backend = self.backends.get(uri) or open_backend(uri)
-                self.backends[uri] = backend
-                rep = Progress(backend, rank, min_interval_s=compress(DEFAULT_INTERVAL_S), node=p.spec.node_name or "",
-                               pod=p.metadata.name)
+                rep = Progress(self._backend(uri), rank, min_interval_s=compress(DEFAULT_INTERVAL_S),
+                               node=p.spec.node_name or "", pod=p.metadata.name)
                 self.reporters[p.metadata.uid] = rep
             if rep.report(step, compress(world_step * self._factor((ns, job), rank, p)), now=now):
                 self.written[p.metadata.uid] = step
 
-    def _hang(self, ns: str, job: str, owner: str, victim: Any, pods: list[Any], now: float, gang_step: float) -> None:
+    def _annotate(self, ns: str, patches: list[tuple[str, dict[str, str]]]) -> None:
         from kubernetes.client import ApiException
 
+        for name, notes in patches:
+            try:
+                self.core.patch_namespaced_pod(name, ns, {"metadata": {"annotations": notes}})
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("sim: hung pod %s/%s not annotated: %s", ns, name, exc)
+
+    def _backend(self, uri: str) -> Backend:
+        backend = self.backends.get(uri) or open_backend(uri)
+        self.backends[uri] = backend
+        return backend
+
+    def _checkpoint(self, key: tuple[str, str, str], uri: str, resume: int, gang_step: int) -> None:
+        """``training.checkpoint_every``: the gang saves a checkpoint (through the checkpoint library, as a trainer
+        does) when every rank has done a multiple of that many steps; saved before any rank reports a step past
+        it, in the same tick, so no reader sees progress beyond a checkpoint that is not there yet."""
+        every = self.spec.checkpoint_every
+        step = gang_step // every * every
+        if step <= max(resume, self.saved.get(key, 0)):
+            return
+        CheckpointStore(uri, backend=self._backend(uri)).save(step, {"w": str(step).encode()},
+                                                                {"writer": "kfp_gpu_rehearsal.sim.progress"})
+        self.saved[key] = step
+
+    def _hang(self, ns: str, job: str, owner: str, victim: Any, pods: list[Any], now: float, gang_step: float) -> None:
+        """The hang, in memory at once (the ranks stop reporting from ``now``); the pods' annotations (their exit at
+        the process-group timeout, played by KWOK) are written by a thread of their own. Written inline, four
+        PATCHes on a loaded API server paused every rank's progress with the hung one (a 1.5 s slower PATCH made
+        all four ranks look stopped at once: first_stopped [0, 1, 2, 3])."""
         self.hung.setdefault((ns, job), set()).add(owner)
+        patches: list[tuple[str, dict[str, str]]] = []
         for p in pods:
             notes = p.metadata.annotations or {}
             timeout = compress(float(notes.get(PG_TIMEOUT_ANNOTATION) or DEFAULT_PG_TIMEOUT_S))
             stop = now if p is victim else now + gang_step  # the peers block in the next collective
             self.stopped[p.metadata.uid] = stop
-            patch = {STALLED_ANNOTATION: rfc3339(stop), "kfp-gpu.io/sim-exit-code": str(HANG_EXIT_CODE),
-                     "kfp-gpu.io/sim-duration": rfc3339(now + timeout)}
-            try:
-                self.core.patch_namespaced_pod(p.metadata.name, ns, {"metadata": {"annotations": patch}})
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            patches.append((p.metadata.name, {STALLED_ANNOTATION: rfc3339(stop),
+                                              "kfp-gpu.io/sim-exit-code": str(HANG_EXIT_CODE),
+                                              "kfp-gpu.io/sim-duration": rfc3339(now + timeout)}))
+        t = threading.Thread(target=self._annotate, args=(ns, patches), name="sim-progress-hang", daemon=True)
+        t.start()
+        self._threads.append(t)
         log.info("sim: rank of %s/%s (%s) hangs; the gang exits at its process-group timeout", ns, job,
                  victim.metadata.name)

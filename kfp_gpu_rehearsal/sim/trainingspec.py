@@ -8,6 +8,7 @@
                                         # (sticky: true: a bad node; later incarnations hang on the rank there)
       slow: {rank: 2, factor: 1.5}      # rank 2's steps take 1.5 x as long (sticky: true: the node is slow, for
                                         # whichever rank runs there, until it leaves the gang)
+      checkpoint_every: 50              # the gang saves a checkpoint every 50 steps (omit: the world saves none)
 
 Only pods that opt in (annotation ``kfp-gpu.io/sim-step-seconds``, :mod:`kfp_gpu_rehearsal.sim.progress`) train; without the
 key the world writes no progress at all. ``hang.times`` (default 1) is how many incarnations of a job hang (the
@@ -38,6 +39,7 @@ class TrainingSpec:
     step_s: float = 1.0
     hang: RankFault | None = None
     slow: RankFault | None = None
+    checkpoint_every: int = 0  # steps between the gang's checkpoints; 0: the world writes none
 
 
 def _rank(data: Any, f: str, keys: set[str]) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def parse_training(data: Any) -> TrainingSpec | None:
     """None when the scenario has no ``training`` key. Raises: InvalidSpec naming the field."""
     if data is None:
         return None
-    d = obj(data, "training", {"step_s", "hang", "slow"})
+    d = obj(data, "training", {"step_s", "hang", "slow", "checkpoint_every"})
     hang = slow = None
     if d.get("hang") is not None:
         h = _rank(d["hang"], "training.hang", {"after_s", "times", "sticky"})
@@ -67,4 +69,8 @@ def parse_training(data: Any) -> TrainingSpec | None:
             raise InvalidSpec("training.slow.sticky", s["sticky"], "must be true or false")
         slow = RankFault(int(s["rank"]), factor=num(s.get("factor", 1.0), "training.slow.factor", 1.0),
                          sticky=bool(s.get("sticky", False)))
-    return TrainingSpec(num(d.get("step_s", 1.0), "training.step_s", 0.001), hang, slow)
+    every = d.get("checkpoint_every", 0)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise InvalidSpec("training.checkpoint_every", every,
+                          "must be a whole number of steps (0 or omitted: the world saves no checkpoint)")
+    return TrainingSpec(num(d.get("step_s", 1.0), "training.step_s", 0.001), hang, slow, every)

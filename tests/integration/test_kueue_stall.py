@@ -17,17 +17,26 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from kfp_gpu.checkpoint import CheckpointStore
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.providers.base import PoolRef
 from kfp_gpu.spec import Health, ProvisioningSpec, Recovery
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster.client import Kube
+from kfp_gpu_rehearsal.sim.clock import expand
 from kfp_gpu_rehearsal.sim.dws import SIM_CLUSTER_LABEL
 from tests.integration import test_kueue_preflight, test_stall_hang
 from tests.integration.gke_world_support import POOL, ZONE, ready_gpu_nodes
 from tests.integration.test_kueue_preflight import GPU, Kueue
-from tests.integration.test_stall_hang import HANG_AFTER_S, OWNER, STEP_S, _newest, _spec, _template
+from tests.integration.test_stall_hang import (
+    CKPT_STEP,
+    HANG_AFTER_S,
+    HANGS,
+    OWNER,
+    REPAIR_SCALE,
+    STEP_S,
+    _spec,
+    _template,
+)
 from tests.integration.test_train_support import StepThread, running_pods, wait_until
 
 pytestmark = pytest.mark.integration
@@ -57,7 +66,7 @@ def _admission_gang(kq: Kueue, sim: Any, namespace: str, ckpt: Path, run: str, m
 def test_rank_hang_under_kueue_admission_is_a_stall_and_the_gang_restarts_from_the_checkpoint(
     kube: Kube, namespace: str, kq: Kueue, step_api: client.ApiClient, world: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = world(NODES, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, _, nodes = world(NODES, HANGS, scale=REPAIR_SCALE)  # the world's gang checkpoints every 50 steps itself
     ckpt, run = tmp_path / "ckpt", f"run-{uuid.uuid4().hex[:6]}"
     spec, cap = _admission_gang(kq, sim, namespace, ckpt, run, probe=True)
     th = StepThread(spec=spec, run_id=run, capacity_json=cap.to_json(), job_json=_template(10.0).to_json(),
@@ -67,14 +76,12 @@ def test_rank_hang_under_kueue_admission_is_a_stall_and_the_gang_restarts_from_t
     try:
         first = wait_until("2 ranks running", lambda: running_pods(kube.core, namespace, job, NODES), timeout=90)
         victim = next(p for p in first if p.metadata.name.endswith("worker-0"))  # rank 1
-        wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-        CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
         out = json.loads(th.outcome(120).output_json)
     finally:
         th.join(1)
     assert out["status"] == "Succeeded", out
     (stall,) = out["ledger"]["stalls"]
-    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == 60, stall
+    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == CKPT_STEP, stall
     assert stall["first_stopped_nodes"] == {"1": victim.spec.node_name}, stall
     assert out["ledger"]["budget"]["preemptions"] == 1 and out["attempts"] == 2, out
     assert len(out["ledger"]["admissions"]) == 2  # the restarted job went through the queue again
@@ -82,15 +89,15 @@ def test_rank_hang_under_kueue_admission_is_a_stall_and_the_gang_restarts_from_t
     # the probe cannot run before a gang that forms at admission: said once, not passed silently
     [skipped] = out["ledger"]["health"]
     assert skipped["action"] == "skipped" and "gang_forms_at_admission" in skipped["message"], skipped
-    print(f"\nrank hang under kueue admission: stall after {stall['timeout_s'] * 120:.0f}s (world) timeout, "
-          f"restarted from step 60 through LocalQueue {cap.extra['queue']}")
+    print(f"\nrank hang under kueue admission: stall after {expand(stall['timeout_s']):.0f}s (world) timeout, "
+          f"restarted from step {CKPT_STEP} through LocalQueue {cap.extra['queue']}")
 
 
 def test_rank_hang_twice_on_one_node_under_kueue_admission_cordons_it_out_of_the_gang(
     kube: Kube, namespace: str, kq: Kueue, step_api: client.ApiClient, world: Any, tmp_path: Path,
 ) -> None:
     sim, prov, nodes = world(NODES, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S, "times": 3,
-                                                                 "sticky": True}})
+                                                                 "sticky": True}}, scale=REPAIR_SCALE)
     ckpt, run = tmp_path / "ckpt", f"run-{uuid.uuid4().hex[:6]}"
     spec, cap = _admission_gang(kq, sim, namespace, ckpt, run, max_preemptions=3)
     th = StepThread(spec=spec, run_id=run, capacity_json=cap.to_json(), job_json=_template(10.0).to_json(),

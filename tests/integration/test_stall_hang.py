@@ -10,7 +10,8 @@ with the rehearsal trainer writing per-rank progress through the progress API (k
   process-group timeout.
 * ``test_straggler_is_reported``: one rank 1.5 x slower: reported (ledger, timeline) while the gang keeps training.
 
-World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120). Each test records its
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120; 60 for the tests whose
+restart races the process-group timeout, ``REPAIR_SCALE``). Each test records its
 measured row in the fault table (tests/integration/fault_rows.py, docs/faults.md).
 """
 
@@ -35,8 +36,9 @@ from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
+from kfp_gpu_rehearsal.devcluster import worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer
+from kfp_gpu_rehearsal.sim import SimServer, clock
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
 from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
@@ -58,16 +60,35 @@ pytestmark = pytest.mark.integration
 OWNER = Owner("run-stall", "scale-up", 2_000_000_000.0)
 STEP_S = 2.0  # world seconds per training step
 HANG_AFTER_S = 240.0  # world seconds after the hung rank started
+CKPT_EVERY = 50  # the rehearsal gang saves a checkpoint every 50 steps (training.checkpoint_every)
+CKPT_STEP = int(HANG_AFTER_S / STEP_S) // CKPT_EVERY * CKPT_EVERY  # the newest checkpoint when rank 1 hangs: 100
+HANGS = {"step_s": STEP_S, "checkpoint_every": CKPT_EVERY, "hang": {"rank": 1, "after_s": HANG_AFTER_S}}
+# The tests where kfp-gpu must restart the hung gang before the process-group timeout run their world at 60, not 120:
+# the restart's API calls take real seconds (1.5-4.3 s measured under load 4-7), which at 120 are 180-520 world
+# seconds of the 600 s timeout. With the step thread held 3.5 s at the stall decision (an artificial delay) the
+# gang came back 678 s (world) after the hang at 120; CI's loaded machine can hold it as long.
+REPAIR_SCALE = 60.0
+# The straggler tests' ranks train 8 s (960 s world, was 4-5 s): the report (found 183-308 s after the start, load 1-9)
+# and the swap at the next checkpoint (464 s at load 9, of a 600 s job) must come before the job ends; with the step
+# thread held 3.5 s once the ranks reported (an artificial delay) the 4 s job ended unreported.
+STRAGGLER_RUN_S = 8.0
+REPAIR_RUN_S = 9.0  # wall seconds a rank trains at REPAIR_SCALE (540 s world): the hang at 240 s falls in it
 PG_TIMEOUT_S = 600.0  # torch's NCCL default, world seconds (5 s here)
 GPUS = 4 * 8
 
 
 @pytest.fixture
-def world(kube: Kube) -> Iterator[Callable[..., tuple[SimServer, GkeProvider, list[str]]]]:
-    """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes."""
+def world(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., tuple[SimServer, GkeProvider,
+                                                                                       list[str]]]]:
+    """Factory: a GKE stand-in whose training ranks report progress (``training`` key); ``n`` Ready spot nodes.
+    ``scale``: the world's time compression for this test (one factor for the world, its ranks, the product's stall
+    policy and this test's ``compress``/``expand``)."""
     worlds = GkeWorlds(kube)
 
-    def make(n: int, training: dict[str, Any]) -> tuple[SimServer, GkeProvider, list[str]]:
+    def make(n: int, training: dict[str, Any], scale: float = clock.TIME_SCALE,
+             ) -> tuple[SimServer, GkeProvider, list[str]]:
+        monkeypatch.setattr(clock, "TIME_SCALE", scale)
+        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)
         return worlds.make(n, OWNER, boot_s=30.0, device_plugin_s=6.0, training=training)
 
     yield make
@@ -105,19 +126,19 @@ def _plain(namespace: str, nodes: list[str], ckpt: Path, prefix: str = "plain") 
     return name, gang_manifest(name, namespace, nodes, _template(300.0), checkpoint_uri=str(ckpt))
 
 
-def _hang(sim: SimServer, ckpt: Path, victim: Any) -> tuple[float, int]:
-    """The test plays the trainer's checkpointer (every rank past step 60 -> step 60), then waits for the world to
-    hang ``victim``: (when it stopped, the step it had written)."""
-    wait_until("ranks past step 60", lambda: _newest(ckpt) >= 60, timeout=30)
-    CheckpointStore(str(ckpt)).save(60, {"w": b"60"})
+def _hang(sim: SimServer, victim: Any) -> tuple[float, int]:
+    """Waits for the world to hang ``victim``: (when it stopped, the step it had written). The world's gang saved its
+    checkpoints itself (``training.checkpoint_every``), each before any rank reported a step past it: the test used to
+    save step 60 once it saw the ranks past it, and a test 3 s late (an artificial sleep) let the stall be decided
+    before that save (restarted from step 0)."""
     pw = sim.progress_world
     hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
     return hung_at, pw.written.get(victim.metadata.uid, 0)
 
 
 def _hang_waste(until_s: float, hung_step: int) -> tuple[int, float]:
-    """Steps lost past the step-60 checkpoint and the GPU-minutes of the gang from the hang to ``until_s``."""
-    lost = max(0, hung_step - 60)
+    """Steps lost past the newest checkpoint and the GPU-minutes of the gang from the hang to ``until_s``."""
+    lost = max(0, hung_step - CKPT_STEP)
     return lost, GPUS * (until_s + lost * STEP_S) / 60.0
 
 
@@ -131,10 +152,10 @@ def _record_unnoticed_straggler(backend: str, test: str, factor: float, horizon_
     return wasted
 
 
-def _job_running(out: dict[str, Any]) -> float:
-    """When the first attempt's gang was Running, from the step's timeline (``job-running`` event)."""
+def _job_running(out: dict[str, Any], attempt: int = 1) -> float:
+    """When the ``attempt``-th attempt's gang was Running, from the step's timeline (``job-running`` events)."""
     tl = json.loads(out["ledger"]["timeline"])
-    return min(float(e["t"]) for e in tl["events"] if e["kind"] == "job-running")
+    return sorted(float(e["t"]) for e in tl["events"] if e["kind"] == "job-running")[attempt - 1]
 
 
 def _newest(ckpt: Path) -> int:
@@ -145,16 +166,16 @@ def _newest(ckpt: Path) -> int:
 def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint(
     kube: Kube, namespace: str, step_api: client.ApiClient, world: Any, tmp_path: Path,
 ) -> None:
-    sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, prov, _ = world(0, HANGS, scale=REPAIR_SCALE)
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt)
-    run, th = _start(spec, prov, step_api, 6.0)
+    run, th = _start(spec, prov, step_api, REPAIR_RUN_S)
     job = pytorchjob.job_name(run, "train")
     try:
         first = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
         old_uid = first[0].metadata.owner_references[0].uid
         victim = next(p for p in first if p.metadata.name.endswith("worker-0"))  # rank 1
-        hung_at, hung_step = _hang(sim, ckpt, victim)
+        hung_at, hung_step = _hang(sim, victim)
 
         def restarted() -> list[Any]:
             new = [p for p in job_pods(kube.core, namespace, job) if p.metadata.owner_references[0].uid != old_uid
@@ -162,25 +183,25 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
             return new if len(new) == 4 else []
 
         new = wait_until("the whole gang running again", restarted, timeout=compress(PG_TIMEOUT_S) + 30)
-        back_s = expand(time.time() - hung_at)
         out = json.loads(th.outcome(120).output_json)
     finally:
         teardown.run(spec, run, "", api=step_api, provider=prov)
     assert out["status"] == "Succeeded", out
     (stall,) = out["ledger"]["stalls"]
     detected_s = expand(stall["decided_at"] - hung_at)
-    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == 60, stall
+    assert stall["first_stopped"] == [1] and stall["checkpoint_step"] == CKPT_STEP, stall
     assert stall["first_stopped_nodes"] == {"1": victim.spec.node_name}, stall
     assert set(stall["logs"]) == {p.metadata.name for p in first}  # every rank's log tail (KWOK: none, said so)
     assert out["ledger"]["budget"]["preemptions"] == 1 and not out["ledger"].get("preemptions")
     assert {p.metadata.owner_references[0].uid for p in new} != {old_uid}
     env = {e.name: e.value for e in new[0].spec.containers[0].env or []}
-    assert env[pytorchjob.ENV_RESUME_STEP] == "60"
+    assert env[pytorchjob.ENV_RESUME_STEP] == str(CKPT_STEP)
     assert 120.0 * 0.9 <= detected_s < PG_TIMEOUT_S, detected_s  # the auto floor, well before the pg timeout
+    back_s = expand(_job_running(out, attempt=2) - hung_at)  # the step's record, not when this test looked
     assert back_s < PG_TIMEOUT_S
     lost, wasted = _hang_waste(back_s, hung_step)
     print(f"\nrank hang under kfp-gpu: detected {detected_s:.0f}s (world) after the hang (stall timeout "
-          f"{stall['timeout_s'] * 120:.0f}s), gang running again after {back_s:.0f}s from step 60; hung at step "
+          f"{expand(stall['timeout_s']):.0f}s), gang running again after {back_s:.0f}s from step {CKPT_STEP}; hung at step "
           f"{hung_step}: {lost} steps lost, {wasted:.0f} GPU-minutes wasted")
     record("hang", "kfp_gpu", test="test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_checkpoint",
            detection_s=round(detected_s, 1), action="stall: whole gang restarted from the newest checkpoint",
@@ -192,7 +213,7 @@ def test_rank_hang_under_kfp_gpu_is_a_stall_and_the_gang_restarts_from_the_check
 def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, _, nodes = world(4, HANGS)
     ckpt = tmp_path / "ckpt"
     name, body = _plain(namespace, nodes, ckpt)
     operator_restarts(body)
@@ -202,7 +223,7 @@ def test_rank_hang_training_operator_alone_runs_until_the_process_group_timeout(
     placed = ranks_running(kube, namespace, name)
     uids = {p.metadata.uid: p.metadata.name for p in placed.values()}
     victim = next(p for p in placed.values() if p.metadata.name.endswith("worker-0"))
-    hung_at, hung_step = _hang(sim, ckpt, victim)
+    hung_at, hung_step = _hang(sim, victim)
     wait_until("every rank exits", lambda: all(log.first(u, lambda ph, code, st: ph == "Failed") for u in uids),
                timeout=compress(PG_TIMEOUT_S) + 20)
     log.w.stop()
@@ -236,7 +257,7 @@ def test_straggler_is_reported_while_the_gang_keeps_training(
     sim, prov, _ = world(0, {"step_s": STEP_S, "slow": {"rank": 2, "factor": factor}})
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt, straggler_margin=0.2, straggler_window_s=120.0)
-    run, th = _start(spec, prov, step_api, 4.0)
+    run, th = _start(spec, prov, step_api, STRAGGLER_RUN_S)
     job = pytorchjob.job_name(run, "train")
     try:
         pods = wait_until("4 ranks running", lambda: running_pods(kube.core, namespace, job, 4), timeout=90)
@@ -275,7 +296,7 @@ def _jobset(name: str, pod_template: dict[str, Any], replicas: int) -> dict[str,
 def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeout(
     kube: Kube, namespace: str, world: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = world(4, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S}})
+    sim, _, nodes = world(4, HANGS)
     ckpt = tmp_path / "ckpt"
     name, pt = _plain(namespace, nodes, ckpt, prefix="js")
     pod_template = pt["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
@@ -289,7 +310,7 @@ def test_rank_hang_jobset_failure_policy_reacts_only_at_the_process_group_timeou
     first = wait_until("4 ranks Running", lambda: (ps := [p for p in attempt_pods("0") if p.status.phase == "Running"])
                        and len(ps) == 4 and ps, timeout=60)
     victim = next(p for p in first if p.metadata.labels.get("jobset.sigs.k8s.io/job-global-index") == "1")
-    hung_at, hung_step = _hang(sim, ckpt, victim)
+    hung_at, hung_step = _hang(sim, victim)
     phases: set[str] = set()
 
     def restarted() -> bool:
@@ -347,10 +368,10 @@ def test_rank_hang_twice_on_one_node_cordons_and_replaces_that_node(
 ) -> None:
     # a bad node: whichever rank runs there hangs (sticky), in every incarnation of the job
     sim, prov, _ = world(0, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S, "times": 3,
-                                                        "sticky": True}})
+                                                        "sticky": True}}, scale=REPAIR_SCALE)
     ckpt = tmp_path / "ckpt"
     spec = _spec(sim, namespace, ckpt).replace(recovery=Recovery(max_preemptions=3))
-    run, th = _start(spec, prov, step_api, 6.0)
+    run, th = _start(spec, prov, step_api, REPAIR_RUN_S)
     try:
         out = json.loads(th.outcome(180).output_json)
         bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
@@ -393,7 +414,7 @@ def test_straggler_replace_swaps_the_slow_node_at_the_next_checkpoint(
                 saved = step
 
     cp = threading.Thread(target=checkpointer, daemon=True)
-    run, th = _start(spec, prov, step_api, 5.0)
+    run, th = _start(spec, prov, step_api, STRAGGLER_RUN_S)
     cp.start()
     job = pytorchjob.job_name(run, "train")
     try:
