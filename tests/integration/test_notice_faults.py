@@ -19,6 +19,7 @@ from kfp_gpu_rehearsal.sim.clock import expand
 from tests.integration.fault_rows import record
 from tests.integration.test_spot_rank_loss import (  # noqa: F401 - gke: a fixture
     CHECKPOINT_EVERY,
+    NOTICE_SCALE,
     NOTICE_STEP,
     SpotTrainer,
     _trainer_pod,
@@ -33,7 +34,7 @@ GPUS = 8
 
 def test_notice_gke_spot_emergency_checkpoint_vs_no_handler(kube: Kube, namespace: str, gke: Any,  # noqa: F811
                                                            tmp_path: Path) -> None:
-    sim, _, nodes = gke(2, scale=12.0)
+    sim, _, nodes = gke(2, scale=NOTICE_SCALE)
     runs: dict[str, tuple[SpotTrainer, float]] = {}
     threads = []
     for node, side, save_s in zip(nodes, ("kfp_gpu", "training_operator"), (EMERGENCY_SAVE_S, 1e9), strict=True):
@@ -92,7 +93,7 @@ def test_notice_gke_spot_under_jobset_failure_policy(kube: Kube, namespace: str,
         _status,
     )
 
-    sim, _, nodes = gke(2, scale=12.0)
+    sim, _, nodes = gke(2, scale=NOTICE_SCALE)
     kube.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, _jobset("js-notice", nodes, 60.0))
     wait_until("both ranks running", lambda: _running(kube, namespace, "js-notice", 2), timeout=30)
     pods = kube.core.list_namespaced_pod(namespace, label_selector="jobset.sigs.k8s.io/jobset-name=js-notice").items

@@ -36,6 +36,7 @@ from kfp_gpu.providers.gke import GkeProvider
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
+from kfp_gpu_rehearsal.devcluster import worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim import SimServer, clock
 from kfp_gpu_rehearsal.sim.clock import compress, expand
@@ -72,6 +73,7 @@ def gke(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., t
     def make(n: int, scale: float = clock.TIME_SCALE, boot_s: float = 0.25) -> tuple[SimServer, GkeProvider,
                                                                                       list[str]]:
         monkeypatch.setattr(clock, "TIME_SCALE", scale)
+        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)  # compress/expand read it (clock only re-exports it)
         return worlds.make(n, OWNER, boot_s=boot_s * scale, device_plugin_s=0.05 * scale)
 
     yield make
@@ -90,6 +92,13 @@ def _world_s(t_wall: float) -> float:
 # a periodic save before the kill, which hid the steps lost and failed the test.
 CHECKPOINT_EVERY = 40
 NOTICE_STEP = CHECKPOINT_EVERY + 1
+# The notice tests' world runs at 6x (15 s of pod grace = 2.5 s here). The rank learns of the notice by polling its
+# pod, and the stand-in tells the pods through the API: under load each costs real seconds, which a faster world
+# turns into world seconds the rank never had (on GKE the kubelet's SIGTERM is immediate). These tests asked for 12x
+# but ran at the default 120x (15 s = 0.125 s here): the fixture set clock.TIME_SCALE, which compress() no longer
+# reads (it reads worldtime's). CI's full run on ea4e20d then saw the notice so late that the emergency save missed
+# the kill (8 steps lost, asserted 0).
+NOTICE_SCALE = 6.0
 
 
 @dataclass
@@ -163,7 +172,7 @@ def _trainer_pod(namespace: str, name: str, node: str) -> dict[str, Any]:
 def test_gke_spot_notice_emergency_save_fits_15_s(
     kube: Kube, namespace: str, gke: Any, tmp_path: Path,
 ) -> None:
-    sim, _, nodes = gke(2, scale=12.0)
+    sim, _, nodes = gke(2, scale=NOTICE_SCALE)
     results = {}
     for node, save_s in zip(nodes, (5.0, 20.0), strict=True):  # world seconds: fits GKE's 15 s, and does not
         pod = f"rank-{int(save_s)}s"
