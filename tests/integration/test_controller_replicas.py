@@ -170,19 +170,26 @@ def _standby_works(standby: LocalController, killed_at: float) -> float:
     return time.monotonic() - killed_at
 
 
+def _scale_up_under_a_leader(t: Any, lease: str, replicas: dict[str, LocalController], nodes: int) -> tuple[
+        str, LocalController, LocalController, Any, str, dict[str, Any], threading.Thread]:
+    """Once a replica leads: preflight and warm pool of a ``nodes``-node gang, then its scale-up in a thread.
+    (leader's name, the leader, the standby, spec, run id, the box the scale-up's result lands in, its thread)."""
+    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+    spec, run = t.spec(nodes, zones=("us-central1-a",)), new_run()
+    t.step("preflight", spec, run)
+    t.step("warm_pool", spec, run)
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
+    th.start()
+    return leader, active, standby, spec, run, box, th
+
+
 def test_two_replicas_started_at_once_never_both_work_and_a_killed_leaders_gang_moves_to_the_standby(lease, tenant):
     t = tenant(median_s=5.0, start=False)
     replicas, sampler = _two_replicas(t, lease)
     try:
-        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
-        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
-
-        spec, run = t.spec(4, zones=("us-central1-a",)), new_run()
-        t.step("preflight", spec, run)
-        t.step("warm_pool", spec, run)
-        box: dict[str, Any] = {}
-        th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
-        th.start()
+        leader, active, standby, spec, run, box, th = _scale_up_under_a_leader(t, lease, replicas, 4)
         wait_until("scale-up running", lambda: ((t.gang(run) or {}).get("status") or {}).get("phase")
                    == "Provisioning" and _pools_total(t) == 4, timeout=30, every=0.05)
         assert t.resizes() == 1, t.sim.request_counts()  # one replica asked the cloud, once
@@ -228,14 +235,7 @@ def test_a_leader_that_loses_its_lease_stops_its_work_before_the_standby_starts(
     t = tenant(median_s=5.0, start=False)
     replicas, sampler = _two_replicas(t, lease)
     try:
-        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
-        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
-        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
-        t.step("preflight", spec, run)
-        t.step("warm_pool", spec, run)
-        box: dict[str, Any] = {}
-        th = threading.Thread(target=lambda: box.update(result=t.step("scale_up", spec, run)), daemon=True)
-        th.start()
+        leader, active, standby, spec, run, box, th = _scale_up_under_a_leader(t, lease, replicas, 2)
         wait_until("the leader provisions", lambda: _descendants(active.pid) and _pools_total(t) == 2, timeout=30,
                    every=0.05)
         wait_until("the Lease taken", lambda: _take(t, lease, "someone-else"), timeout=10, every=0.01)
