@@ -43,7 +43,9 @@ def running_pid(state: Path, name: str, binary: Path) -> int | None:
     except (OSError, ValueError):
         return None
     argv = _cmdline(pid)
-    if not argv or argv[0] != str(binary):
+    # the same file under another name counts: a venv's python and python3 are one interpreter, and the console
+    # script that started a process (its shebang names python3) need not be the interpreter that stops it
+    if not argv or (argv[0] != str(binary) and os.path.realpath(argv[0]) != os.path.realpath(binary)):
         return None
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
