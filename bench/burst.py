@@ -58,7 +58,8 @@ from bench.world import (
 from kfp_gpu_rehearsal.devcluster.nodes import (
     POOL_LABEL,
 )
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+from kfp_gpu_rehearsal.sim.clock import compress
 
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)

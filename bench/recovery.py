@@ -68,7 +68,8 @@ from bench.recovery_world import (
 )
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import ledger, pytorchjob
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress, expand
+from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.ranks import DEFAULT_PG_TIMEOUT_S, DEFAULT_RENDEZVOUS_S, PG_TIMEOUT_ANNOTATION
 
 K = 10  # checkpoint interval (steps) = JobTemplate.checkpoint_every

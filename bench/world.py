@@ -1,6 +1,6 @@
 """The one world every side of the benchmark runs on (issue 18).
 
-Real-world durations compressed by the stand-in's one factor, :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE` (120: one
+Real-world durations compressed by the stand-in's one factor, :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE` (120: one
 real-world minute lasts 0.5 s here); API round trips are not compressed (:data:`API_LATENCY_MS` = 100 ms by
 default, as a client really pays them). Every side of one (scenario, N, repeat) uses the same seed, so the
 stand-in's pools and the bench's boot injector (cluster-autoscaler nodes) draw the same boot samples.
@@ -45,7 +45,8 @@ from kfp_gpu_rehearsal.devcluster.nodes import (
     POOL_LABEL,
     READY_AT_ANNOTATION,
 )
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.kube import BOOT_SAMPLE_ANNOTATION
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency, PullSpec
 

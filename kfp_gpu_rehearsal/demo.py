@@ -232,7 +232,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp_gpu.report.terminal import cost_table, gantt
     from kfp_gpu_rehearsal import run_services as served
     from kfp_gpu_rehearsal.devcluster import boot, controller, crds
-    from kfp_gpu_rehearsal.sim.clock import TIME_SCALE
+    from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
     from kfp_gpu_rehearsal.sim.server import SimServer
 
     out_ = terminal or sys.stdout

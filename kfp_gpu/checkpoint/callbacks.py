@@ -12,7 +12,7 @@ Lightning::
 
 Both report the optimizer step (``state.global_step`` / ``trainer.global_step``) once per optimizer step (gradient
 accumulation calls them per micro-batch with the same step: only a new step is reported, so the step time is the
-optimizer step's). The frameworks are imported when a callback is made, never by ``import kfp_gpu.checkpoint``.
+optimizer step's). When training ends, both flush the step the throttle held back. The frameworks are imported when a callback is made, never by ``import kfp_gpu.checkpoint``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ def hf_progress_callback(progress: Progress | None = None) -> Any:
             hook(int(state.global_step))
             return control
 
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            hook.progress.flush()
+            return control
+
     return KfpGpuProgress()
 
 
@@ -73,5 +77,8 @@ def lightning_progress_callback(progress: Progress | None = None) -> Any:
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             hook(int(trainer.global_step))
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            hook.progress.flush()
 
     return KfpGpuProgress()

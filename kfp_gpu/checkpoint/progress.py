@@ -13,7 +13,11 @@ the observations to :func:`kfp_gpu.plan.stall.assess`::
         progress.step(step)                    # step time measured between calls
 
 Writes are throttled (``min_interval_s``, default :data:`DEFAULT_INTERVAL_S`; env ``KFP_GPU_PROGRESS_INTERVAL_S``)
-so a fast loop does not turn into a PUT per step. A failed write is logged and never stops training. Framework
+so a fast loop does not turn into a PUT per step. The throttle has a trailing edge: a step held back is written by a
+timer once the interval has passed (with the time it was done), so the newest finished step always reaches the store
+even when no further step comes (a rank hung in a collective still writes the step it finished; its timer thread runs
+while the main thread blocks). ``flush()`` writes a held-back step at once (the callbacks call it when training
+ends). A failed write is logged and never stops training. Framework
 callbacks (Hugging Face Trainer, Lightning) are in :mod:`kfp_gpu.checkpoint.callbacks`.
 
 Stdlib only (plus the store's SDK, imported by :func:`kfp_gpu.checkpoint.backends.open_backend` when used).
@@ -25,6 +29,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -38,6 +43,19 @@ PREFIX = "_progress/"
 INTERVAL_ENV = "KFP_GPU_PROGRESS_INTERVAL_S"
 DEFAULT_INTERVAL_S = 5.0  # real seconds between two writes of one rank (the first step is always written)
 _EWMA = 0.3  # weight of the newest step in the reported step time
+
+
+Cancel = Callable[[], None]
+Schedule = Callable[[float, Callable[[], None]], Cancel]
+"""``schedule(delay_s, fn)`` runs ``fn`` once, ``delay_s`` seconds from now, and returns a function that cancels it."""
+
+
+def timer(delay_s: float, fn: Callable[[], None]) -> Cancel:
+    """The default :data:`Schedule`: a daemon ``threading.Timer`` (it never keeps a finished trainer alive)."""
+    t = threading.Timer(max(0.0, delay_s), fn)
+    t.daemon = True
+    t.start()
+    return t.cancel
 
 
 def key_for(rank: int) -> str:
@@ -120,16 +138,21 @@ class Progress:
     """A rank's progress reporter. ``step(n)`` after each optimizer step; ``report(n, step_time_s)`` when the
     caller measures step time itself. ``backend=None`` makes every call a no-op (no checkpoint store configured).
 
-    ``clock`` is injectable (tests, the rehearsal world's clock); it must be in seconds.
+    ``clock`` and ``schedule`` (the trailing write's timer, :data:`Schedule`) are injectable (tests, the rehearsal
+    world); both in seconds. Thread-safe: the trailing write runs on the timer's thread.
     """
 
     def __init__(self, backend: Backend | None, rank: int = 0, *, min_interval_s: float = DEFAULT_INTERVAL_S,
-                 clock: Callable[[], float] = time.time, node: str = "", pod: str = "") -> None:
+                 clock: Callable[[], float] = time.time, node: str = "", pod: str = "",
+                 schedule: Schedule = timer) -> None:
         self.backend, self.rank, self.min_interval_s, self.clock = backend, rank, min_interval_s, clock
-        self.node, self.pod = node, pod
+        self.node, self.pod, self.schedule = node, pod, schedule
         self._last_step_at: float | None = None
         self._step_time: float | None = None
         self._written_at: float | None = None
+        self._pending: Record | None = None  # the newest step held back by the throttle
+        self._cancel: Cancel | None = None  # the trailing write's timer, while one is set
+        self._lock = threading.RLock()
         self.last: Record | None = None
 
     @classmethod
@@ -159,15 +182,47 @@ class Progress:
 
     def report(self, step: int, step_time_s: float | None, *, now: float | None = None, force: bool = False) -> bool:
         """Write ``step`` and ``step_time_s`` unless the last write was less than ``min_interval_s`` ago (``force``
-        writes anyway). True when written. A failed write is logged and returns False: progress never stops
-        training."""
+        writes anyway); a step held back is written by the trailing timer when the interval has passed, unless a
+        newer one replaces it first. True when written now. A failed write is logged and returns False: progress
+        never stops training."""
         now = self.clock() if now is None else now
         rec = Record(self.rank, int(step), None if step_time_s is None else round(float(step_time_s), 6), now,
                      self.node, self.pod)
         self.last = rec
         if self.backend is None:
             return False
-        if not force and self._written_at is not None and now - self._written_at < self.min_interval_s:
+        with self._lock:
+            if not force and self._written_at is not None and now - self._written_at < self.min_interval_s:
+                self._pending = rec
+                if self._cancel is None:
+                    self._cancel = self.schedule(self._written_at + self.min_interval_s - now, self._trailing)
+                return False
+            self._drop_pending()
+            return self._write(rec, now)
+
+    def flush(self) -> bool:
+        """Write the step held back by the throttle now (training ended, or is about to block). True when one was
+        written; False when none was held back or the write failed."""
+        with self._lock:
+            rec = self._pending
+            self._drop_pending()
+            return rec is not None and self._write(rec, self.clock())
+
+    def _trailing(self) -> None:
+        with self._lock:
+            self._cancel = None
+            rec, self._pending = self._pending, None
+            if rec is not None:
+                self._write(rec, max(self.clock(), rec.at))
+
+    def _drop_pending(self) -> None:
+        self._pending = None
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+
+    def _write(self, rec: Record, now: float) -> bool:
+        if self.backend is None:
             return False
         try:
             write(self.backend, rec)

@@ -9,6 +9,13 @@ factor through :data:`kfp_gpu.rehearsal_seam.TIME_SCALE_ENV` (its reports are th
 from __future__ import annotations
 
 TIME_SCALE = 120.0  # real-world seconds per stand-in second: one real minute = 0.5 s
+# The one name of the factor: every reader goes through scale(), compress() or expand() at call time (a test that
+# sets this attribute changes the whole world at once; a by-value copy elsewhere once kept the old factor).
+
+
+def scale() -> float:
+    """:data:`TIME_SCALE`, read now."""
+    return TIME_SCALE
 
 
 def compress(real_world_s: float) -> float:

@@ -10,12 +10,12 @@ Start one from Python::
 
 or as ``python -m kfp_gpu_rehearsal.sim --scenario FILE --port P --kubeconfig K``. See docs/sim.md.
 
-Scenario durations are real-world seconds; the stand-in runs them :data:`TIME_SCALE` times faster
+Scenario durations are real-world seconds; the stand-in runs them :func:`scale` times faster
 (``compress(real_world_s)``), and so must every consumer that reasons about its timing.
 """
 
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.sim.clock import compress, scale
 from kfp_gpu_rehearsal.sim.scenario import Scenario, from_dict, load
 from kfp_gpu_rehearsal.sim.server import SimServer
 
-__all__ = ["TIME_SCALE", "Scenario", "SimServer", "compress", "from_dict", "load"]
+__all__ = ["Scenario", "SimServer", "compress", "from_dict", "load", "scale"]

@@ -8,7 +8,7 @@ from kfp_gpu_rehearsal.sim import serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kfp_gpu_rehearsal.sim.clock import TIME_SCALE
+    from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
     from kfp_gpu_rehearsal.sim.server import SimServer
 
     return serve.main(argv, prog="kfp_gpu_rehearsal.sim", description="GKE/Compute/Cloud Quotas stand-in", port=8787,

@@ -40,8 +40,8 @@ _METRIC = {COMPUTE: ("Queries", "Queries per minute"),
 
 
 def sim_time_scale() -> float:
-    """:data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`, the one compression factor of the stand-in."""
-    return float(clock.TIME_SCALE)
+    """:func:`kfp_gpu_rehearsal.sim.clock.scale`, the one compression factor of the stand-in."""
+    return float(clock.scale())
 
 
 def service_of(path: str) -> str:

@@ -2,7 +2,7 @@
 
 Scenario durations are written in **real-world seconds** (a GPU VM boots in ~4 minutes, so
 ``median_s: 240``). The stand-in, and every consumer that reasons about its timing (tests, demo,
-bench), divides them by the one factor :data:`TIME_SCALE`: one real-world minute lasts 0.5 s here.
+bench), divides them by the one factor (:func:`scale`, :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`): one real-world minute lasts 0.5 s here.
 
 :class:`Timeline` runs the world's timed events (a VM finishing its boot, an operation turning DONE,
 a preemption notice running out). On the wall clock a daemon thread fires them when due; with
@@ -19,9 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE as TIME_SCALE
 from kfp_gpu_rehearsal.devcluster.worldtime import compress as compress
 from kfp_gpu_rehearsal.devcluster.worldtime import expand as expand
+from kfp_gpu_rehearsal.devcluster.worldtime import scale as scale
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Scenario parts for GKE's queued provisioning (Dynamic Workload Scheduler, class ``queued-provisioning.gke.io``).
 
-Durations are **real-world seconds**, compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE` when the world runs.
+Durations are **real-world seconds**, compressed by :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE` when the world runs.
 Defaults and their sources: docs/sim.md, section 12 ("Queued provisioning").
 
 Scenario keys::

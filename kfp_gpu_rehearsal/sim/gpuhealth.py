@@ -20,7 +20,7 @@ pod, annotate a probe pod with
 ``kfp-gpu.io/sim-duration`` + ``kfp-gpu.io/sim-exit-code`` (played by KWOK's existing ``kfp-gpu-pod-succeed`` /
 ``kfp-gpu-pod-fail`` stages) and a training pod on a bad node with its crash (exit code and an absolute
 ``kfp-gpu.io/sim-duration``, as :mod:`kfp_gpu_rehearsal.sim.ranks` does). No stage changes. Durations are real-world seconds,
-compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`.
+compressed by :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A KWOK pod runs no code, so the world trains for it: every opted-in Running rank (annotation
 :data:`STEP_ANNOTATION`, world seconds per step) of a PyTorchJob writes its step to ``_progress/`` beside the
 checkpoints named by its ``KFP_GPU_CHECKPOINT_URI`` (ranks of a PyTorchJob, and of a JobSet: a TrainJob's too), with :meth:`kfp_gpu.checkpoint.progress.Progress.report` (the
-trainers' own writer, throttled as theirs is), in world time (:data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`: one clock).
+trainers' own writer, throttled as theirs is, trailing write included; each step offered once, as a trainer's loop does), in world time (:data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`: one clock).
 The step count starts at the pod's ``KFP_GPU_RESUME_STEP``.
 
 Synchronous data-parallel training (DDP, FSDP): every step ends in a collective, so the gang advances at its slowest
@@ -141,7 +141,7 @@ class ProgressWorld:
         self.spec, self.interval_s, self.cluster = spec, interval_s, cluster
         self.first_seen: dict[str, float] = {}  # pod uid -> when it was first seen Running
         self.reporters: dict[str, Progress] = {}
-        self.written: dict[str, int] = {}
+        self.reported: dict[str, int] = {}  # pod uid -> the newest step its rank offered to its reporter
         self.saved: dict[tuple[str, str, str], int] = {}  # incarnation -> the newest checkpoint step it saved
         self.hung: dict[tuple[str, str], set[str]] = {}  # (namespace, job) -> incarnations (owner uids) hung
         self.stopped: dict[str, float] = {}  # pod uid -> when it stopped (hangs this world played)
@@ -263,15 +263,17 @@ class ProgressWorld:
         if ranks and self.spec.checkpoint_every:
             self._checkpoint(key, min(ranks, key=lambda r: r[0])[2], min(r[3] for r in ranks), min(r[4] for r in ranks))
         for rank, p, uri, resume, step in ranks:
-            if step <= resume or self.written.get(p.metadata.uid) == step:
-                continue  # a trainer reports a step once it is done: nothing before the first one
+            if step <= resume or self.reported.get(p.metadata.uid, resume) >= step:
+                continue  # a trainer reports a step once, when it is done: nothing before the first one
             rep = self.reporters.get(p.metadata.uid)
             if rep is None:
                 rep = Progress(self._backend(uri), rank, min_interval_s=compress(DEFAULT_INTERVAL_S),
                                node=p.spec.node_name or "", pod=p.metadata.name)
                 self.reporters[p.metadata.uid] = rep
-            if rep.report(step, compress(world_step * self._factor((ns, job), rank, p)), now=now):
-                self.written[p.metadata.uid] = step
+            # offered once, as a trainer's step(n) is: a step the throttle holds back reaches the store only by the
+            # reporter's own trailing write (the world used to offer it again on every tick until it was written)
+            self.reported[p.metadata.uid] = step
+            rep.report(step, compress(world_step * self._factor((ns, job), rank, p)), now=now)
 
     def _annotate(self, ns: str, patches: list[tuple[str, dict[str, str]]]) -> None:
         from kubernetes.client import ApiException

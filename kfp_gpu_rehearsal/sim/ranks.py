@@ -17,7 +17,7 @@ peer's failure is played by KWOK's ``kfp-gpu-pod-fail`` stage (``kfp-gpu.io/sim-
 a new stage, decides who is a peer and when: that needs the job's other pods and its PyTorchJob, which a stage's
 selector over one pod cannot see (and stages.yaml records KWOK playing a job it queued from an older copy of an
 object). The peers' annotations say when progress stopped (and resumes), which is what a simulated trainer reads.
-Not modelled: a ``kfp-gpu.io/sim-duration`` completion KWOK queued before the loss may still play at its time. Durations are real-world seconds, compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`.
+Not modelled: a ``kfp-gpu.io/sim-duration`` completion KWOK queued before the loss may still play at its time. Durations are real-world seconds, compressed by :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`.
 """
 
 from __future__ import annotations

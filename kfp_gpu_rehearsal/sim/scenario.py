@@ -5,7 +5,7 @@ pools (one zone each), quota limits and usage, boot-latency distributions, stock
 injected API faults, preemption events (:mod:`kfp_gpu_rehearsal.sim.eventspec`), a simulated API round-trip
 time, and the world's timing
 (:mod:`kfp_gpu_rehearsal.sim.worldspec`: operations, device plugin, MIG retries, preemption notice; durations in
-real-world seconds, compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`). Every validation
+real-world seconds, compressed by :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`). Every validation
 failure is an :class:`~kfp_gpu.errors.InvalidSpec` naming the offending field, e.g.
 ``pools[2].boot.median_s``.
 """

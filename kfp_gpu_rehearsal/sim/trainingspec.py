@@ -13,7 +13,7 @@
 Only pods that opt in (annotation ``kfp-gpu.io/sim-step-seconds``, :mod:`kfp_gpu_rehearsal.sim.progress`) train; without the
 key the world writes no progress at all. ``hang.times`` (default 1) is how many incarnations of a job hang (the
 gang a supervisor restarts runs clean after that). Durations are real-world seconds, compressed by
-:data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`.
+:data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Scenario parts that set how the stand-in's world behaves in time (docs/sim.md, "World behaviour").
 
-All durations are **real-world seconds**, compressed by :data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE` when the
+All durations are **real-world seconds**, compressed by :data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE` when the
 world runs. Defaults follow the providers' documentation and field reports cited in docs/sim.md.
 Also home of the scenario validators (:func:`obj`, :func:`listing`, :func:`num`), shared by
 :mod:`kfp_gpu_rehearsal.sim.scenario`.

@@ -278,6 +278,7 @@ def train(args: argparse.Namespace) -> int:
                 save(step)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+    progress.flush()  # the last step, if the throttle held it back
 
     with guard.critical():
         if distributed and args.fsdp:

@@ -40,17 +40,83 @@ def test_each_rank_overwrites_one_small_object_and_the_reader_lists_the_prefix(t
     assert progress.read(be) == {}
 
 
+class Timers:
+    """A virtual-time :data:`progress.Schedule`: ``advance(s)`` moves ``clock`` and fires what fell due, in order."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.due: list[list[Any]] = []  # [when, order, fn]
+        self.n = 0
+
+    def __call__(self, delay_s: float, fn: Any) -> Any:
+        self.n += 1
+        entry = [self.clock.t + delay_s, self.n, fn]
+        self.due.append(entry)
+
+        def cancel() -> None:
+            if entry in self.due:
+                self.due.remove(entry)
+        return cancel
+
+    def advance(self, s: float) -> None:
+        end = self.clock.t + s
+        while self.due and min(self.due)[0] <= end:
+            entry = min(self.due)
+            self.due.remove(entry)
+            self.clock.t = entry[0]
+            entry[2]()
+        self.clock.t = end
+
+
 def test_writes_are_throttled_but_the_first_step_is_written(tmp_path: Path) -> None:
     be = LocalBackend(tmp_path)
     clock = Clock()
-    p = progress.Progress(be, 0, min_interval_s=10.0, clock=clock)
+    timers = Timers(clock)
+    p = progress.Progress(be, 0, min_interval_s=10.0, clock=clock, schedule=timers)
     written = []
     for step in range(1, 31):
-        clock.t += 1.0
+        timers.advance(1.0)
         p.step(step)
         written.append(progress.read(be)[0].step)
-    assert written[0] == 1 and written[9] == 1 and written[10] == 11 and written[-1] == 21
+    # step 1 at t+1; steps 2-10 are held back; the trailing write at t+11 stores the newest of them (10), and so on
+    assert (written[0], written[9], written[10], written[19], written[20], written[-1]) == (1, 1, 10, 10, 20, 20)
+    assert len(timers.due) == 1  # steps held back since: one timer, not one per step
     assert p.last is not None and p.last.step == 30  # the newest is always known to the reporter
+
+
+def test_a_step_held_back_by_the_throttle_is_written_when_no_step_follows(tmp_path: Path) -> None:
+    """A rank that finishes step 7 inside the interval and then hangs in the next collective: its trailing write
+    stores step 7 with the time it was done (the old throttle dropped it, and the store said step 1 for ever)."""
+    be = LocalBackend(tmp_path)
+    clock = Clock()
+    timers = Timers(clock)
+    p = progress.Progress(be, 0, min_interval_s=10.0, clock=clock, schedule=timers)
+    for step in range(1, 8):
+        timers.advance(1.0)
+        p.step(step)
+    assert progress.read(be)[0].step == 1
+    done_at = clock.t
+    timers.advance(3.9)  # 1 + 10 = 11 s: not due yet
+    assert progress.read(be)[0].step == 1
+    timers.advance(0.2)
+    rec = progress.read(be)[0]
+    assert (rec.step, rec.at) == (7, done_at)
+    timers.advance(60.0)
+    assert progress.read(be)[0].step == 7 and timers.due == []  # nothing more to write, no timer left
+
+
+def test_flush_writes_the_held_back_step_at_once_and_cancels_its_timer(tmp_path: Path) -> None:
+    be = LocalBackend(tmp_path)
+    clock = Clock()
+    timers = Timers(clock)
+    p = progress.Progress(be, 0, min_interval_s=10.0, clock=clock, schedule=timers)
+    p.step(1)
+    timers.advance(1.0)
+    p.step(2)
+    assert progress.read(be)[0].step == 1 and len(timers.due) == 1
+    assert p.flush() is True
+    assert progress.read(be)[0].step == 2 and timers.due == []
+    assert p.flush() is False  # nothing held back
 
 
 def test_the_step_time_follows_a_slowdown(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The run lifecycle under the realistic stand-in: overlapping preemptions, MIG recreation, on-demand fallback.
 
 Everything is real: the GKE stand-in with its default (hard) world (async operations, boot latency in
-minutes compressed by ``kfp_gpu_rehearsal.sim.clock.TIME_SCALE``, preemption notices, same-name VM recreation), the
+minutes compressed by ``kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE``, preemption notices, same-name VM recreation), the
 google-cloud clients through GkeProvider, the local control plane with the Training Operator, and the steps
 running as the controller's identity (kfp_gpu/manifests/controller-rbac.yaml).
 """

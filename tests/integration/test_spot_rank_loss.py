@@ -8,7 +8,7 @@
 * ``test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout``: the same loss under the train step:
   the whole gang is recreated from the newest checkpoint while the old peers would still hang.
 
-World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120: 15 s = 0.125 s here). The
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE (120: 15 s = 0.125 s here). The
 spot test runs its world at 12 (15 s = 1.25 s): at 120 one API call (10-30 ms on this machine) is 1-4 world
 seconds, as long as the emergency save it measures.
 """
@@ -38,7 +38,7 @@ from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
 from kfp_gpu_rehearsal.devcluster import worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer, clock
+from kfp_gpu_rehearsal.sim import SimServer
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.ranks import (
     PG_TIMEOUT_ANNOTATION,
@@ -70,10 +70,9 @@ def gke(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., t
     ``scale`` sets the world's time compression for this test (one factor for the whole world)."""
     worlds = GkeWorlds(kube)
 
-    def make(n: int, scale: float = clock.TIME_SCALE, boot_s: float = 0.25) -> tuple[SimServer, GkeProvider,
+    def make(n: int, scale: float = worldtime.TIME_SCALE, boot_s: float = 0.25) -> tuple[SimServer, GkeProvider,
                                                                                       list[str]]:
-        monkeypatch.setattr(clock, "TIME_SCALE", scale)
-        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)  # compress/expand read it (clock only re-exports it)
+        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)  # the one name: the world and the stand-in API read it
         return worlds.make(n, OWNER, boot_s=boot_s * scale, device_plugin_s=0.05 * scale)
 
     yield make
@@ -272,7 +271,7 @@ def test_rank_loss_training_operator_alone_peers_hang_until_the_timeout(
         print(f"\nrank loss, Training Operator alone: {pod} stalled {expand(stalled - killed):.0f}s after the victim "
               f"was killed ({expand(killed - t_notice):.0f}s after the notice), hung {hung_s:.0f}s (world), "
               f"exited {codes} (pg timeout {timeout_s:g}s)")
-        assert hung_s >= timeout_s - 0.2 * clock.TIME_SCALE  # not before the timeout (0.2 s of observation slack)
+        assert hung_s >= timeout_s - 0.2 * worldtime.TIME_SCALE  # not before the timeout (0.2 s of observation slack)
     log.w.stop()
 
 

@@ -10,7 +10,7 @@ with the rehearsal trainer writing per-rank progress through the progress API (k
   process-group timeout.
 * ``test_straggler_is_reported``: one rank 1.5 x slower: reported (ledger, timeline) while the gang keeps training.
 
-World durations are real-world seconds, compressed by kfp_gpu_rehearsal.sim.clock.TIME_SCALE (120; 60 for the tests whose
+World durations are real-world seconds, compressed by kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE (120; 60 for the tests whose
 restart races the process-group timeout, ``REPAIR_SCALE``). Each test records its
 measured row in the fault table (tests/integration/fault_rows.py, docs/faults.md).
 """
@@ -38,7 +38,7 @@ from kfp_gpu.spec import CapacityType, ProvisioningSpec, Recovery, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu_rehearsal.devcluster import worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
-from kfp_gpu_rehearsal.sim import SimServer, clock
+from kfp_gpu_rehearsal.sim import SimServer
 from kfp_gpu_rehearsal.sim.clock import compress, expand
 from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
 from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
@@ -85,10 +85,9 @@ def world(kube: Kube, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[...,
     policy and this test's ``compress``/``expand``)."""
     worlds = GkeWorlds(kube)
 
-    def make(n: int, training: dict[str, Any], scale: float = clock.TIME_SCALE,
+    def make(n: int, training: dict[str, Any], scale: float = worldtime.TIME_SCALE,
              ) -> tuple[SimServer, GkeProvider, list[str]]:
-        monkeypatch.setattr(clock, "TIME_SCALE", scale)
-        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)
+        monkeypatch.setattr(worldtime, "TIME_SCALE", scale)  # the one name: the world and the stand-in API read it
         return worlds.make(n, OWNER, boot_s=30.0, device_plugin_s=6.0, training=training)
 
     yield make
@@ -127,13 +126,13 @@ def _plain(namespace: str, nodes: list[str], ckpt: Path, prefix: str = "plain") 
 
 
 def _hang(sim: SimServer, victim: Any) -> tuple[float, int]:
-    """Waits for the world to hang ``victim``: (when it stopped, the step it had written). The world's gang saved its
-    checkpoints itself (``training.checkpoint_every``), each before any rank reported a step past it: the test used to
+    """Waits for the world to hang ``victim``: (when it stopped, the step it had finished: offered to its reporter
+    once, stored by the trailing write). The world's gang saved its checkpoints itself (``training.checkpoint_every``), each before any rank reported a step past it: the test used to
     save step 60 once it saw the ranks past it, and a test 3 s late (an artificial sleep) let the stall be decided
     before that save (restarted from step 0)."""
     pw = sim.progress_world
     hung_at = wait_until("the world hangs rank 1", lambda: pw.stopped.get(victim.metadata.uid), timeout=30)
-    return hung_at, pw.written.get(victim.metadata.uid, 0)
+    return hung_at, pw.reported.get(victim.metadata.uid, 0)
 
 
 def _hang_waste(until_s: float, hung_step: int) -> tuple[int, float]:

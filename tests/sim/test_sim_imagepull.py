@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from kfp_gpu.errors import InvalidSpec
+from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
 from kfp_gpu_rehearsal.sim import from_dict
 from kfp_gpu_rehearsal.sim.aws.scenario import from_dict as aws_from_dict
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, compress
+from kfp_gpu_rehearsal.sim.clock import compress
 from kfp_gpu_rehearsal.sim.imagepull import NodeImages, pod_images
 from kfp_gpu_rehearsal.sim.worldspec import PullSpec, parse_pull
 from tests.sim._helpers import scenario

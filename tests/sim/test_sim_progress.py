@@ -119,3 +119,34 @@ def test_no_rank_steps_while_a_peer_is_not_bound_to_a_node_yet(tmp_path: Path) -
     pw.pods, pw.first_seen = ours(pods, {"n0", "n1"}), {"u0": 1_700_000_000.0, "u1": 1_700_000_000.0}
     pw.write(1_700_000_000.0 + 10.0)
     assert rank_progress.read(open_backend(uri)) == {}
+
+
+class _Recorder(rank_progress.Progress):
+    """The trainers' reporter, recording each step offered to it (schedule: no trailing timer in this test)."""
+
+    def __init__(self, uri: str, rank: int) -> None:
+        super().__init__(open_backend(uri), rank, min_interval_s=1e9, schedule=lambda delay, fn: lambda: None)
+        self.offered: list[int] = []
+
+    def report(self, step: int, step_time_s: float | None, *, now: float | None = None, force: bool = False) -> bool:
+        self.offered.append(step)
+        return super().report(step, step_time_s, now=now, force=force)
+
+
+def test_a_rank_reports_each_step_once_as_a_trainer_does(tmp_path: Path) -> None:
+    """A trainer calls ``step(n)`` once per step; a step the throttle holds back reaches the store only by the
+    reporter's trailing write. The world offered a held-back step again on every tick until one got through (kinder
+    than a trainer: a rank that hung right after it still wrote it)."""
+    uri = str(tmp_path / "ckpt")
+    pw = ProgressWorld(client.ApiClient(), TrainingSpec(step_s=2.0))
+    pw.pods = [_rank_pod(0, uri)]
+    t0 = 1_700_000_000.0
+    pw.first_seen = {"u0": t0}
+    rec = _Recorder(uri, 0)
+    pw.reporters["u0"] = rec
+    one = 2.0 / 120  # one step, compressed
+    for ticks in ((1.2, 1.5), (2.1, 2.4, 2.7, 2.9), (3.3,)):
+        for k in ticks:
+            pw.write(t0 + k * one)
+    assert rec.offered == [1, 2, 3]
+    assert rank_progress.read(open_backend(uri))[0].step == 1  # 2 and 3 held back (no timer here), never re-offered

@@ -16,8 +16,9 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, container_v1
 
+from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
 from kfp_gpu_rehearsal.sim import SimServer, from_dict, load
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, Timeline, compress
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress
 from kfp_gpu_rehearsal.sim.state import MemoryBackend, SimState
 from tests.sim._helpers import CLUSTER, PARENT, PROJECT, REGION, client_kwargs, scenario
 

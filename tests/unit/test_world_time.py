@@ -1,4 +1,4 @@
-"""Rehearsal reports in the world's clock: the local rehearsal compresses time (kfp_gpu_rehearsal.sim.clock.TIME_SCALE), and
+"""Rehearsal reports in the world's clock: the local rehearsal compresses time (kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE), and
 every time and cost it reports is stretched back (Timeline.scaled, report._common.world), with the factor said
 once; the steps' KFP metrics too (steps.result.WALL_CLOCK_METRICS, scaled in entry.run_step). On a real cluster (no
 KFP_GPU_WORLD_TIME_SCALE) nothing changes."""
@@ -168,3 +168,14 @@ def test_the_train_step_s_output_and_summary_are_in_world_time_and_its_metrics_s
     real = result(_Books(), "Succeeded", 30.0)  # type: ignore[arg-type]
     assert json.loads(real.output_json)["detect_latency_s"] == [0.5] and "| 0.5 | 2 |" in real.markdown
     assert "real-world seconds" not in real.markdown
+
+
+def test_the_world_has_one_time_scale_that_every_reader_follows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One name for the factor: a test that sets it changes the world's compress/expand and the stand-in API's
+    advertised factor together (a by-value re-export once kept the API at 120 while the world ran at 60)."""
+    from kfp_gpu_rehearsal.devcluster import worldtime
+    from kfp_gpu_rehearsal.sim import api, clock
+
+    monkeypatch.setattr(worldtime, "TIME_SCALE", 60.0)
+    assert (api.sim_time_scale(), clock.compress(120.0), clock.expand(2.0), clock.scale()) == (60.0, 2.0, 120.0, 60.0)
+    assert not hasattr(clock, "TIME_SCALE")  # no second name to patch

@@ -1,6 +1,6 @@
 """The AWS stand-in's world description: one EKS cluster, its managed node groups, quotas, stockouts,
 Spot interruptions, API throttling and timings. Durations are real-world seconds (compressed by
-:data:`kfp_gpu_rehearsal.sim.clock.TIME_SCALE`). See docs/sim.md, "AWS stand-in".
+:data:`kfp_gpu_rehearsal.devcluster.worldtime.TIME_SCALE`). See docs/sim.md, "AWS stand-in".
 """
 
 from __future__ import annotations

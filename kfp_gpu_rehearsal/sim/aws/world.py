@@ -23,7 +23,7 @@ from typing import Any
 from kfp_gpu import accelerators
 from kfp_gpu_rehearsal.sim.aws.records import AwsError, EksNodeBackend, Group, Instance, iso
 from kfp_gpu_rehearsal.sim.aws.scenario import AwsScenario, instance_shapes
-from kfp_gpu_rehearsal.sim.clock import TIME_SCALE, Timeline, compress
+from kfp_gpu_rehearsal.sim.clock import Timeline, compress, expand
 from kfp_gpu_rehearsal.sim.topology import Hosts, site
 from kfp_gpu_rehearsal.sim.worldspec import BootLatency
 
@@ -193,7 +193,7 @@ class AwsWorld:
             err = (f"You have requested more vCPU capacity than your current vCPU limit of {limit:g} allows for the "
                    "instance bucket that the specified instance type belongs to. Please visit "
                    "http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.")
-        elif any(s.active(self.now() * TIME_SCALE, g.zone, g.instance_type, g.capacity_type) for s in self.sc.stockouts):
+        elif any(s.active(expand(self.now()), g.zone, g.instance_type, g.capacity_type) for s in self.sc.stockouts):
             err_code = "InsufficientInstanceCapacity"
             others = [z for z in self.sc.zones if z != g.zone]
             err = (f"We currently do not have sufficient {g.instance_type} capacity in the Availability Zone you "
