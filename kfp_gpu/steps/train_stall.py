@@ -187,4 +187,4 @@ def _world_scale(spec: Any) -> float:
         return 1.0
     from kfp_gpu import rehearsal_seam
 
-    return float(rehearsal_seam.load("sim.clock").TIME_SCALE)
+    return float(rehearsal_seam.load("sim.clock").scale())
