@@ -58,8 +58,7 @@ from bench.world import (
 from kfp_gpu_rehearsal.devcluster.nodes import (
     POOL_LABEL,
 )
-from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
-from kfp_gpu_rehearsal.sim.clock import compress
+from kfp_gpu_rehearsal.sim.clock import compress, scale
 
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
@@ -89,7 +88,7 @@ class SideRun:
         if self.error:
             out["error"] = self.error
         if self.m is not None:
-            to_min = TIME_SCALE / 60.0  # wall GPU-seconds -> world GPU-minutes
+            to_min = scale() / 60.0  # wall GPU-seconds -> world GPU-minutes
             out.update({"total_s": round(self.m.total_s, 4), "limit_s": round(self.m.limit_s, 4),
                         "overhead_s": round(self.m.overhead_s, 4), "nodes_ready_s": round(self.m.nodes_ready_s, 4),
                         "nodes": self.m.nodes,
