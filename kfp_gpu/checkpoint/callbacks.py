@@ -12,7 +12,8 @@ Lightning::
 
 Both report the optimizer step (``state.global_step`` / ``trainer.global_step``) once per optimizer step (gradient
 accumulation calls them per micro-batch with the same step: only a new step is reported, so the step time is the
-optimizer step's). When training ends, both flush the step the throttle held back. The frameworks are imported when a callback is made, never by ``import kfp_gpu.checkpoint``.
+optimizer step's). When training ends, both flush the step the throttle held back. The frameworks are imported
+when a callback is made, never by ``import kfp_gpu.checkpoint``.
 """
 
 from __future__ import annotations

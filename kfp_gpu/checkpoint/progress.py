@@ -206,14 +206,12 @@ class Progress:
         with self._lock:
             rec = self._pending
             self._drop_pending()
-            return rec is not None and self._write(rec, self.clock())
+            return rec is not None and self._write(rec, max(self.clock(), rec.at))
 
     def _trailing(self) -> None:
         with self._lock:
-            self._cancel = None
-            rec, self._pending = self._pending, None
-            if rec is not None:
-                self._write(rec, max(self.clock(), rec.at))
+            self._cancel = None  # fired: nothing left to cancel
+            self.flush()
 
     def _drop_pending(self) -> None:
         self._pending = None
