@@ -3,7 +3,8 @@
 Input: each rank's recent progress samples (the step it had reached, its reported step time, and when the observer
 first saw that step: the observer's clock, so a writer's clock skew does not matter), the ranks expected, when the
 attempt started, and ``now``. Output (:func:`assess`): healthy, or stalled (the ranks that stopped first: the lowest
-step, and among those the earliest last progress), plus the stragglers.
+step, and among those the earliest last progress; a rank behind a stalled one counts even before its own timeout),
+plus the stragglers.
 
 - **Stall**: a rank made no progress for the stall timeout. ``timeout_s=None`` ("auto") is
   ``max(floor_s, multiple * median step time)``, the median over the ranks' newest reported step times; with no step
@@ -144,10 +145,18 @@ def assess(history: Mapping[int, Sequence[Sample]], *, ranks: int, started_at: f
     stragglers = _stragglers(history, now, policy)
     if not since:
         return Assessment(State.HEALTHY, timeout, median, stragglers=stragglers)
-    low = min(step for step, _ in since.values())
-    at = min(t for step, t in since.values() if step == low)
+    # In a synchronous gang a rank behind a stalled one is stalled too (its peers wait for it in the next
+    # collective), even when its own newest step was seen a little later: a throttled writer's last step can reach
+    # the store after its peers' next one (seen in the rehearsal: ranks 2, 3 at step 121 past the timeout while the
+    # hung rank 1's step 120 came one write interval later, and the peers were blamed). It is the one to blame.
+    top = min(step for step, _ in since.values())
+    behind = {r: (s.step, s.at) for r, s in ((r, last_progress(h)) for r, h in history.items() if h and r < ranks)
+              if r not in since and s.step < top}
+    culprits = {**since, **behind}
+    low = min(step for step, _ in culprits.values())
+    at = min(t for step, t in culprits.values() if step == low)
     slack = median if median is not None else 0.0  # ranks that stopped within one step of the first
-    first = tuple(sorted(r for r, (step, t) in since.items() if step == low and t <= at + slack))
+    first = tuple(sorted(r for r, (step, t) in culprits.items() if step == low and t <= at + slack))
     what = "never reported a step" if low < 0 else f"at step {low}"
     reason = (f"rank{'s' if len(first) > 1 else ''} {', '.join(map(str, first))} made no progress for "
               f"{now - at:.0f} s ({what}; stall timeout {timeout:.0f} s)")

@@ -217,3 +217,23 @@ def test_deleting_a_nodeclaim_taints_and_drains_its_node(kube: Kube, namespace: 
     print(f"[timing] NodeClaim deleted -> pod evicted and node gone {time.monotonic() - t0:.1f}s")
     assert kube.core.read_namespaced_pod("w1", namespace).spec.node_name == n1  # the other node is untouched
     assert _ready(kube.core.read_node(n1))
+
+
+def test_the_run_s_node_class_is_the_profiles_even_beside_another(karpenter: karpenter_profile.Profile,
+                                                                   kube: Kube) -> None:
+    """A cluster may hold several node classes (a killed bench left its own behind, and CI then failed every
+    Karpenter run with 'several KWOKNodeClasss'): the backend picks the one named ``default``, the profile's."""
+    from kubernetes import client
+
+    from kfp_gpu.cluster import karpenter as api_k
+
+    co = client.CustomObjectsApi(kube.api)
+    args = (karpenter_profile.NODECLASS_GROUP, karpenter_profile.NODECLASS_VERSION, "kwoknodeclasses")
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    co.create_cluster_custom_object(*args, {"apiVersion": f"{args[0]}/{args[1]}", "kind": "KWOKNodeClass",
+                                            "metadata": {"name": other}, "spec": {}})
+    try:
+        assert api_k.node_class(kube.api) == {"group": karpenter_profile.NODECLASS_GROUP, "kind": "KWOKNodeClass",
+                                              "name": karpenter.node_class}
+    finally:
+        co.delete_cluster_custom_object(*args, other)

@@ -46,6 +46,16 @@ def test_a_hung_rank_is_a_stall_once_the_timeout_passes_and_it_stopped_first() -
     assert "rank 2 made no progress for 30 s (at step 50; stall timeout 20 s)" in a.reason
 
 
+def test_the_hung_rank_is_blamed_even_when_its_last_step_was_seen_after_its_peers_next() -> None:
+    # a throttled writer: rank 1 hung after step 120 but its trailing write came 0.5 s after its peers wrote 121
+    h = _run(4, 121, 1.0, stop={1: 120})
+    h[1][-1] = Sample(120, 1.0, 121.5)
+    a = assess(h, ranks=4, started_at=0.0, now=141.2, policy=StallPolicy(floor_s=20.0))
+    assert a.state is State.STALLED and a.stalled == (0, 2, 3)  # rank 1 is not past its own timeout yet
+    assert a.first_stopped == (1,) and a.stopped_at == 121.5
+    assert "rank 1 made no progress for 20 s (at step 120" in a.reason
+
+
 def test_ranks_that_stop_together_are_all_first() -> None:
     h = _run(2, 30, 1.0)
     a = assess(h, ranks=2, started_at=0.0, now=200.0)
