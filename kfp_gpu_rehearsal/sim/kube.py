@@ -31,6 +31,7 @@ def _now() -> str:
 
 
 JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+NODE_LEASE_NAMESPACE = "kube-node-lease"  # the kubelet's (and KWOK's) node heartbeat Leases
 COUNT_WAIT_S = 30.0  # wall seconds the pod GC leaves a terminal Job pod for the Job controller to count
 
 
@@ -154,13 +155,20 @@ class KubeBackend:
         deleted pod's finalizers, so a Failed pod deleted at once was never counted (measured: a Job with
         backoffLimit 0 made a new pod instead of failing; with the pod left 1 s it failed). A missing Node is a
         no-op. Raises: ApiException for other failures."""
+        from kubernetes import client
         from kubernetes.client import ApiException
 
-        try:
-            self.core.delete_node(name, grace_period_seconds=0)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        for delete in (lambda: self.core.delete_node(name, grace_period_seconds=0),
+                       # its node Lease goes with it, as the garbage collector deletes a Lease its Node owns: left
+                       # behind, KWOK took a VM recreated under the name for a node it already leased and ran none of
+                       # its pods until its lease renewal (10 s here: a gang's last rank Running 1000 world-s late)
+                       lambda: client.CoordinationV1Api(self.core.api_client).delete_namespaced_lease(
+                           name, NODE_LEASE_NAMESPACE, grace_period_seconds=0)):
+            try:
+                delete()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
         held = [p for p in pods if p.status.phase in ("Failed", "Succeeded")
                 and JOB_TRACKING_FINALIZER in (p.metadata.finalizers or [])]

@@ -299,6 +299,8 @@ def test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout(
         old_uid = first[0].metadata.owner_references[0].uid
         CheckpointStore(str(ckpt)).save(20, {"w": b"20"})
         victim = cap.nodes[1]
+        podlog = PodLog(kube.core, namespace, job)
+        podlog.start()
         t_notice, t_notice_wall = time.monotonic(), time.time()
         sim.preempt(victim)
         failed_peers: list[str] = []
@@ -311,7 +313,14 @@ def test_rank_loss_under_kfp_gpu_restarts_the_whole_gang_before_the_timeout(
                    and p.metadata.deletion_timestamp is None]
             return new if len(new) == 4 else []
 
-        new = wait_until("the whole gang running again", resumed, timeout=compress(timeout_s) + 30)
+        try:
+            new = wait_until("the whole gang running again", resumed, timeout=compress(timeout_s) + 30)
+        except AssertionError as exc:  # when each pod changed phase, and where KWOK says it is (found the lease bug)
+            phases = [(round(t - t_notice, 2), n, ph) for t, n, _, ph, _, _ in podlog.events]
+            pods = [(p.metadata.name, p.status.phase, p.spec.node_name, (p.metadata.annotations or {}).get(
+                "kfp-gpu.io/pulled-at")) for p in job_pods(kube.core, namespace, job)]
+            raise AssertionError(f"{exc}; phases after the notice: {phases}; pods (name, phase, node, pulled-at): "
+                                 f"{pods}") from None
         back_after = expand(time.monotonic() - t_notice)
         out = json.loads(th.outcome(120).output_json)
     finally:
