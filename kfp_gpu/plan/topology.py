@@ -33,7 +33,8 @@ CHECK_NAME = "topology"
 # that it is one block (GKE gce-topology-block, EKS network-node-layer-2) is our assumption (docs/user-guide.md).
 COMPACT_LEVEL = "block"
 PLACEMENT_FIX = ("grow a pool that keeps its nodes together: an EKS node group whose launch template's Placement names "
-                 "a placement group of strategy 'cluster', or a GKE node pool with placementPolicy COMPACT")
+                 "a placement group of strategy 'cluster', or (best effort) a GKE node pool with placementPolicy "
+                 "COMPACT")
 
 
 def kueue_annotations(topology: str, label: str) -> dict[str, str]:
@@ -143,16 +144,18 @@ def fit(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str
 
 
 def placement_pools(placements: Mapping[str, str], topology: str, level: str) -> tuple[list[str], str]:
-    """The pools (name -> ``PoolState.placement``: "compact" | "spread" | "") a gang takes new nodes from, and a
-    refusal ("" = none). ``required`` at the compact level takes only the compact pools when there are any; a
-    ``required`` gang whose every pool spreads its nodes is refused (its nodes would land in several domains and
-    the gang could never start); otherwise every pool (nodes land where the cloud has room)."""
+    """The pools (name -> ``PoolState.placement``: "compact" | "best-effort" | "spread" | "") a gang takes new nodes
+    from, and a refusal ("" = none). ``required`` at the compact level takes only the compact pools when there are
+    any, else the best-effort compact ones (their nodes share a block while it has room); a ``required`` gang whose
+    every pool spreads its nodes is refused (its nodes would land in several domains and the gang could never
+    start); otherwise every pool (nodes land where the cloud has room)."""
     names = sorted(placements)
     if topology != "required":
         return names, ""
-    compact = [n for n in names if placements[n] == "compact"]
-    if compact and level == COMPACT_LEVEL:
-        return compact, ""
+    for kind in ("compact", "best-effort"):
+        held = [n for n in names if placements[n] == kind]
+        if held and level == COMPACT_LEVEL:
+            return held, ""
     if names and all(placements[n] == "spread" for n in names):
         return [], (f"no matching pool keeps its new nodes in one {level}: {', '.join(names)} "
                     f"{'launches' if len(names) == 1 else 'launch'} them without a cluster placement group, "
@@ -200,6 +203,10 @@ def _with_pools(f: DomainFit, need: int, sizes: Mapping[str, int], pools: Sequen
                             f"{PLACEMENT_FIX}, or use topology='preferred'")
     unknown = sorted(p.name for p in growing if p.placement != "compact" or level != COMPACT_LEVEL)
     best = f"; the compact pools reach at most {reach[0][0]}" if reach else ""
+    loose = sorted(p.name for p in growing if p.placement == "best-effort")
+    if loose:  # GKE COMPACT without a max distance: close while the block has room, elsewhere after
+        best += (f"; the compact placement of {', '.join(loose)} is best effort (no max distance: the cloud puts "
+                 f"nodes in another {level} when {'its' if len(loose) == 1 else 'theirs'} is full)")
     if not unknown:
         return ClusterCheck(CHECK_NAME, Verdict.SHORT, f"{f.reason}{best} (one {level} each)", float(need),
                             float(max(largest, reach[0][0] if reach else 0)),

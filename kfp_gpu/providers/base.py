@@ -28,9 +28,11 @@ Contract (every implementation must honour it; tests in tests/providers check it
   in use), None when unknown. A reservation ``reserve`` creates is automatic (GCE
   ``specificReservationRequired=false``), so the VMs a resize then adds in that zone consume it.
 * **Placement is reported.** ``PoolState.placement`` says whether the pool's new nodes share one network domain:
-  "compact" (GKE ``placementPolicy.type: COMPACT``; an EKS node group whose launch template names a placement group
-  of strategy ``cluster``), "spread" (the cloud documents that it spreads them: an EC2 launch without a cluster
-  placement group) or "" (not known: GKE without a compact policy). ``placement_group`` names the group or policy.
+  "compact" (held there: an EKS node group whose launch template names a placement group of strategy ``cluster``),
+  "best-effort" (the cloud puts them close when it can and elsewhere when it cannot: GKE ``COMPACT``, whose max
+  distance, the only thing that would hold them, Compute v1 does not expose), "spread" (the cloud
+  documents that it spreads them: an EC2 launch without a cluster placement group) or "" (not known: GKE without a
+  compact policy). Only "compact" is a guarantee. ``placement_group`` names the group or policy.
 * **Owned and labelled.** Everything a provider creates carries the owner labels (run id, step,
   lease expiry) so ``list_owned`` / teardown / the janitor can always find it.
 
@@ -95,7 +97,8 @@ class PoolState:
     reservations: tuple[str, ...] = ()  # the reservations a "specific" affinity names
     reservation_free: int | None = None  # VMs those reservations still hold free; None = unknown
     queued_provisioning: bool = False  # GKE queuedProvisioning.enabled: nodes come only through ProvisioningRequests
-    placement: str = ""  # where new nodes land (the contract's placement paragraph): "compact" | "spread" | "" unknown
+    placement: str = ""  # where new nodes land (the contract's placement paragraph): "compact" | "best-effort" |
+    # "spread" | "" unknown
     placement_group: str = ""  # what keeps them close: the EC2 placement group's name, GKE's "COMPACT" policy
 
 

@@ -158,14 +158,14 @@ class KubeBackend:
         from kubernetes import client
         from kubernetes.client import ApiException
 
-        for delete in (lambda: self.core.delete_node(name, grace_period_seconds=0),
-                       # its node Lease goes with it, as the garbage collector deletes a Lease its Node owns: left
-                       # behind, KWOK took a VM recreated under the name for a node it already leased and ran none of
-                       # its pods until its lease renewal (10 s here: a gang's last rank Running 1000 world-s late)
-                       lambda: client.CoordinationV1Api(self.core.api_client).delete_namespaced_lease(
-                           name, NODE_LEASE_NAMESPACE, grace_period_seconds=0)):
+        # its node Lease goes with it, as the garbage collector deletes a Lease its Node owns: left behind, KWOK took a
+        # VM recreated under the name for a node it already leased and ran none of its pods until its lease renewal
+        # (10 s here: a resumed gang's last rank Running ~1000 world seconds late)
+        leases = client.CoordinationV1Api(self.core.api_client)
+        for delete, kw in ((self.core.delete_node, {}), (leases.delete_namespaced_lease,
+                                                         {"namespace": NODE_LEASE_NAMESPACE})):
             try:
-                delete()
+                delete(name, grace_period_seconds=0, **kw)
             except ApiException as exc:
                 if exc.status != 404:
                     raise

@@ -252,9 +252,9 @@ class World:
             item = rsv.exhausted_item(p.spec)
         else:  # quota is checked per VM, before the zone's stock (docs/sim.md rule 4b)
             item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
-        if item is None:  # a host for it: a compact pool's VMs only in the pool's block (docs/sim.md, "Topology")
+        if item is None:  # a host: a strict compact pool's VMs only in its block, a best-effort one's spill (docs/sim.md)
             labels = self.hosts.place(site(p.spec.zone, p.spec.machine_type), p.spec.name, inst.name, p.spec.placement == "COMPACT",
-                                      need=p.count(CREATING))
+                                      need=p.count(CREATING), strict=p.spec.placement_max_distance > 0)
             if labels is None:
                 item = shapes.stockout_item(p.spec.zone, self.sc.project, False)
             else:

@@ -20,6 +20,7 @@ from kfp_gpu_rehearsal.sim import reservations as rsv
 from kfp_gpu_rehearsal.sim import shapes
 from kfp_gpu_rehearsal.sim.mig import BOOTING, CREATING, DELETING, NOTICE, RUNNING, PoolRuntime, World
 from kfp_gpu_rehearsal.sim.scenario import Scenario
+from kfp_gpu_rehearsal.sim.topology import placement_policy_name
 
 __all__ = ["PoolViews", "igm_name"]
 
@@ -76,6 +77,8 @@ class PoolViews:
         if affinity is not None:
             config["reservationAffinity"] = affinity
         extra: dict[str, Any] = {"placementPolicy": {"type": p.spec.placement}} if p.spec.placement else {}
+        if p.spec.placement_max_distance:  # a Compute Engine resource policy (routes: resourcePolicies.get)
+            extra["placementPolicy"]["policyName"] = placement_policy_name(p.spec.name)
         return {**extra,
             "name": p.spec.name,
             "config": config,

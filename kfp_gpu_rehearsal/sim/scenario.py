@@ -34,7 +34,7 @@ from kfp_gpu_rehearsal.sim.eventspec import (
     parse_stockouts,
 )
 from kfp_gpu_rehearsal.sim.gpufaultspec import GpuFaults, parse_gpu_faults
-from kfp_gpu_rehearsal.sim.topology import TopologySpec, parse_placement, parse_topology
+from kfp_gpu_rehearsal.sim.topology import TopologySpec, parse_max_distance, parse_placement, parse_topology
 from kfp_gpu_rehearsal.sim.trainingspec import TrainingSpec, parse_training
 from kfp_gpu_rehearsal.sim.worldspec import (  # noqa: F401 - BootLatency, Operations re-exported
     Autoscaling,
@@ -75,6 +75,7 @@ class PoolSpec:
     flex_start: bool = False  # flex-start VMs without queued provisioning (a ComputeClass flexStart rule's pools)
     compute_class: str = ""  # the ComputeClass whose rule node auto-provisioning created this pool for (kfp_gpu_rehearsal.sim.computeclass)
     class_rule: int = -1  # that rule's index in the class's priorities
+    placement_max_distance: int = 0  # its compact policy's maxDistance (1-3): strict; 0 = none, best effort (topology)
 
     @property
     def provisioning_model(self) -> str:
@@ -235,7 +236,7 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
     p = _obj(data, f, {
         "name", "zone", "accelerator", "gpus_per_node", "spot", "max_nodes", "initial_size",
         "machine_type", "boot", "autoscaling", "reservation_affinity",
-        "queued_provisioning", "placement_policy",
+        "queued_provisioning", "placement_policy", "placement_max_distance",
     })
     name = str(p.get("name", ""))
     if not _NAME_RE.match(name):
@@ -264,11 +265,13 @@ def _pool(data: Any, f: str, regions: dict[str, RegionSpec]) -> PoolSpec:
                           "a queued-provisioning pool needs autoscaling: {enabled: true} (GKE requires it)")
     if queued and initial:  # GKE: --num-nodes=0; nodes come only through ProvisioningRequests
         raise InvalidSpec(f"{f}.initial_size", initial, "must be 0 for a queued-provisioning pool")
+    placement = parse_placement(p.get("placement_policy"), f"{f}.placement_policy")
     return PoolSpec(
         name, zone, acc.name, gpus, bool(p.get("spot", False)), max_nodes, initial,
         str(p.get("machine_type") or machine), parse_boot(p.get("boot"), f"{f}.boot", acc.name, name),
         autoscaling, parse_affinity(p.get("reservation_affinity"), f"{f}.reservation_affinity"), queued,
-        parse_placement(p.get("placement_policy"), f"{f}.placement_policy"),
+        placement, placement_max_distance=parse_max_distance(p.get("placement_max_distance"),
+                                                             f"{f}.placement_max_distance", placement),
     )
 
 

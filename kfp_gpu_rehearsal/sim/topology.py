@@ -4,9 +4,14 @@ GCE places a VM on a host; hosts form sub-blocks, sub-blocks form blocks, and GK
 (``cloud.google.com/gce-topology-block``, ``-subblock``, ``-host``;
 https://cloud.google.com/ai-hypercomputer/docs/workloads/schedule-gke-workloads-tas,
 https://cloud.google.com/compute/docs/instances/view-instance-topology). A node pool with a compact placement policy
-(``placementPolicy.type: COMPACT``, https://cloud.google.com/kubernetes-engine/docs/how-to/compact-placement) keeps
-all its VMs close together: here, in one block. A VM of a pool without one lands wherever there is room: here, the
-block with the most free hosts, so an unplaced pool's VMs scatter across blocks.
+(``placementPolicy.type: COMPACT``, https://cloud.google.com/kubernetes-engine/docs/how-to/compact-placement) puts
+its VMs close together: here, in one block. Compute Engine keeps them there only when the policy sets a max distance
+("When you require densely colocated resources, specify a max distance in the policy. When you want densely
+colocated resources based on best-effort availability, don't specify a max distance",
+https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy): a *strict* pool's VM that its
+block has no host for is not created, a *best-effort* pool's lands in another block (the one with the most free
+hosts). An EC2 cluster placement group is strict. A VM of a pool without a policy lands wherever there is room:
+here, the block with the most free hosts, so an unplaced pool's VMs scatter across blocks.
 
 The scenario's ``topology:`` block sets the sizes: ``block_nodes`` hosts per block, ``subblock_nodes`` hosts per
 sub-block, ``blocks`` blocks per zone (0 = as many as needed). No ``topology:`` block = no labels (the default).
@@ -62,6 +67,23 @@ def parse_placement(data: Any, f: str) -> str:
     return value
 
 
+def parse_max_distance(data: Any, f: str, placement: str) -> int:
+    """A compact pool's ``placement_max_distance`` (its policy's ``groupPlacementPolicy.maxDistance``, 1-3; absent:
+    none, best effort). Raises: InvalidSpec naming the field."""
+    if data is None:
+        return 0
+    if placement != COMPACT:
+        raise InvalidSpec(f, data, "needs placement_policy: compact (a max distance is a compact policy's)")
+    if isinstance(data, bool) or not isinstance(data, int) or not 1 <= data <= 3:
+        raise InvalidSpec(f, data, "must be 1, 2 or 3 (Compute Engine's maxDistance), or omit it for best effort")
+    return data
+
+
+def placement_policy_name(pool: str) -> str:
+    """The Compute Engine resource policy a strict compact pool names (``placementPolicy.policyName``)."""
+    return f"{pool}-compact"
+
+
 def site(zone: str, machine_type: str) -> str:
     """Where hosts are counted: a zone's blocks of one machine type."""
     return f"{zone}/{machine_type}"
@@ -80,6 +102,7 @@ class Hosts:
         self.used: dict[str, dict[int, set[int]]] = {}  # site -> block -> taken host slots
         self.where: dict[str, tuple[str, int, int]] = {}  # VM name -> (site, block, slot)
         self.pool_block: dict[str, int] = {}  # compact pool -> its block
+        self.spill_block: dict[str, int] = {}  # best-effort compact pool -> the block it spilled into last
 
     def free(self, zone: str, block: int) -> int:
         return self.spec.block_nodes - len(self.used.get(zone, {}).get(block, ()))
@@ -89,26 +112,35 @@ class Hosts:
         count = self.spec.blocks or (max(have, default=-1) + 2)  # one empty block beyond the used ones
         return list(range(count))
 
-    def room(self, zone: str, pool: str, compact: bool, need: int) -> int | None:
-        """Hosts a compact ``pool`` can still get (its block's free hosts, or the largest free block before its first
-        VM); None for a pool without compact placement or a world without topology."""
-        if not (compact and self.spec.enabled):
+    def room(self, zone: str, pool: str, compact: bool, need: int, strict: bool = True) -> int | None:
+        """Hosts a strict compact ``pool`` can still get (its block's free hosts, or the largest free block before its
+        first VM); None for a pool without compact placement, a best-effort one, or a world without topology."""
+        if not (compact and strict and self.spec.enabled):
             return None
         if pool in self.pool_block:
             return self.free(zone, self.pool_block[pool])
         return max((self.free(zone, b) for b in self._blocks(zone)), default=0)
 
-    def place(self, zone: str, pool: str, name: str, compact: bool, need: int = 1) -> dict[str, str] | None:
+    def place(self, zone: str, pool: str, name: str, compact: bool, need: int = 1,
+              strict: bool = True) -> dict[str, str] | None:
         """Put VM ``name`` on a free host and return its node labels ({} without topology, the same labels when it is
-        placed already); None when a compact pool's block is full (or no block of the zone has room)."""
+        placed already); None when a strict compact pool's block is full (or no block of the zone has room). A
+        best-effort compact pool (``strict`` False) whose block is full spills into the block with the most room."""
         if not self.spec.enabled:
             return {}
         if name in self.where:
             return self.labels(name)
-        if compact and pool in self.pool_block:
+        if compact and pool in self.pool_block and (strict or self.free(zone, self.pool_block[pool]) > 0):
             block = self.pool_block[pool]
             if self.free(zone, block) <= 0:
                 return None
+        elif compact and pool in self.pool_block:  # best effort, its block full: as close as it can, the block it
+            frees = {b: self.free(zone, b) for b in self._blocks(zone) if self.free(zone, b) > 0}  # spilled into
+            if not frees:  # first while that has room, else the one with the most room
+                return None
+            spill = self.spill_block.get(pool)
+            block = spill if spill in frees else max(frees, key=lambda b: (frees[b], -b))
+            self.spill_block[pool] = block
         else:
             frees = {b: self.free(zone, b) for b in self._blocks(zone) if self.free(zone, b) > 0}
             if not frees:

@@ -219,3 +219,27 @@ def test_topology_required_gang_from_a_scattering_pool_times_out_and_from_a_comp
     blocks = _blocks(kube, list(cap.nodes))
     assert len(blocks) == 2 and len(set(blocks.values())) == 1, blocks
     print(f"\nscattering pool: refused after {waited:.1f} s (deadline 8 s); compact pool: one block {blocks}")
+
+
+def test_topology_required_gang_whose_best_effort_compact_pool_spills_is_refused_never_started_across_blocks(
+    kube: Kube, namespace: str, worlds: list[SimServer], step_api: client.ApiClient,
+) -> None:
+    # GKE COMPACT without a max distance is best effort (docs/sim.md, "Topology"): a pool of 3 in blocks of 2 puts
+    # 2 nodes in its block and the third in another. Preflight cannot promise one block; scale-up never starts the
+    # gang across two and gives the nodes back.
+    from kfp_gpu.steps import scale_up
+
+    fixed = {"dist": "fixed", "median_s": 120}
+    pool = "h100-80gb-b"  # a pool (and zone) of its own: another world's h100-80gb-a nodes share this cluster
+    sim = _world(kube, {"block_nodes": 2, "blocks": 3}, pool, max_nodes=3, boot=fixed, placement_policy="compact")
+    worlds.append(sim)
+    spec = _spec(sim, namespace, 3, pool).replace(scale_up_deadline_s=8.0, zones=("us-central1-b",))
+    res = run_preflight(spec, GkeProvider.from_target(spec.target), step_api, capacity_wait_s=1.0)
+    row = next(c for c in res.cluster_checks if c.name == "topology")
+    assert row.verdict is Verdict.UNKNOWN and "best effort" in row.detail, (row.detail, row.remediation)
+    with pytest.raises(ProvisioningTimeout) as ei:
+        scale_up.run(spec, f"run-spill-{namespace}", "", api=step_api)
+    assert "no block held 3 Ready nodes (topology='required'; 3 Ready in all)" in ei.value.message, ei.value.message
+    spilled = collections.Counter(_blocks(kube, sim.nodes(pool)).values())
+    assert sorted(spilled.values()) in ([], [1, 2]), spilled  # the world did spill (or its nodes are already gone)
+    print(f"\nbest-effort compact pool spilled {dict(spilled)}: refused: {ei.value.message[:160]}")

@@ -213,3 +213,14 @@ def test_preflight_refuses_a_required_gang_whose_pools_all_spread_and_is_unknown
     # no pool can add a node: the existing-nodes rule (SHORT naming the sizes)
     none = _row(3, {"b-1": 1}, [topology.PoolReach("gpu-a", "spread", 0)])
     assert none.verdict is Verdict.SHORT and "the largest holds 1" in none.detail
+
+
+def test_a_best_effort_compact_pool_is_preferred_for_a_required_gang_but_never_a_guarantee() -> None:
+    # GKE COMPACT without a max distance: its nodes share a block while the block has room, and spill after
+    assert topology.placement_pools({"np-compact": "best-effort", "np": ""}, "required", "block") == (["np-compact"], "")
+    assert topology.placement_pools({"np-compact": "best-effort", "pg-a": "compact"}, "required", "block") == (
+        ["pg-a"], "")  # a pool that holds its nodes in a block comes first
+    row = _row(4, {}, [topology.PoolReach("np-compact", "best-effort", 4, group="COMPACT")])
+    assert row.verdict is Verdict.UNKNOWN, row  # never "fits": the cloud may put some of them in another block
+    assert "the compact placement of np-compact is best effort (no max distance: the cloud puts nodes in another " \
+        "block when its is full)" in row.detail

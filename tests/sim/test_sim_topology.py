@@ -43,20 +43,30 @@ def test_no_topology_block_means_no_labels() -> None:
         assert all(backend.labels[n] == {} for n in sim.nodes("h100-80gb-a"))
 
 
+STRICT = {"placement_policy": "compact", "placement_max_distance": 1}  # a compact policy with a max distance
+
+
 def test_compact_pool_lands_in_one_block_and_reports_its_policy() -> None:
-    compact = pools(**{"h100-80gb-a": {"placement_policy": "compact"}})
+    compact = pools(**{"h100-80gb-a": STRICT, "h100-80gb-spot-a": {"placement_policy": "compact"}})
     with world(topology=TOPO, pools=compact) as (sim, tl, backend):
         cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
         got = cm.get_node_pool(name=f"{PARENT}/nodePools/h100-80gb-a")
         assert got.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.COMPACT
+        assert got.placement_policy.policy_name == "h100-80gb-a-compact"
         plain = cm.get_node_pool(name=f"{PARENT}/nodePools/h100-80gb-b")
         assert plain.placement_policy.type_ == container_v1.NodePool.PlacementPolicy.Type.TYPE_UNSPECIFIED
-        # the provider contract's placement, from nodePools.get/list
+        # the provider contract's placement, from nodePools.get/list: COMPACT is never taken as a guarantee (Compute v1
+        # does not expose a policy's max distance, the one thing that holds VMs in a block)
+        from kfp_gpu.providers.base import PoolRef
         from kfp_gpu.providers.gke import GkeProvider
 
-        states = {s.ref.pool: s for s in GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url).pools(
-            "us-central1")}
-        assert (states["h100-80gb-a"].placement, states["h100-80gb-a"].placement_group) == ("compact", "COMPACT")
+        prov = GkeProvider(PROJECT, "us-central1", CLUSTER, endpoint=sim.url)
+        states = {s.ref.pool: s for s in prov.pools("us-central1")}
+        assert (states["h100-80gb-a"].placement, states["h100-80gb-a"].placement_group) == (
+            "best-effort", "h100-80gb-a-compact")
+        assert prov.pool(PoolRef("h100-80gb-a", "us-central1-a")).placement == "best-effort"
+        assert (states["h100-80gb-spot-a"].placement, states["h100-80gb-spot-a"].placement_group) == (
+            "best-effort", "COMPACT")
         assert (states["h100-80gb-b"].placement, states["h100-80gb-b"].placement_group) == ("", "")
         op = set_size(cm, "h100-80gb-a", 4)
         tl.advance(real(3 + 20 + 3600))
@@ -66,7 +76,7 @@ def test_compact_pool_lands_in_one_block_and_reports_its_policy() -> None:
 
 
 def test_compact_pool_resize_beyond_its_block_fails_at_once() -> None:
-    compact = pools(**{"h100-80gb-a": {"placement_policy": "compact", "initial_size": 3}})
+    compact = pools(**{"h100-80gb-a": {**STRICT, "initial_size": 3}})
     with world(topology=TOPO, pools=compact) as (sim, tl, backend):
         cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
         op = set_size(cm, "h100-80gb-a", 5)  # its block has 4 hosts, 3 taken: 2 more do not fit
@@ -82,8 +92,7 @@ def test_compact_pool_resize_beyond_its_block_fails_at_once() -> None:
 
 def test_compact_resize_fails_when_its_block_is_full_though_the_zone_has_hosts() -> None:
     # the unplaced spot pool (same machine type) takes hosts wherever most are free, the compact pool's block too
-    layout = pools(**{"h100-80gb-a": {"placement_policy": "compact", "initial_size": 2},
-                      "h100-80gb-spot-a": {"initial_size": 5}})
+    layout = pools(**{"h100-80gb-a": {**STRICT, "initial_size": 2}, "h100-80gb-spot-a": {"initial_size": 5}})
     with world(topology=TOPO, pools=layout, mig_retry_s=60) as (sim, tl, backend):
         hosts = sim.state.hosts
         site = "us-central1-a/a3-highgpu-8g"
@@ -99,6 +108,18 @@ def test_compact_resize_fails_when_its_block_is_full_though_the_zone_has_hosts()
         assert len(_blocks(backend, sim.nodes("h100-80gb-a"))) == 1
 
 
+def test_a_best_effort_compact_pool_spills_into_another_block_when_its_own_is_full() -> None:
+    # no max distance: Compute Engine places the VMs close while it can, and creates them elsewhere after
+    compact = pools(**{"h100-80gb-a": {"placement_policy": "compact", "initial_size": 3}})
+    with world(topology=TOPO, pools=compact) as (sim, tl, backend):
+        cm = container_v1.ClusterManagerClient(**client_kwargs(sim.url))
+        op = set_size(cm, "h100-80gb-a", 6)  # its block has 4 hosts: 2 VMs land in another block
+        tl.advance(real(3 + 20 + 3600))
+        assert not gke_op(cm, op.name).error.message
+        names = sim.nodes("h100-80gb-a")
+        assert len(names) == 6 and sorted(_blocks(backend, names).values()) == [2, 4]
+
+
 def test_scenario_topology_is_validated_naming_the_field() -> None:
     with pytest.raises(InvalidSpec, match=r"topology\.subblock_nodes"):
         from_dict(scenario(topology={"block_nodes": 4, "subblock_nodes": 3}))
@@ -106,8 +127,13 @@ def test_scenario_topology_is_validated_naming_the_field() -> None:
         data = scenario()
         data["pools"][0]["placement_policy"] = "spread"
         from_dict(data)
-    with pytest.raises(InvalidSpec, match=r"initial_size"):
-        from_dict_world = pools(**{"h100-80gb-a": {"placement_policy": "compact", "initial_size": 5}})
+    for bad in ({"placement_max_distance": 2}, {"placement_policy": "compact", "placement_max_distance": 4}):
+        data = scenario()
+        data["pools"][0].update(bad)
+        with pytest.raises(InvalidSpec, match=r"pools\[0\]\.placement_max_distance"):
+            from_dict(data)
+    with pytest.raises(InvalidSpec, match=r"initial_size"):  # a strict pool's VMs must fit its block
+        from_dict_world = pools(**{"h100-80gb-a": {**STRICT, "initial_size": 5}})
         with world(topology=TOPO, pools=from_dict_world):
             pass
 

@@ -177,8 +177,11 @@ def pool_state(np: Any, zone: str, region: str, size: int, free: int | None) -> 
     auto = np.autoscaling
     max_size = int(auto.max_node_count or auto.total_max_node_count or 0) or NO_MAX
     kind, names = affinity(np)
-    # COMPACT: "node placement in the same availability domain" (NodePool.PlacementPolicy.Type); without it GKE
-    # documents no placement, so "" (unknown), never "spread"
+    # COMPACT: "node placement in the same availability domain" (NodePool.PlacementPolicy.Type). Compute Engine holds
+    # VMs there only under a policy with a max distance, else it is best effort
+    # (https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy); the max distance is not
+    # in Compute v1 (ResourcePolicyGroupPlacementPolicy has no such field), so a GKE COMPACT pool is never taken as
+    # a guarantee: "best-effort". Without COMPACT GKE documents no placement: "" (unknown), never "spread".
     compact = np.placement_policy.type_.name == "COMPACT"
     return PoolState(
         ref=PoolRef(np.name, zone, region), size=size, max_size=max_size, accelerator=acc,
@@ -189,7 +192,7 @@ def pool_state(np: Any, zone: str, region: str, size: int, free: int | None) -> 
         autoscaling_max=int(auto.max_node_count or auto.total_max_node_count or 0) if auto.enabled else 0,
         reservation_affinity=kind, reservations=names, reservation_free=free,
         queued_provisioning=bool(np.queued_provisioning.enabled),
-        placement="compact" if compact else "",
+        placement="best-effort" if compact else "",
         placement_group=(np.placement_policy.policy_name or "COMPACT") if compact else "",
     )
 
