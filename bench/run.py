@@ -34,6 +34,8 @@ from typing import Any
 from bench.common import RESULTS, ROOT, new_api, stats, uid
 from bench.world import description, git_state
 
+LEFTOVER = "kfp-gpu.io/bench"  # every node and namespace the bench makes carries it
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -165,6 +167,34 @@ def _only(text: str) -> tuple[str, ...]:
     return keys
 
 
+def sweep(api: Any, log: Callable[[str], None]) -> None:
+    """Delete what a killed bench left (label ``kfp-gpu.io/bench``): its nodes, namespaces and KWOKNodeClass. A
+    bench killed at N=512 left 400 KWOK nodes and its node class; the next bench (and CI's make test on the same
+    cluster) ran beside them. Raises: ApiException other than 404."""
+    from kubernetes import client
+
+    from bench.burst import KARPENTER_NODE_CLASS
+
+    core = client.CoreV1Api(api)
+    nodes = [n.metadata.name for n in core.list_node(label_selector=LEFTOVER).items]
+    spaces = [n.metadata.name for n in core.list_namespace(label_selector=LEFTOVER).items]
+    for delete, names in ((core.delete_node, nodes), (core.delete_namespace, spaces)):
+        for name in names:
+            try:
+                delete(name)
+            except client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+    try:
+        client.CustomObjectsApi(api).delete_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
+                                                                  KARPENTER_NODE_CLASS)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            raise
+    if nodes or spaces:
+        log(f"swept a killed bench's leftovers: {len(nodes)} nodes, namespaces {spaces}")
+
+
 def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = (),
         command: str = "") -> dict[str, Any]:
     """Every scenario of ``mode`` (``only``: just these, by :data:`SCENARIOS` key)."""
@@ -177,6 +207,7 @@ def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = 
     ns = uid("kfp-gpu-bench-")
     api = new_api()
     core = client.CoreV1Api(api)
+    sweep(api, log)
     core.create_namespace({"metadata": {"name": ns, "labels": {"kfp-gpu.io/bench": "true"}}})
     out: dict[str, Any] = {"schema": 2, "mode": mode.name, "git": git_state(ROOT),
                            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
