@@ -205,8 +205,8 @@ def _with_pools(f: DomainFit, need: int, sizes: Mapping[str, int], pools: Sequen
     best = f"; the compact pools reach at most {reach[0][0]}" if reach else ""
     loose = sorted(p.name for p in growing if p.placement == "best-effort")
     if loose:  # GKE COMPACT without a max distance: close while the block has room, elsewhere after
-        best += (f"; the compact placement of {', '.join(loose)} is best effort (no max distance: the cloud puts "
-                 f"nodes in another {level} when {'its' if len(loose) == 1 else 'theirs'} is full)")
+        best += (f"; the compact placement of {', '.join(loose)} is best effort (no max distance: once a pool's "
+                 f"{level} is full, the cloud puts its new nodes in another)")
     if not unknown:
         return ClusterCheck(CHECK_NAME, Verdict.SHORT, f"{f.reason}{best} (one {level} each)", float(need),
                             float(max(largest, reach[0][0] if reach else 0)),

@@ -9,8 +9,8 @@ its VMs close together: here, in one block. Compute Engine keeps them there only
 ("When you require densely colocated resources, specify a max distance in the policy. When you want densely
 colocated resources based on best-effort availability, don't specify a max distance",
 https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy): a *strict* pool's VM that its
-block has no host for is not created, a *best-effort* pool's lands in another block (the one with the most free
-hosts). An EC2 cluster placement group is strict. A VM of a pool without a policy lands wherever there is room:
+block has no host for is not created, a *best-effort* pool's lands in another block (the block it spilled into
+while that has room, else the one with the most free hosts). An EC2 cluster placement group is strict. A VM of a pool without a policy lands wherever there is room:
 here, the block with the most free hosts, so an unplaced pool's VMs scatter across blocks.
 
 The scenario's ``topology:`` block sets the sizes: ``block_nodes`` hosts per block, ``subblock_nodes`` hosts per
@@ -125,32 +125,29 @@ class Hosts:
               strict: bool = True) -> dict[str, str] | None:
         """Put VM ``name`` on a free host and return its node labels ({} without topology, the same labels when it is
         placed already); None when a strict compact pool's block is full (or no block of the zone has room). A
-        best-effort compact pool (``strict`` False) whose block is full spills into the block with the most room."""
+        best-effort compact pool (``strict`` False) whose block is full spills: into the block it spilled into while
+        that has room, else the one with the most."""
         if not self.spec.enabled:
             return {}
         if name in self.where:
             return self.labels(name)
-        if compact and pool in self.pool_block and (strict or self.free(zone, self.pool_block[pool]) > 0):
-            block = self.pool_block[pool]
-            if self.free(zone, block) <= 0:
+        frees = {b: self.free(zone, b) for b in self._blocks(zone) if self.free(zone, b) > 0}
+        own = self.pool_block.get(pool) if compact else None
+        if own is not None and (strict or own in frees):  # a compact pool's block
+            if own not in frees:
                 return None
-        elif compact and pool in self.pool_block:  # best effort, its block full: as close as it can, the block it
-            frees = {b: self.free(zone, b) for b in self._blocks(zone) if self.free(zone, b) > 0}  # spilled into
-            if not frees:  # first while that has room, else the one with the most room
-                return None
+            block = own
+        elif not frees:
+            return None
+        elif own is not None:  # best effort, its block full
             spill = self.spill_block.get(pool)
-            block = spill if spill in frees else max(frees, key=lambda b: (frees[b], -b))
-            self.spill_block[pool] = block
-        else:
-            frees = {b: self.free(zone, b) for b in self._blocks(zone) if self.free(zone, b) > 0}
-            if not frees:
-                return None
-            if compact:  # the first VM of a compact pool: the tightest block with room for all it asked, else the largest
-                fits = [b for b, f in frees.items() if f >= need]
-                block = min(fits, key=lambda b: (frees[b], b)) if fits else max(frees, key=lambda b: (frees[b], -b))
-                self.pool_block[pool] = block
-            else:  # no placement policy: the block with the most free hosts (VMs scatter)
-                block = max(frees, key=lambda b: (frees[b], -b))
+            block = self.spill_block[pool] = spill if spill in frees else max(frees, key=lambda b: (frees[b], -b))
+        elif compact:  # the first VM of a compact pool: the tightest block with room for all it asked, else the largest
+            fits = [b for b, f in frees.items() if f >= need]
+            block = min(fits, key=lambda b: (frees[b], b)) if fits else max(frees, key=lambda b: (frees[b], -b))
+            self.pool_block[pool] = block
+        else:  # no placement policy: the block with the most free hosts (VMs scatter)
+            block = max(frees, key=lambda b: (frees[b], -b))
         taken = self.used.setdefault(zone, {}).setdefault(block, set())
         slot = min(set(range(self.spec.block_nodes)) - taken)
         taken.add(slot)

@@ -222,5 +222,5 @@ def test_a_best_effort_compact_pool_is_preferred_for_a_required_gang_but_never_a
         ["pg-a"], "")  # a pool that holds its nodes in a block comes first
     row = _row(4, {}, [topology.PoolReach("np-compact", "best-effort", 4, group="COMPACT")])
     assert row.verdict is Verdict.UNKNOWN, row  # never "fits": the cloud may put some of them in another block
-    assert "the compact placement of np-compact is best effort (no max distance: the cloud puts nodes in another " \
-        "block when its is full)" in row.detail
+    assert "the compact placement of np-compact is best effort (no max distance: once a pool's block is full, the " \
+        "cloud puts its new nodes in another)" in row.detail
