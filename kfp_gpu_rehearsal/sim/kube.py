@@ -147,6 +147,26 @@ class KubeBackend:
             left[0] -= 1
             self.gpu.break_node(name, fault)
 
+    def _delete_lease(self, name: str, node_uid: str) -> None:
+        """Delete the node Lease that Node incarnation ``node_uid`` owns, as the garbage collector does once its owner
+        is gone (only that one: a Lease of a VM already recreated under the name belongs to the new Node). Left
+        behind, KWOK took a VM recreated under the name for a node it already leased and ran none of its pods until
+        its lease renewal (10 s here: a resumed gang's last rank Running ~1000 world seconds late). Raises:
+        ApiException other than 404/409."""
+        from kubernetes import client
+        from kubernetes.client import ApiException
+
+        leases = client.CoordinationV1Api(self.core.api_client)
+        try:
+            lease = leases.read_namespaced_lease(name, NODE_LEASE_NAMESPACE)
+            if not any(o.uid == node_uid for o in lease.metadata.owner_references or []):
+                return
+            leases.delete_namespaced_lease(name, NODE_LEASE_NAMESPACE, body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=lease.metadata.uid)))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def delete(self, name: str) -> None:
         """Delete a Node and the pods bound to it (what the pod GC does for a VM that is gone, without
         its 40 s quarantine, which the stand-in's compressed time would stretch). A pod the kubelet already reported
@@ -155,20 +175,17 @@ class KubeBackend:
         deleted pod's finalizers, so a Failed pod deleted at once was never counted (measured: a Job with
         backoffLimit 0 made a new pod instead of failing; with the pod left 1 s it failed). A missing Node is a
         no-op. Raises: ApiException for other failures."""
-        from kubernetes import client
         from kubernetes.client import ApiException
 
-        # its node Lease goes with it, as the garbage collector deletes a Lease its Node owns: left behind, KWOK took a
-        # VM recreated under the name for a node it already leased and ran none of its pods until its lease renewal
-        # (10 s here: a resumed gang's last rank Running ~1000 world seconds late)
-        leases = client.CoordinationV1Api(self.core.api_client)
-        for delete, kw in ((self.core.delete_node, {}), (leases.delete_namespaced_lease,
-                                                         {"namespace": NODE_LEASE_NAMESPACE})):
-            try:
-                delete(name, grace_period_seconds=0, **kw)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        try:
+            uid = self.core.read_node(name).metadata.uid
+            self.core.delete_node(name, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            uid = None
+        if uid is not None:
+            self._delete_lease(name, uid)
         pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items
         held = [p for p in pods if p.status.phase in ("Failed", "Succeeded")
                 and JOB_TRACKING_FINALIZER in (p.metadata.finalizers or [])]
