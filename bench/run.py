@@ -169,7 +169,7 @@ def _only(text: str) -> tuple[str, ...]:
 
 def sweep(api: Any, log: Callable[[str], None]) -> None:
     """Delete what a killed bench left (label ``kfp-gpu.io/bench``): its nodes, namespaces and KWOKNodeClass. A
-    bench killed at N=512 left 400 KWOK nodes and its node class; the next bench (and CI's make test on the same
+    bench killed at N=512 left 350 KWOK nodes and its node class; the next bench (and CI's make test on the same
     cluster) ran beside them. Raises: ApiException other than 404."""
     from kubernetes import client
 

@@ -254,7 +254,7 @@ class World:
             item = self.quota(p.spec) or self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
         if item is None:  # a host: a strict compact pool's VMs only in its block, a best-effort one's spill (docs/sim.md)
             labels = self.hosts.place(site(p.spec.zone, p.spec.machine_type), p.spec.name, inst.name, p.spec.placement == "COMPACT",
-                                      need=p.count(CREATING), strict=p.spec.placement_max_distance > 0)
+                                      need=p.count(CREATING), strict=p.spec.placement_strict)
             if labels is None:
                 item = shapes.stockout_item(p.spec.zone, self.sc.project, False)
             else:

@@ -77,7 +77,7 @@ class PoolViews:
         if affinity is not None:
             config["reservationAffinity"] = affinity
         extra: dict[str, Any] = {"placementPolicy": {"type": p.spec.placement}} if p.spec.placement else {}
-        if p.spec.placement_max_distance:  # a Compute Engine resource policy (routes: resourcePolicies.get)
+        if p.spec.placement_max_distance:  # a named Compute Engine policy with a max distance
             extra["placementPolicy"]["policyName"] = placement_policy_name(p.spec.name)
         return {**extra,
             "name": p.spec.name,

@@ -78,6 +78,11 @@ class PoolSpec:
     placement_max_distance: int = 0  # its compact policy's maxDistance (1-3): strict; 0 = none, best effort (topology)
 
     @property
+    def placement_strict(self) -> bool:
+        """A compact policy with a max distance: its VMs never leave their block (kfp_gpu_rehearsal.sim.topology)."""
+        return self.placement_max_distance > 0
+
+    @property
     def provisioning_model(self) -> str:
         """The Compute Engine provisioning model of the pool's VMs: spot, flex-start or standard."""
         if self.spot:

@@ -68,7 +68,7 @@ class SimState(PoolViews):
                 rsv.earmark(self.reservations, p, rt.instances[name])
                 rsv.created(self.reservations, rt.instances[name])
                 labels = self.hosts.place(site(p.zone, p.machine_type), p.name, name, p.placement == COMPACT, need=p.initial_size,
-                                          strict=p.placement_max_distance > 0)
+                                          strict=p.placement_strict)
                 if labels is None:
                     raise InvalidSpec(f"pools.{p.name}.initial_size", p.initial_size, "more VMs than the scenario's "
                                       "topology has hosts for (a compact pool's VMs share one block)",
@@ -230,7 +230,7 @@ class SimState(PoolViews):
             if count > len(p.instances):  # quota is checked per VM creation (vmquota), not here
                 item = self.stockout(p.spec.zone, p.spec.accelerator, model=p.spec.provisioning_model)
                 room = self.hosts.room(site(p.spec.zone, p.spec.machine_type), p.spec.name, p.spec.placement == COMPACT,
-                                       count - len(p.instances), strict=p.spec.placement_max_distance > 0)
+                                       count - len(p.instances), strict=p.spec.placement_strict)
                 if item is None and room is not None and room < count - len(p.instances):  # a full compact block
                     item = shapes.stockout_item(p.spec.zone, project, False)
                 if item is not None:  # no stock at all right now: GKE fails the operation at once
