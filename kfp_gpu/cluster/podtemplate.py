@@ -3,10 +3,18 @@
 :func:`pod_template` renders the user's :class:`~kfp_gpu.job.JobTemplate` plus kfp-gpu's placement and
 bookkeeping into a pod template (``{"metadata": ..., "spec": ...}``): the container (image, command, args with the
 resume arguments, env with the resume variables, resources with the node's GPUs, volumes and ``/dev/shm``), the
-run's tolerations (GPU taint, the run's claim taint, the target's), the node selector and the gang pin (node
-affinity on the gang's Node names, ANDed with the user's), labels (ownership + job) and annotations (the
+run's tolerations (GPU taint, the run's claim taint, the target's), the node selector with the gang pin (the
+run's claim label, :data:`~kfp_gpu.ownership.LABEL_RUN_ID`), the user's node affinity, labels (ownership + job)
+and annotations (the
 template's, the provisioner's ``pod_annotations``, and the local rehearsal's default duration). A job kind puts
 it where its API wants it (PyTorchJob: every replica spec; TrainJob: the trainer fields plus a runtime patch).
+
+The gang pin is one label, whatever the gang's size: a claim (:func:`kfp_gpu.cluster.nodes.claim`) labels each
+gang node with the run id and taints it with the run's namespace, so the run's pods select exactly the nodes the
+run holds (and a node the run released, or a VM recreated under a released node's name, is no longer among
+them). A pin by Node name needs one ``matchFields`` term per node (a field requirement takes one value), so every
+pod, and the job holding its template, grew with the gang: at 512 nodes each pod carried 512 terms, and the
+apiserver, scheduler and Training Operator handled N pods of O(N) size.
 
 kfp-gpu's parts win where they meet the user's: ownership labels, the node's GPUs, the gang pin, the run's
 tolerations (the user's are added), the checkpoint/resume env and arguments.
@@ -20,6 +28,7 @@ from typing import Any
 from kfp_gpu.cluster.capacity import Capacity
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.job_fields import GPU_RESOURCE, SHM_PATH, SHM_VOLUME
+from kfp_gpu.ownership import LABEL_RUN_ID, label_safe
 
 SIM_DURATION_ANNOTATION = "kfp-gpu.io/sim-duration"
 # The local rehearsal's KWOK holds a marked pod Pending until the world serving its node says its image pull is done
@@ -75,12 +84,13 @@ def resume_args(template: JobTemplate, resume: Any) -> list[Any]:
 
 def pod_template(
     template: JobTemplate, capacity: Capacity, *, container: str, labels: Mapping[str, str],
-    env: Sequence[Mapping[str, Any]], args: Sequence[Any], gang_nodes: Sequence[str] = (),
+    env: Sequence[Mapping[str, Any]], args: Sequence[Any], pin: bool = False,
     pod_annotations: Mapping[str, str] | None = None, local: bool = False,
 ) -> dict[str, Any]:
     """The pod template every gang node runs (see the module docstring). ``container`` names the one container
     (the job kind's required name); ``labels`` go on the pod (ownership and the job label); ``env`` and ``args``
-    come from :func:`container_env` and :func:`resume_args`; ``local`` (the local rehearsal) adds the default
+    come from :func:`container_env` and :func:`resume_args`; ``pin`` selects the nodes the run claimed (False when
+the gang forms at admission: Kueue); ``local`` (the local rehearsal) adds the default
     ``kfp-gpu.io/sim-duration`` and the image-pull marker under the template's and the provisioner's annotations."""
     resources: dict[str, Any] = {k: dict(v) for k, v in template.resources.items()}
     resources.setdefault("limits", {})[GPU_RESOURCE] = str(capacity.gpus_per_node)
@@ -97,8 +107,11 @@ def pod_template(
         c["volumeMounts"] = mounts
     tolerations = list(capacity.tolerations())
     tolerations += [t for t in template.tolerations if t not in tolerations]
+    selector = capacity.node_selector()
+    if pin:
+        selector[LABEL_RUN_ID] = label_safe(capacity.run_id)
     spec: dict[str, Any] = {
-        **template.pod_extra, "restartPolicy": "Never", "nodeSelector": capacity.node_selector(),
+        **template.pod_extra, "restartPolicy": "Never", "nodeSelector": selector,
         "tolerations": tolerations, "containers": [c],
     }
     if volumes:
@@ -107,7 +120,7 @@ def pod_template(
         spec["serviceAccountName"] = template.service_account
     if template.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in template.image_pull_secrets]
-    affinity = node_affinity(template.node_affinity, gang_nodes, capacity.node_requirements())
+    affinity = node_affinity(template.node_affinity, (), capacity.node_requirements())
     if affinity:
         spec["affinity"] = {"nodeAffinity": affinity}
     sim = {SIM_DURATION_ANNOTATION: "2s", IMAGE_PULL_ANNOTATION: "world"} if local else {}
@@ -118,9 +131,10 @@ def pod_template(
 
 def node_affinity(user: Mapping[str, Any], gang_nodes: Sequence[str],
                   requirements: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """The user's node affinity ANDed with the gang pin: the Node's ``metadata.name`` is one of the gang's (a field
-    match, since the ``kubernetes.io/hostname`` label need not equal the Node name and autoscaler-made nodes may
-    lack it). A field match takes one value, so the pin is one term per gang node.
+    """The user's node affinity ANDed with a pin to ``gang_nodes`` by name: the Node's ``metadata.name`` is one of
+    them (a field match, since the ``kubernetes.io/hostname`` label need not equal the Node name and
+    autoscaler-made nodes may lack it). A field match takes one value, so the pin is one term per node: use it for
+    one node (a probe pod); a gang is pinned by its claim label (:func:`pod_template`).
 
     Node selector terms are ORed, so every user term is repeated with each node's field match; preferred terms
     are kept. ``requirements`` (the capacity's :meth:`~kfp_gpu.cluster.capacity.Capacity.node_requirements`,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -62,7 +62,7 @@ def job_name(run_id: str, template: str) -> str:
 def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, labels: Mapping[str, str], nodes: int,
     checkpoint_uri: str, resume_step: int = 0, run_id: str, dataset_uri: str = "",
-    gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None, local: bool = False,
+    pin: bool = False, pod_annotations: Mapping[str, str] | None = None, local: bool = False,
     queue: str = "", resume: Any = None,
 ) -> dict[str, Any]:
     """The PyTorchJob body for one attempt: the user's template plus kfp-gpu's placement and bookkeeping.
@@ -83,7 +83,7 @@ def manifest(
     grouped = {**(pod_annotations or {}), **topology.group_annotations(pod_annotations or {}, name, min(nodes, 2))}
     pod = podtemplate.pod_template(
         template, capacity, container=CONTAINER, labels=job_labels, env=env,
-        args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=grouped,
+        args=podtemplate.resume_args(template, resume), pin=pin, pod_annotations=grouped,
         local=local)
 
     # the restart policy is the replica's: the Training Operator sets it on each pod, and posts a Warning Event per

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,7 +128,7 @@ def attempt_id(name: str, now: float | None = None) -> str:
 def manifest(
     name: str, *, capacity: Capacity, template: JobTemplate, runtime: Runtime, labels: Mapping[str, str], nodes: int,
     checkpoint_uri: str, resume: Any, run_id: str, attempt: str, dataset_uri: str = "",
-    gang_nodes: Sequence[str] = (), pod_annotations: Mapping[str, str] | None = None, local: bool = False,
+    pin: bool = False, pod_annotations: Mapping[str, str] | None = None, local: bool = False,
     queue: str = "",
 ) -> dict[str, Any]:
     """The TrainJob body for one attempt (see the module docstring).
@@ -140,7 +140,7 @@ def manifest(
         checkpoint_uri=checkpoint_uri, resume=resume, run_id=run_id, dataset_uri=dataset_uri))
     pod = podtemplate.pod_template(
         template, capacity, container=NODE_CONTAINER, labels={**job_labels, ATTEMPT: attempt}, env=env,
-        args=podtemplate.resume_args(template, resume), gang_nodes=gang_nodes, pod_annotations=pod_annotations,
+        args=podtemplate.resume_args(template, resume), pin=pin, pod_annotations=pod_annotations,
         local=local)
     c = pod["spec"]["containers"][0]
     trainer: dict[str, Any] = {"image": c["image"], "command": c["command"], "env": c["env"], "numNodes": nodes,

@@ -57,7 +57,7 @@ class JobRequest:
 
     ``resume`` is the checkpoint record to resume from (``.step``, and ``.path``/``.format``/``.args()`` when
     :class:`kfp_gpu.checkpoint.resume.Resume`), or None for a fresh start. ``pin`` pins every pod to the
-    capacity's gang nodes (False when Kueue provisions the gang at admission).
+    nodes the run claimed, by its claim label (False when Kueue provisions the gang at admission).
     """
 
     name: str
@@ -73,10 +73,6 @@ class JobRequest:
     local: bool = False
     queue: str = ""
     pin: bool = True
-
-    @property
-    def gang_nodes(self) -> tuple[str, ...]:
-        return self.capacity.nodes if self.pin else ()
 
 
 class JobKind(JobObserver, ABC):

@@ -20,7 +20,7 @@ class PyTorchJobKind(JobKind):
         return pytorchjob.manifest(
             req.name, capacity=req.capacity, template=req.template, labels=req.labels, nodes=req.nodes,
             checkpoint_uri=req.checkpoint_uri, run_id=req.run_id, dataset_uri=req.dataset_uri,
-            gang_nodes=req.gang_nodes, pod_annotations=req.pod_annotations, local=req.local, queue=req.queue,
+            pin=req.pin, pod_annotations=req.pod_annotations, local=req.local, queue=req.queue,
             resume=req.resume)
 
     def crd_missing(self) -> CrdMissing:

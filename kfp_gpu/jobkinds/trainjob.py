@@ -74,7 +74,7 @@ class TrainJobKind(JobKind):
         return as_go_writes_it(trainjob.manifest(
             req.name, capacity=req.capacity, template=req.template, runtime=rt, labels=req.labels, nodes=req.nodes,
             checkpoint_uri=req.checkpoint_uri, resume=req.resume, run_id=req.run_id,
-            attempt=trainjob.attempt_id(req.name), dataset_uri=req.dataset_uri, gang_nodes=req.gang_nodes,
+            attempt=trainjob.attempt_id(req.name), dataset_uri=req.dataset_uri, pin=req.pin,
             pod_annotations=req.pod_annotations, local=req.local, queue=req.queue))
 
     def job_key(self, job: Mapping[str, Any]) -> str:

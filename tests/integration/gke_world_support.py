@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kfp_gpu.cluster import pytorchjob
+from kfp_gpu.cluster import podtemplate, pytorchjob
 from kfp_gpu.job import JobTemplate
 from kfp_gpu.ownership import Owner
 from kfp_gpu.providers.base import PoolRef
@@ -103,8 +103,12 @@ def gang_manifest(name: str, namespace: str, nodes: list[str], template: JobTemp
     """A PyTorchJob without kfp-gpu: one 8-GPU rank on each of ``nodes`` (spot nodes of ``POOL``)."""
     cap = Capacity(name, (Placement(POOL, ZONE, tuple(nodes)),), 8, "nvidia-h100-80gb", spot=True,
                    namespace=namespace)
-    return pytorchjob.manifest(name, capacity=cap, template=template, labels={}, nodes=len(nodes),
-                               checkpoint_uri=checkpoint_uri, run_id=name, gang_nodes=nodes)
+    body = pytorchjob.manifest(name, capacity=cap, template=template, labels={}, nodes=len(nodes),
+                               checkpoint_uri=checkpoint_uri, run_id=name)
+    pin = {"nodeAffinity": podtemplate.node_affinity({}, nodes)}  # no claims here: pinned by name
+    for replica in body["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["affinity"] = pin
+    return body
 
 
 def operator_restarts(body: dict[str, Any], on_failure: bool = True) -> dict[str, Any]:

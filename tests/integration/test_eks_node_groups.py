@@ -60,10 +60,11 @@ def test_pytorchjob_for_an_eks_target_has_no_gke_key() -> None:
     template = JobTemplate(name="finetune", image="python:3.11-slim", command=("python", "-m", "x"))
     body = pytorchjob.manifest(pytorchjob.job_name("run-eks", "finetune"), capacity=cap, template=template,
                                labels={"kfp-gpu.io/run-id": "run-eks"}, nodes=SPEC.nodes,
-                               checkpoint_uri=SPEC.checkpoint_uri, run_id="run-eks", gang_nodes=cap.nodes)
+                               checkpoint_uri=SPEC.checkpoint_uri, run_id="run-eks", pin=True)
     assert not _google_keys(body), _google_keys(body)
     pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "p4d-spot-a"}  # placed through the EKS scheme
+    assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "p4d-spot-a",  # placed through the EKS scheme
+                                   "kfp-gpu.io/run-id": "run-eks"}  # on the nodes the run claimed
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 

@@ -104,7 +104,7 @@ def test_foreign_gpu_pod_stays_off_the_claimed_gang_and_the_runs_own_pods_land(
     tpl = JobTemplate(name="iso", annotations={pytorchjob.SIM_DURATION_ANNOTATION: "600s"})
     body = pytorchjob.manifest(name, capacity=cap, template=tpl,
                                labels={LABEL_RUN_ID: label_safe(run_id)}, nodes=2, checkpoint_uri="",
-                               resume_step=0, run_id=run_id, gang_nodes=gang)
+                               resume_step=0, run_id=run_id, pin=True)
     pytorchjob.create_or_get(step_api, namespace, body)
 
     def job_nodes() -> list[str]:

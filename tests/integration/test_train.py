@@ -22,6 +22,7 @@ from kubernetes.client.rest import ApiException
 from kfp_gpu import ownership
 from kfp_gpu.cluster import ledger, pytorchjob
 from kfp_gpu.errors import GangPlacementFailed
+from kfp_gpu.ownership import label_safe
 from kfp_gpu.steps import train
 from kfp_gpu.timeline import Timeline
 from kfp_gpu_rehearsal.devcluster.client import Kube
@@ -73,7 +74,9 @@ def test_gang_of_4x8_runs_to_succeeded_after_capacity_is_ready(
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env[pytorchjob.ENV_RESUME_STEP] == "0" and env[pytorchjob.ENV_RUN_ID] == run_id
     assert env[pytorchjob.ENV_CHECKPOINT_URI] == str(tmp_path / "ckpt")
-    assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": pool}
+    assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": pool,  # the pool, and the run's
+                                           "kfp-gpu.io/run-id": label_safe(run_id)}  # claim label: the gang pin
+    assert "affinity" not in pod["spec"]  # no term per gang node
     # every pod landed on a gang node, one per node
     nodes = sorted(p.spec.node_name for p in job_pods(kube.core, namespace, out["job"]))
     assert nodes == sorted(names)

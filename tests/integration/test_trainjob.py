@@ -98,14 +98,12 @@ def test_example_dag_as_a_trainjob_survives_a_preemption_and_leaves_nothing(kube
         assert js["metadata"]["ownerReferences"][0]["uid"] == first["metadata"]["uid"]  # the Trainer made it
         pods = _running(core, namespace, first)
         run_label = first["metadata"]["labels"][LABEL_RUN_ID]
-        for pod in pods:  # run-id labelled, pinned to claimed nodes, tolerating the run's claim taint
+        for pod in pods:  # run-id labelled, pinned to the run's claimed nodes, tolerating the run's claim taint
             assert pod.metadata.labels[LABEL_RUN_ID] == run_label and pod.metadata.labels[JOB_LABEL] == name
             node = core.read_node(pod.spec.node_name)
             assert node.metadata.labels[LABEL_RUN_ID] == run_label
             assert any(t.key == claim_taint_key(namespace) and t.value == run_label for t in pod.spec.tolerations or [])
-            terms = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
-            assert {f.values[0] for t in terms.node_selector_terms for f in t.match_fields} == {
-                p.spec.node_name for p in pods}
+            assert pod.spec.node_selector[LABEL_RUN_ID] == run_label
         env1 = {e["name"]: e.get("value") for e in first["spec"]["trainer"]["env"]}
         assert env1[ENV_RESUME_STEP] == "0"
 

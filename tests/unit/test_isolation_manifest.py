@@ -39,7 +39,7 @@ def test_job_pods_tolerate_the_gpu_taint_and_their_own_runs_claim():
     cap = Capacity(RUN, (Placement("pool-a", "us-central1-a", ("n1", "n2")),), 8, "nvidia-h100-80gb", spot=True,
                    namespace=NS)
     body = pytorchjob.manifest("j", capacity=cap, template=JobTemplate(), labels={}, nodes=2, checkpoint_uri="",
-                               resume_step=0, run_id=RUN, gang_nodes=("n1", "n2"))
+                               resume_step=0, run_id=RUN, pin=True)
     for replica in body["spec"]["pytorchReplicaSpecs"].values():
         tols = replica["template"]["spec"]["tolerations"]
         assert any(_tolerates(t, run_taint(RUN, NS)) for t in tols)

@@ -115,7 +115,7 @@ def _camel(j: Any) -> dict[str, Any]:
 def test_the_rendered_job_keeps_the_users_pod_and_adds_kfp_gpus_placement() -> None:
     t = JobTemplate.build(job=job())
     body = pytorchjob.manifest("j", capacity=CAP, template=t, labels={"kfp-gpu.io/run-id": "run-1"}, nodes=3,
-                               checkpoint_uri="gs://b/c", resume_step=20, run_id="run-1", gang_nodes=CAP.nodes)
+                               checkpoint_uri="gs://b/c", resume_step=20, run_id="run-1", pin=True)
     assert body["spec"]["nprocPerNode"] == "8" and body["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 3
     assert body["metadata"]["labels"] == {"project": "x", "team": "ml", "kfp-gpu.io/run-id": "run-1",
                                           ownership.JOB_LABEL: "j"}
@@ -135,13 +135,11 @@ def test_the_rendered_job_keeps_the_users_pod_and_adds_kfp_gpus_placement() -> N
         assert spec["serviceAccountName"] == "trainer-irsa" and spec["imagePullSecrets"] == [{"name": "regcred"}]
         assert spec["tolerations"][:len(CAP.tolerations())] == CAP.tolerations()
         assert spec["tolerations"][-1]["key"] == "dedicated"
-        assert spec["nodeSelector"] == CAP.node_selector()
+        assert spec["nodeSelector"] == {**CAP.node_selector(), "kfp-gpu.io/run-id": "run-1"}  # the claim label
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"]
-        assert [t["matchExpressions"] for t in terms] == [[{"key": "example.com/fabric", "operator": "In",
-                                                             "values": ["ib"]}]] * 3
-        assert [t["matchFields"] for t in terms] == [[{"key": "metadata.name", "operator": "In", "values": [n]}]
-                                                     for n in ("n0", "n1", "n2")]
+        assert terms == [{"matchExpressions": [{"key": "example.com/fabric", "operator": "In",
+                                                "values": ["ib"]}]}]  # the user's, one term whatever the gang size
 
 
 def test_the_local_target_default_duration_gives_way_to_the_templates_and_the_steps() -> None:

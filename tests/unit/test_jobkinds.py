@@ -53,11 +53,12 @@ def test_both_kinds_place_their_pods_identically() -> None:
     ptj = PyTorchJobKind().build(_req(JobTemplate(**TPL)))
     tj = TrainJobKind().build(_req(JobTemplate(**TPL, kind="trainjob")))
     p, (t, trainer) = _ptj_pod(ptj)["spec"], _tj_pod(tj)
-    for key in ("nodeSelector", "tolerations", "affinity", "volumes", "serviceAccountName"):
+    for key in ("nodeSelector", "tolerations", "volumes", "serviceAccountName"):
         assert t["spec"][key] == p[key], key
+    assert "affinity" not in t["spec"] and "affinity" not in p  # no per-node terms: the pin is one label
     assert t["spec"]["tolerations"][:len(CAP.tolerations())] == CAP.tolerations()  # GPU taint, target's, claim taint
-    terms = t["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert [x["matchFields"][0]["values"] for x in terms] == [["n0"], ["n1"], ["n2"]]  # pinned to the gang
+    assert t["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "spot-a",
+                                         "kfp-gpu.io/run-id": "run-1"}  # pinned to the nodes run-1 claimed
     c = p["containers"][0]
     assert (trainer["image"], trainer["command"], trainer["args"], trainer["env"], trainer["resourcesPerNode"]) == (
         c["image"], c["command"], c["args"], c["env"], c["resources"])

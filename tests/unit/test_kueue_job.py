@@ -16,7 +16,7 @@ CAP = Capacity("run-1", (Placement("pool-a", "us-central1-a", ("n1", "n2")),), 8
 
 def _body(queue: str, template: JobTemplate | None = None) -> dict:  # type: ignore[type-arg]
     return pytorchjob.manifest("j", capacity=CAP, template=template or JobTemplate(), labels={}, nodes=2,
-                               checkpoint_uri="", resume_step=0, run_id="run-1", gang_nodes=("n1", "n2"), queue=queue)
+                               checkpoint_uri="", resume_step=0, run_id="run-1", pin=True, queue=queue)
 
 
 def test_a_queued_job_carries_the_queue_label_and_is_created_suspended() -> None:

@@ -21,7 +21,7 @@ def _cap(scheme: str, placements: tuple[Placement, ...], **extra: object) -> Cap
 
 def _job(cap: Capacity) -> dict[str, object]:
     return pytorchjob.manifest("j", capacity=cap, template=JobTemplate.build(image="img:1"), labels={}, nodes=2,
-                               checkpoint_uri="", resume_step=0, run_id="run-1", gang_nodes=cap.nodes)
+                               checkpoint_uri="", resume_step=0, run_id="run-1", pin=True)
 
 
 def _eks_spec() -> ProvisioningSpec:
@@ -38,7 +38,8 @@ def test_job_for_a_non_gke_target_has_no_gke_key(scheme: str) -> None:
     assert "cloud.google.com" not in body
     pod = _job(two_pools)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]  # type: ignore[index]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert len(terms) == 2  # one per gang node, each with the instance-type requirement ANDed in
+    assert len(terms) == 1  # the instance-type requirement; the gang pin is the claim label, not a term per node
+    assert pod["nodeSelector"] == {"kfp-gpu.io/run-id": "run-1"}
     for t in terms:
         assert {"key": node_labels.INSTANCE_TYPE, "operator": "In", "values": ["p4de.24xlarge"]} in t["matchExpressions"]
     one_pool = _cap(scheme, (Placement("gpu-a", "us-east-1a", ("n1", "n2")),))

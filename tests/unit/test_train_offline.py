@@ -34,7 +34,7 @@ def test_manifest_is_a_gang_on_the_capacity() -> None:
     tpl = JobTemplate(name="ft", env=(("A", "1"),), annotations={"kfp-gpu.io/sim-duration": "7s"})
     body = pytorchjob.manifest("j", capacity=CAP, template=tpl, labels={"kfp-gpu.io/run-id": "run-1"},
                                nodes=4, checkpoint_uri="gs://b/c", resume_step=40, run_id="run-1",
-                               dataset_uri="gs://d", gang_nodes=CAP.nodes)
+                               dataset_uri="gs://d", pin=True)
     assert body["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] == 4
     rs = body["spec"]["pytorchReplicaSpecs"]
     assert rs["Master"]["replicas"] == 1 and rs["Worker"]["replicas"] == 3
@@ -42,15 +42,13 @@ def test_manifest_is_a_gang_on_the_capacity() -> None:
     assert pod["metadata"]["labels"][ownership.JOB_LABEL] == "j"
     assert pod["metadata"]["annotations"] == {"kfp-gpu.io/sim-duration": "7s"}
     spec = pod["spec"]
-    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "spot-a"}
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "spot-a", "kfp-gpu.io/run-id": "run-1"}
     assert spec["tolerations"] == CAP.tolerations() and rs["Worker"]["restartPolicy"] == "Never"
     assert "restartPolicy" not in spec  # the replica's: the operator warns once per pod when the template has one
     env = {e["name"]: e["value"] for e in spec["containers"][0]["env"]}
     assert env == {"A": "1", "KFP_GPU_CHECKPOINT_URI": "gs://b/c", "KFP_GPU_RESUME_STEP": "40",
                    "KFP_GPU_RUN_ID": "run-1", "KFP_GPU_DATASET_URI": "gs://d"}
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert [t["matchFields"] for t in terms["nodeSelectorTerms"]] == [
-        [{"key": "metadata.name", "operator": "In", "values": [n]}] for n in ("n0", "n1", "n2", "n3")]
+    assert "affinity" not in spec  # the pin is the claim label: the pod's size does not grow with the gang
     single = pytorchjob.manifest("j", capacity=CAP, template=tpl, labels={}, nodes=1, checkpoint_uri="",
                                  resume_step=0, run_id="r")
     assert "Worker" not in single["spec"]["pytorchReplicaSpecs"]
