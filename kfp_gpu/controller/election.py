@@ -12,6 +12,10 @@ candidate with one line naming the permission; a leader that cannot renew steps 
 - :meth:`LeaderElector.keep` renews in a thread and calls ``on_lost`` once, as soon as the Lease names another
   holder or no renewal succeeded within ``renew_deadline_s``; ``on_lost`` must stop all work (the controller kills
   its work units and exits, as controller-runtime exits on "leader election lost").
+- ``on_renew(deadline)`` after every successful write: the local time this replica may act until (send time +
+  ``renew_deadline_s``). The controller shares it with its work units (:func:`kfp_gpu.controller.work.hold_until`),
+  which stop by themselves at it: a leader frozen whole (SIGSTOP, a paused VM) cannot run ``on_lost``, and its
+  units, children of the forkserver, would otherwise keep acting after the Lease passed to the standby.
 - :meth:`LeaderElector.release` hands the Lease back on a clean exit (client-go's ``ReleaseOnCancel``): the standby
   takes over at its next round.
 """
@@ -72,13 +76,14 @@ class LeaderElector:
 
     def __init__(self, api: Any, namespace: str, name: str = LEASE_NAME, me: str = "",
                  timings: Timings = election.DEFAULT, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, on_renew: Callable[[float], None] | None = None) -> None:
         problem = timings.problem()
         if problem:
             raise KfpGpuError(problem)
         self.api, self.namespace, self.name, self.timings = api, namespace, name, timings
         self.me = me or identity()
         self._clock, self._wall = clock, wall
+        self.on_renew = on_renew  # called with the local time (clock) this replica may act until, after each write
         self.obs: Observation | None = None
         self._lease: Obj | None = None  # the Lease as last read (its resourceVersion conditions our update)
         self.leading = False
@@ -124,6 +129,8 @@ class LeaderElector:
         self._lease = wrote
         self.obs = Observation(d.record, self._clock())
         self.leading, self.last_renew = True, sent
+        if self.on_renew is not None:
+            self.on_renew(sent + self.timings.renew_deadline_s)
         return d
 
     def _timeout(self, now: float) -> float:
@@ -163,13 +170,18 @@ class LeaderElector:
         """Renew every ``retry_period_s`` in a thread; ``on_lost(reason)`` once when leadership is lost."""
         def loop() -> None:
             while not self._stop.wait(self.timings.retry_period_s):
-                d = self.round()
-                if d.do is Do.STEP_DOWN:
-                    reason = d.reason
-                elif election.must_step_down(self.last_renew, self._clock(), self.timings):
-                    reason = f"no renewal succeeded for {self.timings.renew_deadline_s}s ({d.reason})"
+                if election.must_step_down(self.last_renew, self._clock(), self.timings):  # before the round: a
+                    # replica frozen past its deadline steps down even if it could still renew (client-go's
+                    # renew loop times out the same way); its units already stopped at that deadline
+                    reason = f"no renewal for {self.timings.renew_deadline_s}s (this process was paused or cut off)"
                 else:
-                    continue
+                    d = self.round()
+                    if d.do is Do.STEP_DOWN:
+                        reason = d.reason
+                    elif election.must_step_down(self.last_renew, self._clock(), self.timings):
+                        reason = f"no renewal succeeded for {self.timings.renew_deadline_s}s ({d.reason})"
+                    else:
+                        continue
                 self.leading = False
                 log.error("leader election lost: %s: %s", self.where, reason)
                 on_lost(reason)

@@ -172,7 +172,8 @@ def run(namespaces: list[str], *, standalone: bool, lease: str = election.LEASE_
     # the step ledgers live in the controller's own namespace, out of tenants' reach (kfp_gpu/cluster/ledger.py);
     # set before the first work unit forks, so every unit inherits it
     os.environ.setdefault(ledger.HOME_ENV, home)
-    elector = None if standalone else election.LeaderElector(_api(), lease_namespace or home, lease, timings=timings)
+    elector = None if standalone else election.LeaderElector(_api(), lease_namespace or home, lease, timings=timings,
+                                                             on_renew=work.hold_until)
     # SIGTERM/SIGINT are this thread's at every moment (a standby waiting, a leader starting kopf, kopf running):
     # kopf runs in a thread of its own with this flag as its stop (https://docs.kopf.dev/en/stable/embedding/),
     # so a stop that lands while kopf starts up cannot leave it retrying its first requests for a minute

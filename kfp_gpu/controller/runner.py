@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from kfp_gpu import progress
 from kfp_gpu.cluster import owned
 from kfp_gpu.controller import metrics, owners
-from kfp_gpu.controller.work import FENCE, Outcome, Work
+from kfp_gpu.controller.work import Outcome, Work, fenced
 from kfp_gpu.gang import api as gang
 from kfp_gpu.plan import policy
 from kfp_gpu.plan.gang import DENIED, FAILED, Do, next_action, phase
@@ -105,7 +105,7 @@ class Runner:
     def flush(self, obj: Obj) -> None:
         """Write the in-memory status (phase and ready count derived here, the one place)."""
         assert self.status is not None
-        if FENCE.is_set():  # this replica stopped acting: the next leader writes the status
+        if fenced():  # this replica stopped acting (or was frozen past its renew deadline): the next leader writes
             return
         st = self.status
         st["phase"] = phase({**obj, "status": st}, set(self.work))
@@ -122,7 +122,7 @@ class Runner:
     # ---------------------------------------------------------------- the loop
     def turn(self, obj: Obj) -> None:
         """One pass: reap finished work, then do what the decision table says. Never blocks for long."""
-        if FENCE.is_set():  # this replica stopped acting (kfp_gpu.controller.work.FENCE)
+        if fenced():  # this replica stopped acting (kfp_gpu.controller.work.fenced)
             return
         with self.lock:
             if self.status is None:
@@ -286,7 +286,7 @@ class Runner:
         gen = int((obj.get("metadata") or {}).get("generation") or 0)
         for key, w in list(self.work.items()):
             out = w.poll()
-            if out is None or FENCE.is_set():  # fenced: a unit killed by the fence did not fail, it was stopped
+            if out is None or fenced():  # fenced: a unit killed by the fence did not fail, it was stopped
                 continue
             del self.work[key]
             changed = True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -27,6 +28,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,50 @@ from kfp_gpu import progress
 from kfp_gpu.errors import KfpGpuError
 
 PR_SET_PDEATHSIG = 1
+FENCED_EXIT = 75  # a unit that stopped itself at the leader's renew deadline (EX_TEMPFAIL: the next leader reruns it)
 # Set when this replica stops acting (leadership lost, SIGTERM): no unit starts after it, and the runner neither
 # records the outcome of a unit killed then nor writes the gang's status (kfp_gpu.controller.handlers._fence)
 FENCE = threading.Event()
+_held: Any = None  # shared with every unit: the time.monotonic() this replica may act until (+inf: no election)
+
+
+def _deadline() -> Any:
+    global _held
+    if _held is None:
+        _held = _context().Value("d", math.inf, lock=False)  # one aligned double: its reads and writes are atomic
+    return _held
+
+
+def hold_until(deadline: float) -> None:
+    """The leader renewed its Lease: this replica and every unit may act until ``deadline`` (``time.monotonic``,
+    the renewal's send time + the renew deadline, :class:`kfp_gpu.controller.election.LeaderElector`)."""
+    _deadline().value = deadline
+
+
+def fenced(now: float | None = None) -> bool:
+    """True once this replica may no longer act: :data:`FENCE` is set, or its last renewal is a renew deadline old.
+
+    The second is the fence of a *frozen* leader (SIGSTOP, a stalled VM, a long pause): its renew thread is frozen
+    with it and cannot step down, while its units, children of the forkserver, keep running. Every unit watches the
+    same deadline (:func:`watch_fence`) and exits at it, before the Lease can expire for another replica (the renew
+    deadline is shorter than the lease duration); the runner writes nothing past it either."""
+    return FENCE.is_set() or (time.monotonic() if now is None else now) >= float(_deadline().value)
+
+
+def watch_fence(held: Any, *, clock: Callable[[], float] = time.monotonic, wait: Callable[[float], Any] = time.sleep,
+                leave: Callable[[int], Any] = os._exit, every_s: float = 0.2) -> None:
+    """A unit's guard (run in a thread of its own): exit with :data:`FENCED_EXIT` as soon as ``held.value`` (the
+    leader's renew deadline, :func:`hold_until`) has passed, without cleanup, as if the controller had been killed:
+    the next leader re-attaches through the steps' ledgers. ``clock``/``wait``/``leave`` are injectable for tests."""
+    while True:
+        left = float(held.value) - clock()
+        if left <= 0:
+            logging.getLogger(__name__).error(
+                "work unit fenced: the controller has not renewed its leadership for a renew deadline "
+                "(frozen or cut off); stopping before the Lease can pass to another replica")
+            leave(FENCED_EXIT)
+            return
+        wait(min(left, every_s))
 
 
 @dataclass
@@ -72,8 +115,9 @@ def _context() -> Any:
     return _ctx
 
 
-def _unit(request: str, result: str, log_path: str) -> None:
-    """The unit's process: die with the forkserver, log to ``log_path``, run the step, write the outcome."""
+def _unit(request: str, result: str, log_path: str, held: Any) -> None:
+    """The unit's process: die with the forkserver, stop at the leader's renew deadline ``held``
+    (:func:`watch_fence`), log to ``log_path``, run the step, write the outcome."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
@@ -89,6 +133,7 @@ def _unit(request: str, result: str, log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    threading.Thread(target=watch_fence, args=(held,), daemon=True, name="kfp-gpu-fence").start()
     os.environ[progress.ENV] = str(Path(request).with_name("progress.json"))
     req = json.loads(Path(request).read_text(encoding="utf-8"))
     code = execute(req["step"], req["spec_json"], req["run_id"], req["upstream_json"], result, **req["kwargs"])
@@ -118,15 +163,15 @@ class Work:
 
     def __init__(self, key: str, step: str, spec_json: str, run_id: str, upstream_json: str,
                  log_path: Path, *, on_exit: Callable[[], None] | None = None, **kwargs: Any) -> None:
-        if FENCE.is_set():
-            raise RuntimeError(f"not starting {key}: this controller replica is stopping")
+        if fenced():
+            raise RuntimeError(f"not starting {key}: this controller replica is stopping or no longer leads")
         self.key, self.step = key, step
         self._dir = Path(tempfile.mkdtemp(prefix=f"kfp-gpu-work-{step}-"))
         req = self._dir / "request.json"
         req.write_text(json.dumps({"step": step, "spec_json": spec_json, "run_id": run_id,
                                    "upstream_json": upstream_json, "kwargs": kwargs}), encoding="utf-8")
         self._result = self._dir / "result.json"
-        self.proc = _context().Process(target=_unit, args=(str(req), str(self._result), str(log_path)),
+        self.proc = _context().Process(target=_unit, args=(str(req), str(self._result), str(log_path), _deadline()),
                                        name=f"kfp-gpu-work-{key}", daemon=False)
         self.proc.start()
         if on_exit is not None:  # wake the gang's loop the moment the unit ends, not on its next turn

@@ -36,18 +36,19 @@ def _pools_total(t: Any) -> int:
     return sum(int(p.target) for p in t.sim.state.pools.values())
 
 
-def _descendants(pid: int) -> set[int]:
+def _descendants(pid: int, units_only: bool = False) -> set[int]:
     """The live (non-zombie) work processes of the replica ``pid``: its forkserver and the work units forked from it
     (all run the forkserver's command line), found by session (LocalController starts each replica in its own), so
     also once ``kill -9`` orphaned them. multiprocessing's resource tracker, which acts on nothing and exits once
-    the replica is gone, is not counted."""
+    the replica is gone, is not counted. ``units_only``: the units, not the forkserver (the replica's own child),
+    which acts on nothing by itself."""
     out = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == pid:
             continue
         try:
             fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] == "Z" or int(fields[3]) != pid:
+            if fields[0] == "Z" or int(fields[3]) != pid or (units_only and int(fields[1]) == pid):
                 continue
             if b"multiprocessing.forkserver" in (d / "cmdline").read_bytes():
                 out.add(int(d.name))
@@ -59,8 +60,8 @@ def _descendants(pid: int) -> set[int]:
 class Sampler:
     """Every ``every_s``: which replicas have work-unit processes. ``both`` lists the instants two had at once."""
 
-    def __init__(self, replicas: dict[str, LocalController], every_s: float = 0.02) -> None:
-        self.replicas, self.every_s = replicas, every_s
+    def __init__(self, replicas: dict[str, LocalController], every_s: float = 0.02, units_only: bool = False) -> None:
+        self.replicas, self.every_s, self.units_only = replicas, every_s, units_only
         self.samples = 0
         self.both: list[tuple[float, dict[str, int]]] = []
         self.worked: set[str] = set()
@@ -76,7 +77,8 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
-            working = {n: len(_descendants(c.pid)) for n, c in self.replicas.items() if c.proc is not None}
+            working = {n: len(_descendants(c.pid, self.units_only)) for n, c in self.replicas.items()
+                       if c.proc is not None}
             working = {n: k for n, k in working.items() if k}
             self.samples += 1
             for n in working:
@@ -151,13 +153,13 @@ def _take(t: Any, lease: str, holder: str) -> bool:
     return True
 
 
-def _two_replicas(t: Any, lease: str) -> tuple[dict[str, LocalController], Sampler]:
+def _two_replicas(t: Any, lease: str, units_only: bool = False) -> tuple[dict[str, LocalController], Sampler]:
     """Start the Deployment's two replicas back to back (the same instant, as a rollout of a new ReplicaSet or a
     cluster restart does) with the sampler already running."""
     replicas = {f"kfp-gpu-controller-{t.ns}-{r}": LocalController(
         t.ctl_kubeconfig, [t.ns], t.workdir / r / "controller.log", lease=lease, replica=f"kfp-gpu-controller-{t.ns}-{r}",
         lease_timings=(LEASE_S, RENEW_S, RETRY_S)) for r in ("a", "b")}
-    sampler = Sampler(replicas)
+    sampler = Sampler(replicas, units_only=units_only)
     for c in replicas.values():
         c.start()
         t.controllers.append(c)
@@ -260,6 +262,52 @@ def test_a_leader_that_loses_its_lease_stops_its_work_before_the_standby_starts(
     assert (t.gang(run) or {})["status"]["phase"] == "Ready" and len(t.claimed(run)) == 2
     assert t.resizes() <= 2, t.sim.request_counts()
     t.step("teardown", spec, run)
+    wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
+
+
+def test_a_frozen_leaders_work_units_stop_by_themselves_before_its_lease_can_pass(lease, tenant):
+    """The leader is frozen whole (SIGSTOP: a paused VM, a stopped container) while it provisions. Its renew thread
+    is frozen with it, but its work units, children of its forkserver, are not: each stops by itself at the
+    leader's renew deadline (kfp_gpu.controller.work.watch_fence), before the Lease can pass to the standby. Resumed
+    (SIGCONT) after the standby took over, the old leader steps down and exits without writing; never two
+    replicas' units at once, one gang, no resize beyond the world's need."""
+    import os
+    import signal
+
+    t = tenant(median_s=5.0, start=False)
+    replicas, sampler = _two_replicas(t, lease, units_only=True)
+    try:
+        leader, active, standby, spec, run, box, th = _scale_up_under_a_leader(t, lease, replicas, 2)
+        wait_until("the leader provisions", lambda: _descendants(active.pid, True) and _pools_total(t) == 2,
+                   timeout=30, every=0.05)
+        os.kill(active.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        try:
+            wait_until("the frozen leader's units gone", lambda: not _descendants(active.pid, True),
+                       timeout=RENEW_S + 10, every=0.02)
+            stopped = time.monotonic() - frozen_at
+            acting = _standby_works(standby, frozen_at)
+        finally:
+            os.kill(active.pid, signal.SIGCONT)
+        assert active.proc is not None
+        wait_until("the resumed leader exited", lambda: active.proc is not None and active.proc.poll() is not None,
+                   timeout=RENEW_S + 10, every=0.05)
+        th.join(90)
+    finally:
+        sampler.stop()
+    log_text = active.log_path.read_text(errors="replace")
+    print(f"SIGSTOP of the leader -> its units stopped {stopped:.2f}s, standby working {acting:.2f}s (renew "
+          f"deadline {RENEW_S}s, lease {LEASE_S}s); {sampler.samples} samples, both working in {len(sampler.both)}")
+    assert stopped <= RENEW_S + 1.0, stopped  # at its renew deadline (the last renewal was <= one retry before)
+    assert acting >= LEASE_S - RETRY_S, acting  # the standby waited the frozen leader's Lease out
+    assert sampler.both == [], sampler.both[:5]
+    assert active.proc.returncode == 1, active.proc.returncode
+    assert "leader election lost" in log_text and "paused or cut off" in log_text, log_text[-2000:]
+    assert "result" in box, f"{box}\n{t.controller_log()}"
+    assert (t.gang(run) or {})["status"]["phase"] == "Ready" and len(t.claimed(run)) == 2
+    assert len(t.sim_nodes()) == 2 and t.resizes() <= 2, t.sim.request_counts()  # nothing added twice
+    t.step("teardown", spec, run)
+    assert t.claimed(run) == []
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
