@@ -313,8 +313,11 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
                     left = leftovers(admin, ns, run_id, list(out.get("nodes_deleted") or []),  # type: ignore[call-overload]
                                      timeout_s=60.0 + 0.25 * spec.nodes, ledger_home=gang_api.CONTROLLER_NAMESPACE)
             finally:
-                sim.stop()
-                served.release_world(world_file, url)
+                try:  # the world ends with the run, and its VMs with it (a scenario's pre-existing nodes too)
+                    sim.drop_nodes()
+                finally:
+                    sim.stop()
+                    served.release_world(world_file, url)
     took = time.time() - t0
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
     say(f"\n=== pipeline {graph.name} {status} in {duration(took * TIME_SCALE)} (kfp.local, SubprocessRunner"

@@ -133,6 +133,18 @@ class SimServer:
             self._httpd = None
         self.state.shutdown()
 
+    def drop_nodes(self) -> list[str]:
+        """Delete every node of the world's pools from the cluster (its backend), as the VMs of a project that is
+        going away; returns their names. ``kfp-gpu run`` calls it once the run's own leak check is done: a
+        scenario's pre-existing nodes (``initial_size``) are not the run's to release, and without it they stayed
+        in the shared local cluster after the world that served them had stopped."""
+        with self.state.lock:
+            names = [n for p in self.state.pools.values() for n in p.nodes]
+        if self.backend is not None:
+            for name in names:
+                self.backend.delete(name)
+        return names
+
     def __enter__(self) -> SimServer:
         self.start()
         return self

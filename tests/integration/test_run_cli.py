@@ -37,6 +37,8 @@ def test_run_rehearses_a_user_pipeline_quietly_and_leaves_nothing(kube, namespac
     cluster = f"run{uuid.uuid4().hex[:6]}"
     scenario = yaml.safe_load((ROOT / "kfp_gpu_rehearsal/sim/scenarios/default.yaml").read_text())
     scenario["cluster"] = cluster
+    idle = next(p for p in scenario["pools"] if p["accelerator"] != "l4")
+    idle["initial_size"] = 1  # a node of the world's that the run never touches: it goes when the world does
     (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(scenario))
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig), "TINY_CLUSTER": cluster, "TINY_NAMESPACE": namespace}
     env.pop("KFP_GPU_SIM_ENDPOINT", None)
@@ -80,7 +82,7 @@ def test_run_rehearses_a_user_pipeline_quietly_and_leaves_nothing(kube, namespac
     run_id = re.search(r"leak check \(run (\S+):", res.stdout).group(1)  # type: ignore[union-attr]
     assert run_id.isdigit() and run_id in text
     core = client.CoreV1Api(kube.api)
-    wait_until("the run's nodes gone", lambda: not core.list_node(
+    wait_until("the run's and the world's nodes gone", lambda: not core.list_node(
         label_selector=f"kfp-gpu.io/sim-cluster={cluster}").items, timeout=30)
     for kind in (owned.LEDGER, owned.BALLOON, owned.NODE, owned.JOB, owned.LEASE):
         ns = namespace if kind.namespaced else None
