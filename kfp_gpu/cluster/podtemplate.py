@@ -108,7 +108,7 @@ the gang forms at admission: Kueue); ``local`` (the local rehearsal) adds the de
     tolerations = list(capacity.tolerations())
     tolerations += [t for t in template.tolerations if t not in tolerations]
     selector = capacity.node_selector()
-    if pin:
+    if pin and capacity.nodes:  # a capacity with no nodes (the gang forms at admission) claimed none
         selector[LABEL_RUN_ID] = label_safe(capacity.run_id)
     spec: dict[str, Any] = {
         **template.pod_extra, "restartPolicy": "Never", "nodeSelector": selector,

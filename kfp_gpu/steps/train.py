@@ -160,7 +160,7 @@ def _supervise(
                 st.job, template, st.capacity, st.owner.labels(), spec.nodes, st.run_id,
                 checkpoint_uri=spec.checkpoint_uri, resume=ck, dataset_uri=dataset_uri,
                 pod_annotations={**annotations, **_tas(st), **st.backend.pod_annotations(st.capacity)},
-                local=spec.target.rehearsal, queue=st.queue,
+                local=spec.target.rehearsal, queue=st.queue, pin=not st.provisioned_at_admission,
             ))
             releasing = fanout.spawn(lambda: _release_warm_pool(st)) if not st.provisioned_at_admission else None
             try:

@@ -35,7 +35,8 @@ def _req(template: JobTemplate, **kw: Any) -> JobRequest:
     args: dict[str, Any] = dict(checkpoint_uri="/ck", resume=RESUME, dataset_uri="gs://d",
                                 pod_annotations={"autoscaling.x-k8s.io/consume-provisioning-request": "pr-1"})
     args.update(kw)
-    return JobRequest("j", template, CAP, OWNER, 3, "run-1", **args)
+    cap = args.pop("capacity", CAP)
+    return JobRequest("j", template, cap, OWNER, 3, "run-1", **args)
 
 
 def _ptj_pod(body: dict[str, Any]) -> dict[str, Any]:
@@ -281,3 +282,15 @@ def test_kfp_gpu_train_takes_the_kind_at_decoration_time(tmp_path: Path) -> None
         @kfp_gpu.provisioned(ProvisioningSpec("a100-80gb", 2))
         def bad():  # type: ignore[no-untyped-def]
             kfp_gpu.train(name="finetune", kind="trainjob", pod_extra={"priorityClassName": "high"})
+
+
+def test_a_gang_that_forms_at_admission_is_not_pinned_to_claims_it_never_made() -> None:
+    """Kueue admission: the capacity has no nodes and nothing is claimed before the job's pods bind, so a claim-label
+    pin would leave every pod Pending; the flavor's labels place it instead."""
+    nodeless = Capacity("run-1", (), 8, "nvidia-h100-80gb", spot=True, extra={"pools": ["spot-a"]})
+    for kind, pod in ((PyTorchJobKind(), lambda b: _ptj_pod(b)), (TrainJobKind(), lambda b: _tj_pod(b)[0])):
+        tpl = JobTemplate(**TPL, **({"kind": "trainjob"} if kind.NAME == "trainjob" else {}))
+        for pin in (True, False):
+            sel = pod(kind.build(_req(tpl, capacity=nodeless, pin=pin)))["spec"]["nodeSelector"]
+            assert "kfp-gpu.io/run-id" not in sel, (kind.NAME, pin, sel)
+            assert sel == {"cloud.google.com/gke-nodepool": "spot-a"}
