@@ -266,20 +266,35 @@ def test_a_leader_that_loses_its_lease_stops_its_work_before_the_standby_starts(
 
 
 def test_a_frozen_leaders_work_units_stop_by_themselves_before_its_lease_can_pass(lease, tenant):
-    """The leader is frozen whole (SIGSTOP: a paused VM, a stopped container) while it provisions. Its renew thread
-    is frozen with it, but its work units, children of its forkserver, are not: each stops by itself at the
-    leader's renew deadline (kfp_gpu.controller.work.watch_fence), before the Lease can pass to the standby. Resumed
-    (SIGCONT) after the standby took over, the old leader steps down and exits without writing; never two
-    replicas' units at once, one gang, no resize beyond the world's need."""
+    """The leader is frozen whole (SIGSTOP: a paused VM, a stopped container) while it supervises the gang's job.
+    Its renew thread is frozen with it, but its work units, children of its forkserver, are not: each stops by
+    itself at the leader's renew deadline (kfp_gpu.controller.work.watch_fence), before the Lease can pass to the
+    standby, which re-attaches to the same job. Resumed (SIGCONT) after the standby took over, the old leader steps
+    down and exits without renewing; never two replicas' units at once, one job copy, no resize."""
     import os
     import signal
 
-    t = tenant(median_s=5.0, start=False)
+    from kfp_gpu.cluster import pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    t = tenant()
     replicas, sampler = _two_replicas(t, lease, units_only=True)
     try:
-        leader, active, standby, spec, run, box, th = _scale_up_under_a_leader(t, lease, replicas, 2)
-        wait_until("the leader provisions", lambda: _descendants(active.pid, True) and _pools_total(t) == 2,
-                   timeout=30, every=0.05)
+        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+        for s in ("preflight", "warm_pool", "scale_up"):
+            t.step(s, spec, run)
+        resizes = t.resizes()
+        box: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: box.update(result=t.step(
+            "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
+        th.start()
+        core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
+        job = pytorchjob.job_name(run, "train")
+        wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
+        uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
+        assert _descendants(active.pid, True) and not _descendants(standby.pid, True)
         os.kill(active.pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
         try:
@@ -296,18 +311,24 @@ def test_a_frozen_leaders_work_units_stop_by_themselves_before_its_lease_can_pas
     finally:
         sampler.stop()
     log_text = active.log_path.read_text(errors="replace")
-    print(f"SIGSTOP of the leader -> its units stopped {stopped:.2f}s, standby working {acting:.2f}s (renew "
-          f"deadline {RENEW_S}s, lease {LEASE_S}s); {sampler.samples} samples, both working in {len(sampler.both)}")
-    assert stopped <= RENEW_S + 1.0, stopped  # at its renew deadline (the last renewal was <= one retry before)
+    unit_logs = "".join(f.read_text(errors="replace") for f in (active.log_path.parent / "controller-work").glob("*"))
+    print(f"SIGSTOP of the leader during the job -> its units stopped {stopped:.2f}s, standby working {acting:.2f}s "
+          f"(renew deadline {RENEW_S}s, lease {LEASE_S}s); {sampler.samples} samples, both working in "
+          f"{len(sampler.both)}")
+    assert "work unit fenced" in unit_logs, unit_logs[-3000:]  # the train unit stopped itself, mid-job
+    assert RENEW_S - 2 * RETRY_S <= stopped <= RENEW_S + 1.0, stopped  # at its renew deadline, not at once
     assert acting >= LEASE_S - RETRY_S, acting  # the standby waited the frozen leader's Lease out
     assert sampler.both == [], sampler.both[:5]
     assert active.proc.returncode == 1, active.proc.returncode
     assert "leader election lost" in log_text and "paused or cut off" in log_text, log_text[-2000:]
     assert "result" in box, f"{box}\n{t.controller_log()}"
-    assert (t.gang(run) or {})["status"]["phase"] == "Ready" and len(t.claimed(run)) == 2
-    assert len(t.sim_nodes()) == 2 and t.resizes() <= 2, t.sim.request_counts()  # nothing added twice
+    jobs = custom.list_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs")["items"]
+    assert [(j["metadata"]["name"], j["metadata"]["uid"]) for j in jobs] == [(job, uid)]  # the same job: one copy
+    assert t.resizes() == resizes, t.sim.request_counts()
     t.step("teardown", spec, run)
     assert t.claimed(run) == []
+    wait_until("no job left", lambda: not custom.list_namespaced_custom_object(
+        "kubeflow.org", "v1", t.ns, "pytorchjobs")["items"], timeout=60)
     wait_until("pools back to 0", lambda: _pools_total(t) == 0, timeout=30)
 
 
