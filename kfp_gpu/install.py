@@ -273,7 +273,14 @@ def tenant_add(api: client.ApiClient | None, namespace: str, *, dry_run: bool = 
     if not kubeapply.crd_exists(api, crd):
         raise NotFound(f"the kfp-gpu API is not installed in this cluster (CRD {crd} is missing)",
                        remediation="run `kfp-gpu install` first (as a cluster admin)")
-    lines = _apply_all(api, objs, log)
+    lines = _apply_all(api, objs[:1], log)
+    with kubeapply.refusal(f"namespace/{namespace}", "get"):
+        uid = kubeapply.request(api, "GET", kubeapply.path(objs[0]))["metadata"]["uid"]
+    policy = objs[-1]  # owned by the Namespace: the garbage collector deletes it with the namespace, so a deleted
+    # tenant leaves no GpuPolicy behind for a later namespace of the same name
+    policy["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": namespace.strip(),
+                                              "uid": uid}]
+    lines += _apply_all(api, objs[1:], log)
     return lines + _emit([f"warning: {w}" for w in legacy_bindings(api, objs[0]["metadata"]["name"])], log)
 
 

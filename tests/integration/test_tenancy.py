@@ -125,6 +125,25 @@ def test_tenant_add_writes_the_tenant(installed: Kube, tenants: tuple[str, str])
     assert all(line.endswith("serverside-applied") for line in again)
     pol = installed.custom.get_cluster_custom_object(G, V, gang.POLICY_PLURAL, install.policy_name(a))
     assert pol["spec"]["maxGpusPerGang"] == 8
+    assert [(o["kind"], o["name"], o["uid"]) for o in pol["metadata"]["ownerReferences"]] == [
+        ("Namespace", a, installed.core.read_namespace(a).metadata.uid)]  # deleted with its namespace
+
+
+def test_a_deleted_tenant_namespace_takes_its_policy_with_it(installed: Kube) -> None:
+    ns = f"t-tenancy-gone-{uuid.uuid4().hex[:6]}"
+    install.tenant_add(installed.api, ns)
+    installed.core.delete_namespace(ns)
+
+    def policy_gone() -> bool:
+        try:
+            installed.custom.get_cluster_custom_object(G, V, gang.POLICY_PLURAL, install.policy_name(ns))
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
+    wait_until("the garbage collector to delete the tenant's GpuPolicy", policy_gone, timeout=60, every=0.5)
 
 
 # ---- the step identity ------------------------------------------------------------------------------------
