@@ -187,6 +187,29 @@ def _scale_up_under_a_leader(t: Any, lease: str, replicas: dict[str, LocalContro
     return leader, active, standby, spec, run, box, th
 
 
+def _job_under_a_leader(t: Any, lease: str, replicas: dict[str, LocalController]) -> tuple[
+        LocalController, LocalController, Any, str, dict[str, Any], threading.Thread, str, int]:
+    """Once a replica leads: preflight, warm pool and scale-up of a 2-node gang, then its train step in a thread until
+    both job pods run. (the leader, the standby, spec, run id, the train result's box, its thread, the job's name,
+    the cloud resizes so far)."""
+    from kfp_gpu.cluster import pytorchjob
+    from tests.integration.test_train_support import job_json, running_pods
+
+    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
+    spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
+    for s in ("preflight", "warm_pool", "scale_up"):
+        t.step(s, spec, run)
+    resizes = t.resizes()
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: box.update(result=t.step(
+        "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
+    th.start()
+    job = pytorchjob.job_name(run, "train")
+    wait_until("2 job pods running", lambda: running_pods(client.CoreV1Api(t.kube.api), t.ns, job, 2), timeout=60)
+    return active, standby, spec, run, box, th, job, resizes
+
+
 def test_two_replicas_started_at_once_never_both_work_and_a_killed_leaders_gang_moves_to_the_standby(lease, tenant):
     t = tenant(median_s=5.0, start=False)
     replicas, sampler = _two_replicas(t, lease)
@@ -274,25 +297,11 @@ def test_a_frozen_leaders_work_units_stop_by_themselves_before_its_lease_can_pas
     import os
     import signal
 
-    from kfp_gpu.cluster import pytorchjob
-    from tests.integration.test_train_support import job_json, running_pods
-
     t = tenant()
     replicas, sampler = _two_replicas(t, lease, units_only=True)
     try:
-        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
-        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
-        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
-        for s in ("preflight", "warm_pool", "scale_up"):
-            t.step(s, spec, run)
-        resizes = t.resizes()
-        box: dict[str, Any] = {}
-        th = threading.Thread(target=lambda: box.update(result=t.step(
-            "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
-        th.start()
-        core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
-        job = pytorchjob.job_name(run, "train")
-        wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
+        active, standby, spec, run, box, th, job, resizes = _job_under_a_leader(t, lease, replicas)
+        custom = client.CustomObjectsApi(t.kube.api)
         uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
         assert _descendants(active.pid, True) and not _descendants(standby.pid, True)
         os.kill(active.pid, signal.SIGSTOP)
@@ -335,25 +344,11 @@ def test_a_frozen_leaders_work_units_stop_by_themselves_before_its_lease_can_pas
 def test_the_standby_takes_over_a_running_job_with_one_job_copy(lease, tenant):
     """The leader is killed while the gang's job runs: the standby re-attaches to the train unit's job through its
     ledger; one job copy ever, no second resize, nothing left."""
-    from kfp_gpu.cluster import pytorchjob
-    from tests.integration.test_train_support import job_json, running_pods
-
     t = tenant()
     replicas, sampler = _two_replicas(t, lease)
     try:
-        leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
-        active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
-        spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
-        for s in ("preflight", "warm_pool", "scale_up"):
-            t.step(s, spec, run)
-        resizes = t.resizes()
-        box: dict[str, Any] = {}
-        th = threading.Thread(target=lambda: box.update(result=t.step(
-            "train", spec, run, job_json=job_json(JOB_S), dataset_uri="", queue_timeout_s=60.0)), daemon=True)
-        th.start()
-        core, custom = client.CoreV1Api(t.kube.api), client.CustomObjectsApi(t.kube.api)
-        job = pytorchjob.job_name(run, "train")
-        wait_until("2 job pods running", lambda: running_pods(core, t.ns, job, 2), timeout=60)
+        active, standby, spec, run, box, th, job, resizes = _job_under_a_leader(t, lease, replicas)
+        custom = client.CustomObjectsApi(t.kube.api)
         assert not _descendants(standby.pid), "the standby runs nothing"
         uid = custom.get_namespaced_custom_object("kubeflow.org", "v1", t.ns, "pytorchjobs", job)["metadata"]["uid"]
         active.kill()
