@@ -31,7 +31,11 @@ controller started the work unit), ``<step>_work`` (unit started -> outcome reco
 ``<step>_unit`` (``_work`` - ``_fn``); after the train request: ``train_job-created`` (the train step's gate passed
 and the PyTorchJob created, from its timeline), ``job_pods_added`` / ``job_pods_all_added`` (the Training
 Operator's first / n-th pod seen), ``job_pods_first_bound`` / ``job_pods_half_bound``, and the warm pool's balloons
-(``balloons_at_train``; ``balloons_first_deleted`` / ``balloons_last_deleted``: the job's pods preempt them).
+(``balloons_at_train``; ``balloons_first_deleted`` / ``balloons_last_deleted``: the job's pods preempt them);
+and where the job launch's wall went on this machine (bench/machine.py): ``launch_cpu_capacity`` (wall x cores),
+``launch_cpu_busy`` and ``launch_cpu_<process group>`` in CPU seconds, and ``launch_api_post_pods_s`` /
+``launch_api_post_services_s`` (the API server's own time on the job's pod and Service creates, summed; ``_n``:
+how many).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import ours
+from bench import machine, ours
 from bench.common import delete_nodes, kubeconfig, new_api, stats, uid
 from bench.observe import Observer, _RawWatch
 from bench.world import StandIn, pool_name, scenario
@@ -166,6 +170,13 @@ def _inside(obj: dict[str, Any] | None, prof: dict[str, float], train_json: str,
     return out
 
 
+def _metrics(api: client.ApiClient) -> str:
+    """The API server's Prometheus text (GET /metrics, the admin's client)."""
+    resp = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False,
+                        _request_timeout=30)
+    return str(resp[0].data.decode())
+
+
 def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = None) -> dict[str, Any]:
     from kfp_gpu.cluster import pytorchjob
     from kfp_gpu.job import JobTemplate
@@ -211,12 +222,15 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
             finally:
                 train_api.close()
 
+        api_before, cpu_before = machine.api_seconds(_metrics(api)), machine.snapshot()
         try:
             asked["train"] = time.time()
             th = threading.Thread(target=train_step, daemon=True, name=f"bench-train-{run_id}")
             th.start()
             t_bound = pods.wait(120.0 + 0.5 * n, lambda: train.get("err"))
             out["job_launch"] = t_bound - asked["train"]
+            launch = {**machine.cpu_used(cpu_before, machine.snapshot()),
+                      **machine.api_diff(api_before, machine.api_seconds(_metrics(api)))}
         finally:
             pods.close()
         out["total"] = sum(out[k] for k in STEPS)
@@ -232,6 +246,7 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
         obj = ours.read_gang(api, namespace, run_id)
         prof.update(_inside(obj, prof, ours.output(obj, f"job:{template.name}"), asked["train"]))
         prof.update(pods.profile(asked["train"]))
+        prof.update({f"launch_{k}": v for k, v in launch.items()})
         return {**out, "profile": prof}
     finally:  # each cleanup step on its own: a failing one never leaves the stand-in's nodes behind
         core = client.CoreV1Api(api)

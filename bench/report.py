@@ -14,7 +14,7 @@ from typing import Any
 
 from bench import report_recovery
 from bench.common import RESULTS, ROOT
-from bench.report_targets import row, stage_error
+from bench.report_targets import med, row, stage_error
 from kfp_gpu_rehearsal.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -30,6 +30,30 @@ def source() -> Path:
         if data.get("schema") == 2 and (data.get("world") or {}).get("boot_draws"):
             return latest
     return RESULTS / "quick.json"
+
+
+def _launch_profile(cp: dict[str, Any], sizes: list[int]) -> list[str]:
+    """Where the job launch's wall went on this machine (bench/machine.py), median per size: the machine's busy CPU
+    against its capacity, the busiest process groups, and the API server's own time on the job's creates."""
+    out = []
+    for g in sizes:
+        ps = cp[str(g)].get("profile_stats") or {}
+        cap, busy = med(ps, "launch_cpu_capacity"), med(ps, "launch_cpu_busy")
+        if cap is None or busy is None:
+            continue  # a run from before the launch profile was recorded
+        procs = sorted(((med(ps, k) or 0.0, k.removeprefix("launch_cpu_")) for k in ps
+                        if k.startswith("launch_cpu_") and k not in ("launch_cpu_capacity", "launch_cpu_busy")),
+                       reverse=True)
+        api = ", ".join(f"{what}: {med(ps, f'launch_api_post_{what}_s') or 0:.2f} s over "
+                        f"{med(ps, f'launch_api_post_{what}_n') or 0:.0f} creates" for what in ("pods", "services"))
+        out.append(f"* {g} GPUs, job launch {_cell(cp[str(g)]['stats'], 'job_launch')} s: the machine was busy "
+                   f"{busy:.1f} of {cap:.1f} CPU-seconds ({100 * busy / cap:.0f}%); by process: "
+                   + ", ".join(f"{name} {v:.1f}" for v, name in procs if v >= 0.05)
+                   + f". The API server's own time on the job's creates (its request-duration metric, summed): {api}.")
+    if not out:
+        return []
+    return ["", "Where the job launch's wall goes (median of the repeats, CPU-seconds; `bench/machine.py`: /proc over "
+            "the launch window, the API server's /metrics):", "", *out]
 
 
 def _cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
@@ -242,6 +266,7 @@ def _other(out: dict[str, Any]) -> list[str]:
                   "controller does the work, `bench/overhead.py`); *job launch* = the train request -> the "
                   "PyTorchJob's pods all bound to nodes (the bench's pod watch); *above world* = total - world: "
                   "last node Ready, per repeat (the control plane's time above the world's own node-Ready time)."]
+    lines += _launch_profile(cp, sizes)
     pf = out.get("preflight") or {}
     lines += ["", "## Preflight, 6 regions x 3 accelerators, 100 ms API latency", ""]
     if "stats" in pf:
