@@ -177,9 +177,11 @@ def _metrics(api: client.ApiClient) -> str:
     return str(resp[0].data.decode())
 
 
-def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = None) -> dict[str, Any]:
+def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = None,
+         kind: str = "pytorchjob") -> dict[str, Any]:
     from kfp_gpu.cluster import pytorchjob
     from kfp_gpu.job import JobTemplate
+    from kfp_gpu.jobkinds import for_template
     from kfp_gpu.spec import ProvisioningSpec, Target, WarmPool
 
     sim = StandIn(scenario(uid("bov"), 0, zero_boot=True), kubeconfig()).start()
@@ -191,8 +193,10 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
     asked: dict[str, float] = {}
     returned: dict[str, float] = {}
     run_id = uid("bov-")
-    template = JobTemplate(name="bench", annotations={pytorchjob.SIM_DURATION_ANNOTATION: JOB_RUN})
-    job = pytorchjob.job_name(run_id, template.name)
+    template = JobTemplate(name="bench", annotations={pytorchjob.SIM_DURATION_ANNOTATION: JOB_RUN}, kind=kind,
+                           **({"image": "busybox", "command": ("true",)} if kind == "trainjob" else {}))
+    job_kind = for_template(template)
+    job = job_kind.job_name(run_id, template.name)
     train: dict[str, Any] = {}
     th: threading.Thread | None = None
     spec = ProvisioningSpec("a100-80gb", n, gpus_per_node=GPUS, target=Target(
@@ -251,7 +255,7 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
     finally:  # each cleanup step on its own: a failing one never leaves the stand-in's nodes behind
         core = client.CoreV1Api(api)
         for step_fn in (lambda: ours.request("teardown", spec, run_id, steps),
-                        lambda: pytorchjob.delete(api, namespace, job),
+                        lambda: job_kind.delete(api, namespace, job),
                         lambda: core.delete_collection_namespaced_pod(
                             namespace, label_selector=f"kfp-gpu.io/run-id={run_id}", grace_period_seconds=0),
                         sim.stop, lambda: delete_nodes(api, sel, timeout_s=180.0)):
@@ -267,21 +271,22 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
 
 
 def run(n: int, repeats: int, namespace: str, step_kubeconfig: Path, log: Any = print,
-        obs: Observer | None = None) -> dict[str, Any]:
+        obs: Observer | None = None, kind: str = "pytorchjob") -> dict[str, Any]:
     """``repeats`` measured runs at ``n`` nodes after one unrecorded warm-up (imports, clients, the controller's
     first work units); ``obs``: the bench's external watch, for ``world_nodes_ready`` and ``above_world``."""
-    _one(1, namespace, step_kubeconfig)
+    _one(1, namespace, step_kubeconfig, kind=kind)
     samples: dict[str, list[float]] = {}
     profile: dict[str, list[float]] = {}
     for rep in range(repeats):
-        o = _one(n, namespace, step_kubeconfig, obs)
+        o = _one(n, namespace, step_kubeconfig, obs, kind)
         for k, v in o.pop("profile", {}).items():
             profile.setdefault(k, []).append(round(v, 4))
         for k, v in o.items():
             samples.setdefault(k, []).append(round(v, 4))
         log(f"  control plane {n * GPUS} GPUs r{rep}: total {o['total']:.3f}s " +
             " ".join(f"{k}={v:.3f}" for k, v in o.items() if k != "total"))
-    return {"gpus": n * GPUS, "nodes": n, "samples": samples, "stats": {k: stats(v) for k, v in samples.items()},
+    return {"gpus": n * GPUS, "nodes": n, "job_kind": kind, "samples": samples,
+            "stats": {k: stats(v) for k, v in samples.items()},
             "profile_samples": profile, "profile_stats": {k: stats(v) for k, v in profile.items()},
             "path": "through the GpuGang: kfp_gpu.gang.client.request with the tenant's token; the bench's "
                     "kfp-gpu controller does the work"}

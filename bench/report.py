@@ -46,7 +46,8 @@ def _launch_profile(cp: dict[str, Any], sizes: list[int]) -> list[str]:
                        reverse=True)
         api = ", ".join(f"{what}: {med(ps, f'launch_api_post_{what}_s') or 0:.2f} s over "
                         f"{med(ps, f'launch_api_post_{what}_n') or 0:.0f} creates" for what in ("pods", "services"))
-        out.append(f"* {g} GPUs, job launch {_cell(cp[str(g)]['stats'], 'job_launch')} s: the machine was busy "
+        out.append(f"* {g} GPUs ({cp[str(g)].get('job_kind', 'pytorchjob')}), job launch "
+                   f"{_cell(cp[str(g)]['stats'], 'job_launch')} s: the machine was busy "
                    f"{busy:.1f} of {cap:.1f} CPU-seconds ({100 * busy / cap:.0f}%); by process: "
                    + ", ".join(f"{name} {v:.1f}" for v, name in procs if v >= 0.05)
                    + f". The API server's own time on the job's creates (its request-duration metric, summed): {api}.")

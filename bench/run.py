@@ -50,6 +50,7 @@ class Mode:
     stockout_n: int
     repeats_large: int = 0  # burst repeats at N >= LARGE_N (0: as ``repeats``)
     sequential_max: int = 16  # the one-at-a-time loop runs up to this N (it cannot matter at large N)
+    control_plane_kind: str = "pytorchjob"  # the job kind the control-plane scenario launches (kfp_gpu.jobkinds)
 
     def burst_repeats(self, n: int) -> int:
         return self.repeats_large if n >= LARGE_N and self.repeats_large else self.repeats
@@ -255,7 +256,7 @@ def run(mode: Mode, log: Callable[[str], None] = print, only: tuple[str, ...] = 
         stage("burst", lambda: run_burst(h, mode, log))
         stage("stockout", lambda: run_stockout(h, mode, log))
         stage("control_plane", lambda: {str(g): overhead.run(g // 8, mode.preflight_repeats, ns, step_kc, log=log,
-                                                             obs=h.obs)
+                                                             obs=h.obs, kind=mode.control_plane_kind)
                                         for g in mode.control_plane_gpus})
         stage("preflight", lambda: preflight_bench.run(mode.preflight_repeats, log=log,
                                                      sequential=mode.name == "full").to_json())
@@ -300,11 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", default="", help="comma list of N (development)")
     ap.add_argument("--repeats", type=int, default=0, help="override the mode's repeats (development)")
     ap.add_argument("--control-plane-gpus", default="", help="comma list of GPU counts (development)")
+    ap.add_argument("--control-plane-kind", default="", choices=("", "pytorchjob", "trainjob"),
+                    help="the job kind the control-plane scenario launches (development; default pytorchjob)")
     ap.add_argument("--only", default="", help="comma list of scenarios to run, e.g. control-plane "
                     f"(development; one of {', '.join(k.replace('_', '-') for k in SCENARIOS)})")
     args = ap.parse_args(argv)
-    if (args.sides or args.n or args.repeats or args.control_plane_gpus or args.only) and args.out is None:
-        ap.error("--sides/--n/--repeats/--control-plane-gpus/--only are for development: give --out too, so a "
+    if (args.sides or args.n or args.repeats or args.control_plane_gpus or args.control_plane_kind or args.only) \
+            and args.out is None:
+        ap.error("--sides/--n/--repeats/--control-plane-gpus/--control-plane-kind/--only are for development: give --out too, so a "
                  "partial run never becomes latest.json/quick.json or the doc")
     try:
         only = _only(args.only)
@@ -321,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                        "recovery_repeats": min(mode.recovery_repeats, args.repeats)})
     if args.control_plane_gpus:
         mode = Mode(**{**mode.__dict__, "control_plane_gpus": tuple(int(x) for x in args.control_plane_gpus.split(","))})
+    if args.control_plane_kind:
+        mode = Mode(**{**mode.__dict__, "control_plane_kind": args.control_plane_kind})
     out = run(mode, only=only, command=" ".join(["python -m bench.run", *(sys.argv[1:] if argv is None else argv)]))
     path = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
     path.parent.mkdir(parents=True, exist_ok=True)
