@@ -147,3 +147,64 @@ def test_the_step_account_detects_the_autoscaler_with_the_optional_status_rule(k
     finally:
         rbac.delete_namespaced_role_binding(binding["metadata"]["name"], "kube-system")
         rbac.delete_namespaced_role(role["metadata"]["name"], "kube-system")
+
+
+def test_health_bad_gpu_on_a_provisioning_request_node_is_cordoned_and_replaced_beside_it(
+        kube, autoscaler, namespace, step_api, tmp_path):
+    """A request's spec is immutable, so the backend cannot give one node back (``releases_one_node`` False): the
+    probe's bad node stays cordoned and tainted out of the gang, its claim dropped, the replacement is asked for
+    beside it (a second request), and the job runs on the survivor and the replacement only. The world answers the
+    probe on every CA node of the run (it adopts them as they register)."""
+    import json
+    import threading
+
+    from kfp_gpu.cluster import pytorchjob
+    from kfp_gpu.spec import Health
+    from kfp_gpu.steps.health_gate import UNHEALTHY_TAINT
+    from kfp_gpu_rehearsal.sim.gpuhealth import GpuFault, GpuHealthWorld
+    from tests.integration.test_train_support import StepThread, job_json, job_pods
+
+    spec = _spec(namespace, 2).replace(health=Health(probe=True, probe_timeout_s=30.0),
+                                       checkpoint_uri=str(tmp_path / "ckpt"))
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    world, stop = GpuHealthWorld(kube.api), threading.Event()
+
+    def adopt_ca_nodes() -> None:  # the world knows every node of CA's groups, the replacement too
+        seen: set[str] = set()
+        while not stop.wait(0.1):
+            names = {n.metadata.name for n in client.CoreV1Api(kube.api).list_node(
+                label_selector=f"{ca_profile.CLUSTER_LABEL}={ca_profile.CLUSTER}").items}
+            if names - seen:
+                world.adopt(*(names - seen))
+                seen |= names
+
+    adopter = threading.Thread(target=adopt_ca_nodes, daemon=True)
+    adopter.start()
+    try:
+        cap_json = scale_up.run(spec, run, "", api=step_api).output_json
+        first = Capacity.from_json(cap_json).nodes
+        wait_until("the world knows the gang", lambda: set(first) <= set(world.owned), timeout=10)
+        bad = first[0]
+        world.break_node(bad, GpuFault("dcgm", crash_after_s=120.0))
+        th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=job_json(2.0), api=step_api)
+        th.start()  # reprovision=None: the real provisioning-request backend asks CA for the replacement
+        out = json.loads(th.outcome(180).output_json)
+        placed = sorted(p.spec.node_name for p in job_pods(kube.core, namespace, pytorchjob.job_name(run, "train")))
+        requests_during = len(_requests(kube.api, namespace))
+        node = kube.core.read_node(bad)
+    finally:
+        stop.set()
+        world.stop()
+        teardown.run(spec, run, "", api=step_api)
+    assert out["status"] == "Succeeded" and out["attempts"] == 1 and out["preemptions"] == 0, out
+    health = out["ledger"]["health"]
+    assert [r["action"] for r in health] == ["replace", "pass"], health
+    assert health[0]["bad"] == [{"node": bad, "reason": "dcgmi diag failed"}]
+    replacement = health[0]["replacement_nodes"]
+    assert len(replacement) == 1 and replacement[0] not in first, health
+    assert placed == sorted([first[1], *replacement]), placed  # never on the bad node
+    assert requests_during == 2  # the gang's request, and the replacement's beside it (the first is immutable)
+    # left to the autoscaler: cordoned, tainted unhealthy, no longer the run's
+    assert node.spec.unschedulable and any(t.key == UNHEALTHY_TAINT for t in node.spec.taints or []), node.spec
+    assert not (node.metadata.labels or {}).get(LABEL_RUN_ID)
+    assert _requests(kube.api, namespace) == [] and _held(kube.api, run) == []  # teardown gave back the rest
