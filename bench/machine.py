@@ -3,8 +3,8 @@ never a measurement of a side).
 
 :func:`snapshot` reads ``/proc/stat`` (the machine's busy and total CPU time) and every process's ``utime + stime``
 (``/proc/<pid>/stat`` fields 14 to 17, clock ticks: with the CPU of the children it reaped), grouped by what the process is: the control plane's own
-processes by their command name (etcd, kube-apiserver, the scheduler, the controller-manager, KWOK, the Training
-Operator, Kueue, the cluster-autoscaler, Karpenter), the kfp-gpu controller with every process below it (its work
+processes by their binary (etcd, kube-apiserver, the scheduler, the controller-manager, KWOK, the Training
+Operator, Kueue, JobSet, the Trainer, the cluster-autoscaler, Karpenter), the kfp-gpu controller with every process below it (its work
 units), the cloud stand-ins (``kfp_gpu_rehearsal.sim``) and this bench process with its children. :func:`cpu_used`
 is the difference of two snapshots in CPU seconds: ``cpu_capacity`` (wall x cores), ``cpu_busy`` (the whole
 machine), one ``cpu_<group>`` per group. A window whose ``cpu_busy`` is near ``cpu_capacity`` is set by the
@@ -15,16 +15,13 @@ machine: every process on it waits for a core. A process that exited inside the 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 PROC = Path("/proc")
 TICK = float(os.sysconf("SC_CLK_TCK"))
-# /proc/<pid>/comm (15 characters at most) -> group; the Go binaries of the dev cluster (kfp_gpu_rehearsal.devcluster)
-COMM = {"etcd": "etcd", "kube-apiserver": "kube-apiserver", "kube-scheduler": "kube-scheduler",
-        "kube-controller": "kube-controller-manager", "kwok": "kwok", "training-opera": "training-operator",
-        "training-operat": "training-operator", "manager": "kueue", "kueue": "kueue",
-        "cluster-autosca": "cluster-autoscaler", "karpenter": "karpenter", "controller": "karpenter"}
+BIN_VERSION = re.compile(r"-v\d[^/]*$")  # the dev cluster's binaries: ~/.cache/kfp-gpu/bin/<name>-v<version>
 
 
 @dataclass(frozen=True)
@@ -53,13 +50,18 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
-def group_of(comm: str, cmdline: str) -> str:
-    """The group of one process from its command name and command line (no parent): "" when none of ours."""
-    if "kfp_gpu_rehearsal.sim" in cmdline or "kfp_gpu_rehearsal/sim" in cmdline:
+def group_of(cmdline: str) -> str:
+    """The group of one process from its command line (no parent): "" when none of ours. The dev cluster's
+    binaries (etcd, kube-apiserver, the scheduler, the controller-manager, KWOK, the Training Operator, Kueue,
+    JobSet, the Trainer, the cluster-autoscaler, Karpenter) by their name without the version."""
+    argv0 = cmdline.split(" ", 1)[0]
+    if "/.cache/kfp-gpu/bin/" in argv0:
+        return BIN_VERSION.sub("", argv0.rsplit("/", 1)[-1])
+    if "kfp_gpu_rehearsal.sim" in cmdline:
         return "stand-in"
     if " controller" in cmdline and ("kfp-gpu" in cmdline or "kfp_gpu" in cmdline):
         return "kfp-gpu-controller"
-    return COMM.get(comm, "")
+    return ""
 
 
 def snapshot(bench_pid: int | None = None) -> Snapshot:
@@ -73,8 +75,8 @@ def snapshot(bench_pid: int | None = None) -> Snapshot:
         if entry.name.isdigit() and (st := _stat(entry.name)) is not None:
             procs[entry.name] = st
     own: dict[str, str] = {}
-    for pid, (comm, _, _) in procs.items():
-        g = "bench" if int(pid) == me else group_of(comm, _cmdline(pid) if comm.startswith("python") else "")
+    for pid in procs:
+        g = "bench" if int(pid) == me else group_of(_cmdline(pid))
         if g:
             own[pid] = g
     groups: dict[str, float] = {}

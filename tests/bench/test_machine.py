@@ -30,12 +30,14 @@ def test_the_api_servers_create_time_counts_only_creates_of_the_resource_itself(
 
 
 def test_a_process_is_grouped_by_its_binary_or_its_command_line() -> None:
-    assert machine.group_of("kube-apiserver", "") == "kube-apiserver"
-    assert machine.group_of("training-operat", "") == "training-operator"
-    assert machine.group_of("python3", "/x/.venv/bin/python -m kfp_gpu.cli controller --standalone") == \
-        "kfp-gpu-controller"
-    assert machine.group_of("python3", "python -m kfp_gpu_rehearsal.sim.daemon serve gke") == "stand-in"
-    assert machine.group_of("bash", "bash") == ""
+    bin_ = "/root/.cache/kfp-gpu/bin"
+    assert machine.group_of(f"{bin_}/kube-apiserver-v1.34.4 --etcd-servers=x") == "kube-apiserver"
+    assert machine.group_of(f"{bin_}/training-operator-v1.9.3 --kubeconfig=x") == "training-operator"
+    assert machine.group_of(f"{bin_}/cluster-autoscaler-v0.0.0-20250613073258-1959f5f61f6c --x") == \
+        "cluster-autoscaler"
+    assert machine.group_of("/x/.venv/bin/python -m kfp_gpu.cli controller --standalone") == "kfp-gpu-controller"
+    assert machine.group_of("/x/.venv/bin/python -m kfp_gpu_rehearsal.sim --port 8787") == "stand-in"
+    assert machine.group_of("bash -c kube-apiserver") == ""
 
 
 def test_cpu_burnt_by_a_child_of_the_bench_is_the_bench_s_and_the_machine_s() -> None:
