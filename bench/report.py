@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import report_recovery
+from bench import report_control_plane, report_recovery
 from bench.common import RESULTS, ROOT
-from bench.report_targets import med, row, stage_error
+from bench.report_targets import row, stage_error
 from kfp_gpu_rehearsal.devcluster import ca_profile
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -30,31 +30,6 @@ def source() -> Path:
         if data.get("schema") == 2 and (data.get("world") or {}).get("boot_draws"):
             return latest
     return RESULTS / "quick.json"
-
-
-def _launch_profile(cp: dict[str, Any], sizes: list[int]) -> list[str]:
-    """Where the job launch's wall went on this machine (bench/machine.py), median per size: the machine's busy CPU
-    against its capacity, the busiest process groups, and the API server's own time on the job's creates."""
-    out = []
-    for g in sizes:
-        ps = cp[str(g)].get("profile_stats") or {}
-        cap, busy = med(ps, "launch_cpu_capacity"), med(ps, "launch_cpu_busy")
-        if cap is None or busy is None:
-            continue  # a run from before the launch profile was recorded
-        procs = sorted(((med(ps, k) or 0.0, k.removeprefix("launch_cpu_")) for k in ps
-                        if k.startswith("launch_cpu_") and k not in ("launch_cpu_capacity", "launch_cpu_busy")),
-                       reverse=True)
-        api = ", ".join(f"{what}: {med(ps, f'launch_api_post_{what}_s') or 0:.2f} s over "
-                        f"{med(ps, f'launch_api_post_{what}_n') or 0:.0f} creates" for what in ("pods", "services"))
-        out.append(f"* {g} GPUs ({cp[str(g)].get('job_kind', 'pytorchjob')}), job launch "
-                   f"{_cell(cp[str(g)]['stats'], 'job_launch')} s: the machine was busy "
-                   f"{busy:.1f} of {cap:.1f} CPU-seconds ({100 * busy / cap:.0f}%); by process: "
-                   + ", ".join(f"{name} {v:.1f}" for v, name in procs if v >= 0.05)
-                   + f". The API server's own time on the job's creates (its request-duration metric, summed): {api}.")
-    if not out:
-        return []
-    return ["", "Where the job launch's wall goes (median of the repeats, CPU-seconds; `bench/machine.py`: /proc over "
-            "the launch window, the API server's /metrics):", "", *out]
 
 
 def _cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
@@ -232,7 +207,7 @@ def _burst(out: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _other(out: dict[str, Any]) -> list[str]:
+def _other(out: dict[str, Any], results: Path | None) -> list[str]:
     lines: list[str] = []
     so = out.get("stockout") or {}
     lines += ["## Stockout failover (two of three zones dry)", ""]
@@ -245,29 +220,7 @@ def _other(out: dict[str, Any]) -> list[str]:
                   "", *(f"* {k}: not run: {v}" for k, v in so.get("not_run", {}).items()), ""]
     else:
         lines += [str(so.get("error", "not run")), ""]
-    cp = out.get("control_plane") or {}
-    sizes = sorted(int(k) for k in cp if k.isdigit())
-    above = any("above_world" in (cp[str(g)].get("stats") or {}) for g in sizes)  # recorded since the GpuGang path
-    lines += ["## Control-plane overhead at zero boot (ours only, timed by the harness around each step call)", "",
-              "| GPUs | total | preflight | warm pool | scale-up | job launch | world: last node Ready |"
-              + (" above world |" if above else ""), "|---|---|---|---|---|---|---|" + ("---|" if above else "")]
-    if "error" in cp:
-        lines.append(f"| FAILED: {stage_error(cp)} | | | | | | |" + (" |" if above else ""))
-    for g in sizes:
-        st = cp[str(g)]["stats"]
-        lines.append(f"| {g} | {_cell(st, 'total')} | {_cell(st, 'preflight')} | {_cell(st, 'warm_pool')} | "
-                     f"{_cell(st, 'scale_up')} | {_cell(st, 'job_launch')} | {_cell(st, 'world_nodes_ready')} |"
-                     + (f" {_cell(st, 'above_world')} |" if above else ""))
-    lines += ["", "Seconds, median of the repeats. *world: last node Ready* is not a step: the bench's external watch "
-              "saw the last Node Ready with GPUs that long after the warm pool step began (zero boot still means the "
-              "stand-in registering the Nodes and KWOK readying them on this 2-core control plane): the floor "
-              "under warm pool + scale-up."]
-    if above:
-        lines += ["", "Each step is a `kfp_gpu.gang.client.request` call with the tenant's token (the bench's kfp-gpu "
-                  "controller does the work, `bench/overhead.py`); *job launch* = the train request -> the "
-                  "PyTorchJob's pods all bound to nodes (the bench's pod watch); *above world* = total - world: "
-                  "last node Ready, per repeat (the control plane's time above the world's own node-Ready time)."]
-    lines += _launch_profile(cp, sizes)
+    lines += report_control_plane.section(out, results)
     pf = out.get("preflight") or {}
     lines += ["", "## Preflight, 6 regions x 3 accelerators, 100 ms API latency", ""]
     if "stats" in pf:
@@ -307,7 +260,8 @@ def _targets(out: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(out: dict[str, Any], src: str = "") -> str:
+def render(out: dict[str, Any], src: str = "", results: Path | None = None) -> str:
+    """The document for ``out``; ``results``: where the control-plane re-runs are read (None: none shown)."""
     g = out.get("git", {})
     m = out.get("machine", {})
     run = ["## This run", "",
@@ -327,7 +281,7 @@ def render(out: dict[str, Any], src: str = "") -> str:
                        bench_group=bench_group.name, bench_zone=bench_group.zone, bench_max=bench_group.max_size,
                        gang_rule=" (all N pods Running at once: a pod evicted meanwhile does not count)"
                        if out.get("gang_running") == "simultaneous" else ""), *run, *_burst(out),
-            *_other(out), *_targets(out)]
+            *_other(out, results), *_targets(out)]
     return "\n".join(body).rstrip() + "\n"
 
 
@@ -403,7 +357,7 @@ def _where_the_wall_went(out: dict[str, Any]) -> str:
 def write_doc(out: dict[str, Any] | None = None, doc: Path = DOC) -> Path:
     src = source()
     data = out if out is not None else json.loads(src.read_text())
-    doc.write_text(render(data, str(src.relative_to(ROOT))))
+    doc.write_text(render(data, str(src.relative_to(ROOT)), RESULTS))
     return doc
 
 

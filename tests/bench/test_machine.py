@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from bench import machine, report
+from bench import machine, report_control_plane
 
 METRICS = """# HELP apiserver_request_duration_seconds x
 apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1",le="0.005"} 3
@@ -61,10 +61,10 @@ def test_the_report_says_where_the_launch_went() -> None:
           "launch_cpu_other": {"median": 0.01}, "launch_api_post_pods_s": {"median": 2.5},
           "launch_api_post_pods_n": {"median": 64.0}, "launch_api_post_services_s": {"median": 1.0},
           "launch_api_post_services_n": {"median": 64.0}}
-    cp = {"512": {"stats": {"job_launch": {"median": 5.0}}, "profile_stats": ps}}
-    lines = report._launch_profile(cp, [512])
-    line = next(x for x in lines if x.startswith("* 512 GPUs"))
+    cp = {"512": {"stats": {"job_launch": {"median": 5.0}}, "profile_stats": ps, "job_kind": "trainjob"}}
+    lines = report_control_plane.launch_profile(cp)
+    line = next(x for x in lines if x.startswith("* 512 GPUs (TrainJob)"))
     assert "busy 9.5 of 10.0 CPU-seconds (95%)" in line
     assert "kube-apiserver 4.0, etcd 1.0." in line  # the busiest first; under 0.05 s left out
     assert "pods: 2.50 s over 64 creates" in line
-    assert report._launch_profile({"512": {"stats": {}, "profile_stats": {}}}, [512]) == []
+    assert report_control_plane.launch_profile({"512": {"stats": {}, "profile_stats": {}}}) == []

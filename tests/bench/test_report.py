@@ -19,7 +19,7 @@ from bench.run import summarize
 def test_the_doc_is_the_json_rendered() -> None:
     src = report.source()
     data = json.loads(src.read_text())
-    expected = report.render(data, str(src.relative_to(ROOT)))
+    expected = report.render(data, str(src.relative_to(ROOT)), report.RESULTS)
     assert report.DOC.read_text() == expected, (
         f"docs/benchmarks.md disagrees with {src.name}: run `python -m bench.report` (or the bench) to regenerate")
 
@@ -110,7 +110,7 @@ def test_a_failed_stage_is_named_failed_once() -> None:
     out["control_plane"] = {"error": "FAILED: ProvisioningTimeout: only 63/64"}  # as bench.run stores a stage error
     t = {x["name"]: x for x in report_targets.targets(out)}["control_plane_512"]
     assert t["met"] is False and t["value"] == "the stage failed: ProvisioningTimeout: only 63/64"
-    assert "| FAILED: ProvisioningTimeout: only 63/64 | | | | | |" in report.render(out)
+    assert "| FAILED: ProvisioningTimeout: only 63/64 | | | | | | |" in report.render(out)
 
 
 def test_measure_reads_the_limit_per_node_from_the_worlds_draws() -> None:
@@ -202,7 +202,7 @@ def test_a_control_plane_miss_names_the_worlds_floor() -> None:
     out["control_plane"] = {"512": {"gpus": 512, "nodes": 64, "samples": {}, "stats": st}}
     t = {x["name"]: x for x in report_targets.targets(out)}["control_plane_512"]
     assert t["met"] is False and "last node was Ready 2.20 s after warm pool began" in t["profile"]
-    assert "| 512 | 3.10 (3.10-3.10) | 0.10 (0.10-0.10) | 1.00 (1.00-1.00) | 1.90 (1.90-1.90) | 0.10 (0.10-0.10) | " \
+    assert "| 512 | PyTorchJob | 3.10 (3.10-3.10) | 0.10 (0.10-0.10) | 1.00 (1.00-1.00) | 1.90 (1.90-1.90) | 0.10 (0.10-0.10) | " \
            "2.20 (2.20-2.20) |" in report.render(out)
 
 
