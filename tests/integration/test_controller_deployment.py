@@ -74,7 +74,7 @@ def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_stand
         assert len(t.sim_nodes()) == 2 and t.resizes() == 1, t.sim.request_counts()
         assert _holder(t, lease, replicas) == pod, "the container did the work"
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310
-        assert 'kfp_gpu_gangs{phase="Provisioned"} 1' in metrics, metrics[:2000]
+        assert 'kfp_gpu_gangs{phase="Ready"} 1' in metrics and "kfp_gpu_gpus_held 16" in metrics, metrics[:2000]
 
         podman_pod.podman(["kill", "--signal", "KILL", name], built_images)  # kill -9, the Lease left held
         killed = time.monotonic()
