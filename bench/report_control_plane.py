@@ -85,7 +85,8 @@ def reruns(results: Path, full_commit: str) -> list[str]:
         git = data.get("git") or {}
         cp = data.get("control_plane") or {}
         lines += ["", f"### Re-run `{name}`: commit `{str(git.get('commit', '?'))[:12]}`"
-                  f"{' (uncommitted changes)' if git.get('dirty') else ''}, started {started}", "",
+                  f"{' with uncommitted changes (' + ', '.join(git.get('dirty_paths', [])[:8]) + ')' if git.get('dirty') else ''}"
+                  f", started {started}", "",
                   f"`{data.get('command')}`" + ("" if git.get("commit") != full_commit else
                                                  " (the full run's commit)") + ".", "", *table(cp),
                   *launch_profile(cp)]
