@@ -51,7 +51,7 @@ from kubernetes.client.rest import ApiException
 from kfp_gpu_rehearsal.devcluster import ca_profile, karpenter_profile, kueue_profile, trainer_profile
 from kfp_gpu_rehearsal.devcluster.client import Kube, ensure_up
 from kfp_gpu_rehearsal.devcluster.nodes import make_gpu_node
-from tests.integration.controller_support import tenant  # noqa: F401 - a fixture, for every test here
+from tests.integration.controller_support import lease, tenant  # noqa: F401 - fixtures, for every test here
 from tests.integration.rbac_support import (
     CONTROLLER_SA,
     JANITOR_SA,

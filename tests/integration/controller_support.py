@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,3 +184,47 @@ def wait_gone(t: Tenant, run: str, timeout: float = 60.0) -> float:
     t0 = time.monotonic()
     wait_until("gang gone", lambda: t.gang(run) is None, timeout=timeout)
     return time.monotonic() - t0
+
+
+@pytest.fixture
+def lease(kube: Kube) -> Iterator[str]:
+    """A Lease name of this test's own (the Deployment's is kfp-gpu-controller), so parallel worlds never elect
+    each other, and a Role granting the controller get/update on that name only, as the shipped Role does for
+    kfp-gpu-controller (an operator who renames the Lease adds its name the same way). Requested before
+    ``tenant``, it outlives the tenant's clean-up (which needs a replica working)."""
+    name = f"kfp-gpu-test-{uuid.uuid4().hex[:8]}"
+    ns, rbac = gang.CONTROLLER_NAMESPACE, client.RbacAuthorizationV1Api(kube.api)
+    meta = {"name": name, "namespace": ns, "labels": {"kfp-gpu.io/managed": "true"}}
+    rbac.create_namespaced_role(ns, {"metadata": meta, "rules": [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
+         "verbs": ["get", "update"]}]})
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": meta, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": gang.CONTROLLER_SA, "namespace": ns}]})
+    yield name
+    coord = client.CoordinationV1Api(kube.api)
+    for delete in (lambda: coord.delete_namespaced_lease(name, ns), lambda: rbac.delete_namespaced_role(name, ns),
+                   lambda: rbac.delete_namespaced_role_binding(name, ns)):
+        try:
+            delete()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def lease_spec(t: Any, name: str) -> dict[str, Any]:
+    try:
+        obj = client.CoordinationV1Api(t.kube.api).read_namespaced_lease(name, gang.CONTROLLER_NAMESPACE)
+    except ApiException as exc:
+        if exc.status == 404:
+            return {}
+        raise
+    s = obj.spec
+    return {"holder": s.holder_identity or "", "transitions": s.lease_transitions or 0,
+            "duration": s.lease_duration_seconds}
+
+
+def holder(t: Any, lease: str, replicas: Iterable[str]) -> str:
+    """The replica (POD_NAME) holding the Lease; its holderIdentity is ``<POD_NAME>_<uuid>``."""
+    held = lease_spec(t, lease).get("holder", "")
+    return next((n for n in replicas if held.startswith(f"{n}_")), "")

@@ -22,8 +22,7 @@ from kfp_gpu import iam
 from kfp_gpu.gang import api as gang
 from kfp_gpu_rehearsal.devcluster import boot, images, podman_pod
 from kfp_gpu_rehearsal.devcluster import controller as local_controller
-from tests.integration.controller_support import ROOT, new_run, small
-from tests.integration.test_controller_replicas import _holder, _lease_spec, lease  # noqa: F401 - fixture
+from tests.integration.controller_support import ROOT, holder, lease_spec, new_run, small
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]  # a cold run builds the component image first
@@ -39,7 +38,7 @@ def _free_port() -> int:
 
 
 def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_standby_takes_over_at_the_default_lease(
-        lease, tenant, built_images, kube, tmp_path):  # noqa: F811 - lease is the fixture
+        lease, tenant, built_images, kube, tmp_path):
     t = tenant(start=False)
     token = local_controller.mint_token(kube.api, gang.CONTROLLER_NAMESPACE, gang.CONTROLLER_SA, ttl_s=3600)
     sa_dir, server = podman_pod.service_account_dir(tmp_path / "sa", token, boot.kubeconfig_path(),
@@ -51,7 +50,7 @@ def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_stand
         args=["controller", "--namespace", t.ns, "--leader-elect-resource-name", lease, "--metrics-port", str(port)],
         env=iam.sim_controller_env())  # the stand-ins' controller credentials (a Secret on a real cluster)
     assert "--read-only" in argv and "--user" in argv and "--cap-drop=ALL" in argv, argv  # rendered, not skipped
-    replicas = {pod: None, f"kfp-gpu-controller-{t.ns}-b": None}
+    replicas = (pod, f"kfp-gpu-controller-{t.ns}-b")
     podman_pod.podman(argv, built_images)
 
     def logs() -> str:
@@ -59,7 +58,7 @@ def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_stand
 
     try:
         t0 = time.monotonic()
-        wait_until("the container leads", lambda: _holder(t, lease, replicas) == pod, timeout=120, every=0.2)
+        wait_until("the container leads", lambda: holder(t, lease, replicas) == pod, timeout=120, every=0.2)
         print(f"container started -> Lease held in {time.monotonic() - t0:.1f}s")
         standby = local_controller.LocalController(t.ctl_kubeconfig, [t.ns], t.workdir / "b" / "controller.log",
                                                    lease=lease, replica=f"kfp-gpu-controller-{t.ns}-b").start()
@@ -72,13 +71,13 @@ def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_stand
         g = t.gang(run) or {}
         assert gang.is_true(g, gang.PROVISIONED), f"{g.get('status')}\n{logs()}"
         assert len(t.sim_nodes()) == 2 and t.resizes() == 1, t.sim.request_counts()
-        assert _holder(t, lease, replicas) == pod, "the container did the work"
+        assert holder(t, lease, replicas) == pod, "the container did the work"
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310
         assert 'kfp_gpu_gangs{phase="Ready"} 1' in metrics and "kfp_gpu_gpus_held 16" in metrics, metrics[:2000]
 
         podman_pod.podman(["kill", "--signal", "KILL", name], built_images)  # kill -9, the Lease left held
         killed = time.monotonic()
-        wait_until("the standby leads", lambda: _holder(t, lease, replicas) == f"kfp-gpu-controller-{t.ns}-b",
+        wait_until("the standby leads", lambda: holder(t, lease, replicas) == f"kfp-gpu-controller-{t.ns}-b",
                    timeout=LEASE_S + 30, every=0.05)
         took = time.monotonic() - killed
         print(f"kill -9 of the container -> the standby holds the Lease {took:.2f}s later (lease {LEASE_S}s, retry "
@@ -86,7 +85,7 @@ def test_the_controller_deployment_s_container_leads_serves_a_gang_and_its_stand
         # the standby times the holder's last record from when it first saw it: at most one renewal (retry) before
         # the kill, and seen at most one jittered retry after it; then one jittered retry to notice the expiry
         assert LEASE_S - RETRY_S - 0.5 <= took <= LEASE_S + 2 * RETRY_S * (1 + JITTER) + 1.0, took
-        assert _lease_spec(t, lease)["transitions"] == 1 and _lease_spec(t, lease)["duration"] == LEASE_S
+        assert lease_spec(t, lease)["transitions"] == 1 and lease_spec(t, lease)["duration"] == LEASE_S
 
         t.step("teardown", spec, run)
         wait_until("the gang's nodes gone", lambda: not t.sim_nodes(), timeout=60)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,14 @@ from kubernetes.client.rest import ApiException
 
 from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import LEDGER_GANG_NAMESPACE_LABEL
-from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.devcluster.controller import LocalController
-from tests.integration.controller_support import new_run, small
+from tests.integration.controller_support import holder, lease_spec, new_run, small
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
 LEASE_S, RENEW_S, RETRY_S = 4, 3.0, 0.5
 JOB_S = LEASE_S + 8.0  # the job outlives the handover: the standby re-attaches to it running
-_RBAC = "rbac.authorization.k8s.io"
 
 
 def _pools_total(t: Any) -> int:
@@ -93,51 +90,6 @@ class Sampler:
         self._thread.join(5)
 
 
-@pytest.fixture
-def lease(kube: Kube) -> Iterator[str]:
-    """A Lease name of this test's own (the Deployment's is kfp-gpu-controller), so parallel worlds never elect
-    each other, and a Role granting the controller get/update on that name only, as the shipped Role does for
-    kfp-gpu-controller (an operator who renames the Lease adds its name the same way). Requested before
-    ``tenant``, it outlives the tenant's clean-up (which needs a replica working)."""
-    name = f"kfp-gpu-test-{uuid.uuid4().hex[:8]}"
-    ns, rbac = gang.CONTROLLER_NAMESPACE, client.RbacAuthorizationV1Api(kube.api)
-    meta = {"name": name, "namespace": ns, "labels": {"kfp-gpu.io/managed": "true"}}
-    rbac.create_namespaced_role(ns, {"metadata": meta, "rules": [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [name],
-         "verbs": ["get", "update"]}]})
-    rbac.create_namespaced_role_binding(ns, {"metadata": meta, "roleRef": {"apiGroup": _RBAC, "kind": "Role",
-                                                                          "name": name},
-                                             "subjects": [{"kind": "ServiceAccount", "name": gang.CONTROLLER_SA,
-                                                           "namespace": ns}]})
-    yield name
-    coord = client.CoordinationV1Api(kube.api)
-    for delete in (lambda: coord.delete_namespaced_lease(name, ns), lambda: rbac.delete_namespaced_role(name, ns),
-                   lambda: rbac.delete_namespaced_role_binding(name, ns)):
-        try:
-            delete()
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-
-def _lease_spec(t: Any, name: str) -> dict[str, Any]:
-    try:
-        obj = client.CoordinationV1Api(t.kube.api).read_namespaced_lease(name, gang.CONTROLLER_NAMESPACE)
-    except ApiException as exc:
-        if exc.status == 404:
-            return {}
-        raise
-    s = obj.spec
-    return {"holder": s.holder_identity or "", "transitions": s.lease_transitions or 0,
-            "duration": s.lease_duration_seconds}
-
-
-def _holder(t: Any, lease: str, replicas: dict[str, LocalController]) -> str:
-    """The replica (POD_NAME) holding the Lease; its holderIdentity is ``<POD_NAME>_<uuid>``."""
-    held = _lease_spec(t, lease).get("holder", "")
-    return next((n for n in replicas if held.startswith(f"{n}_")), "")
-
-
 def _take(t: Any, lease: str, holder: str) -> bool:
     """Write ``holder`` into the Lease as a replica would (conditional on the resourceVersion read): False when the
     leader renewed in between (409)."""
@@ -176,7 +128,7 @@ def _scale_up_under_a_leader(t: Any, lease: str, replicas: dict[str, LocalContro
         str, LocalController, LocalController, Any, str, dict[str, Any], threading.Thread]:
     """Once a replica leads: preflight and warm pool of a ``nodes``-node gang, then its scale-up in a thread.
     (leader's name, the leader, the standby, spec, run id, the box the scale-up's result lands in, its thread)."""
-    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    leader = wait_until("a leader", lambda: holder(t, lease, replicas), timeout=30, every=0.05)
     active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
     spec, run = t.spec(nodes, zones=("us-central1-a",)), new_run()
     t.step("preflight", spec, run)
@@ -195,7 +147,7 @@ def _job_under_a_leader(t: Any, lease: str, replicas: dict[str, LocalController]
     from kfp_gpu.cluster import pytorchjob
     from tests.integration.test_train_support import job_json, running_pods
 
-    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    leader = wait_until("a leader", lambda: holder(t, lease, replicas), timeout=30, every=0.05)
     active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
     spec, run = t.spec(2, zones=("us-central1-a",)), new_run()
     for s in ("preflight", "warm_pool", "scale_up"):
@@ -234,9 +186,9 @@ def test_two_replicas_started_at_once_never_both_work_and_a_killed_leaders_gang_
     assert sampler.both == [], sampler.both[:5]
     assert sampler.samples > 200 and sampler.worked == set(replicas)  # the sampler saw each replica's work
     assert LEASE_S - RETRY_S <= acting <= LEASE_S + 10, acting  # bounded by the lease duration (+ kopf's start)
-    assert _lease_spec(t, lease) == {"holder": _lease_spec(t, lease)["holder"], "transitions": 1,
+    assert lease_spec(t, lease) == {"holder": lease_spec(t, lease)["holder"], "transitions": 1,
                                      "duration": LEASE_S}
-    assert _holder(t, lease, replicas) != leader
+    assert holder(t, lease, replicas) != leader
     assert "result" in box, f"{box}\n{t.controller_log()}"
     assert small(box["result"].output_json)
     assert (t.gang(run) or {})["status"]["phase"] == "Ready"
@@ -394,16 +346,16 @@ def test_a_leader_stopped_cleanly_hands_the_lease_over_without_the_wait(lease, t
     t = tenant(start=False)
     replicas, sampler = _two_replicas(t, lease)
     sampler.stop()
-    leader = wait_until("a leader", lambda: _holder(t, lease, replicas), timeout=30, every=0.05)
+    leader = wait_until("a leader", lambda: holder(t, lease, replicas), timeout=30, every=0.05)
     active, standby = replicas[leader], next(c for n, c in replicas.items() if n != leader)
     assert active.proc is not None
     stop_at = time.monotonic()
     active.stop()
-    took = wait_until("the standby holds the Lease", lambda: _holder(t, lease, replicas) not in ("", leader)
+    took = wait_until("the standby holds the Lease", lambda: holder(t, lease, replicas) not in ("", leader)
                       and time.monotonic() - stop_at, timeout=LEASE_S + 10, every=0.02)
     print(f"SIGTERM of the leader -> standby holds the Lease {took:.2f}s (lease {LEASE_S}s)")
     assert active.proc.returncode == 0, active.proc.returncode
     assert "released the Lease" in active.log_path.read_text(errors="replace")
     took_over = [ln for ln in standby.log_path.read_text(errors="replace").splitlines() if "acquired the Lease" in ln]
     assert len(took_over) == 1 and "(released by its last holder)" in took_over[0], took_over  # not expired
-    assert _lease_spec(t, lease)["transitions"] == 1
+    assert lease_spec(t, lease)["transitions"] == 1
