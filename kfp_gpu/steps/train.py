@@ -165,13 +165,18 @@ def _supervise(
             releasing = fanout.spawn(lambda: _release_warm_pool(st)) if not st.provisioned_at_admission else None
             try:
                 job, created = kind.create_or_get(st.api, st.namespace, body)
-            finally:
+            except BaseException:
                 if releasing is not None:
                     releasing.result()
+                raise
         else:
-            job, created, ckpt_step = attach, False, kind.resume_step(attach)
+            job, created, ckpt_step, releasing = attach, False, kind.resume_step(attach), None
         attach = None
-        st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        try:
+            st.begin_attempt(job, resume_step=ckpt_step, created=created)
+        finally:  # joined once the attempt's watch has begun: the balloons' deletes never delay the job's watch
+            if releasing is not None:
+                releasing.result()
         if st.stall is not None:
             st.stall.begin(clear=created)  # a re-attached attempt keeps its ranks' progress
         if st.degraded or (created and st.attempt > 1):  # a restarted unit recovers what its predecessor began
@@ -233,8 +238,9 @@ def _release_warm_pool(st: TrainState) -> None:
     """The warm pool's balloons have done their job once the gang is Ready and claimed: delete them (at once, grace
     0) while the job is created, so its pods bind as they come instead of preempting one balloon per node through
     the scheduler (bench control plane, 64 nodes: balloons deleted by preemption until 3.2 s after the train
-    request, the last pod bound at 3.5 s). Beside the create, not before it: the job's pods come one POST at a
-    time from the Training Operator, and waiting for 512 deletes first put 12.9 s before the first of them. The
+    request, the last pod bound at 3.5 s). Beside the create and the attempt's start, not before them: the job's pods
+    come one POST at a time from the Training Operator, and waiting for 512 deletes first put 12.9 s before the
+    first of them; joined after the attempt's watch has begun, so its job-created time is the create's. The
     claim taint keeps the emptied nodes the run's. A failed delete is logged: the scheduler still preempts what is
     left, and teardown deletes it."""
     try:
