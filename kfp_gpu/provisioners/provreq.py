@@ -6,7 +6,9 @@ for the whole gang (class ``best-effort-atomic-scale-up.autoscaling.x-k8s.io``, 
 ``queued-provisioning.gke.io`` for ``capacity="flex-start"`` with ``maxRunDurationSeconds``), then waits on the
 request's conditions (:mod:`kfp_gpu.plan.provreq`):
 
-* Provisioned=True: the booked nodes are waited for (Node watch) and claimed like any gang;
+* Provisioned=True: the booked nodes are waited for (Node watch) and claimed like any gang; a booking on
+  existing nodes that then go away (:func:`kfp_gpu.plan.provreq.booking_lost`) is spent: the gang is requested
+  again in the same zone, at most ``MAX_REBOOKS`` times;
 * Failed=True: the zone the request was pinned to is blocked and a new request is made for the next
   candidate zone; when none is left, ``CapacityUnavailable`` with the history;
 * Provisioned=False (``CapacityIsNotFound``): the autoscaler retries by itself; with another candidate zone
@@ -99,16 +101,16 @@ class ProvisioningRequestProvisioner:
         started = float(led.get("started", time.time()))
         deadline = started + spec.scale_up_deadline_s
         zones = list(spec.zones) or [""]
-        attempt = int(led.get("attempt", 0))
+        attempt, rebooks = int(led.get("attempt", 0)), int(led.get("rebooks", 0))
         history: list[dict[str, Any]] = list(led.get("history", []))
         timeline = Timeline.from_json(led["timeline"]) if led.get("timeline") else Timeline(run_id)
         keep = dict(request.keep or {})
         while attempt < len(zones):
             zone = zones[attempt]
-            name = plan.request_name(run_id, request.step, attempt)
+            name = plan.request_name(run_id, request.step, attempt, rebooks)
             pools = self._pools(spec, klass, zone)
             save = functools.partial(self._save, ns, owner, spec, timeline, started=started, attempt=attempt,
-                                     history=history, request=name, zone=zone, **{"class": klass})
+                                     rebooks=rebooks, history=history, request=name, zone=zone, **{"class": klass})
             save()
             made_at = time.time()
             apierrors.call(functools.partial(
@@ -118,13 +120,27 @@ class ProvisioningRequestProvisioner:
             last = attempt == len(zones) - 1
             obs = self._wait(ns, name, deadline, None if last else NOT_FOUND_GRACE_S)
             if obs.state is plan.ReqState.PROVISIONED:
-                nodes = self._claim_nodes(spec, run_id, owner, zone, pools, count, deadline, request, timeline, made_at)
+                nodes, lost = self._claim_nodes(spec, run_id, owner, zone, pools, count, deadline, request, timeline,
+                                                made_at, obs, keep)
                 if len(nodes) >= count:
                     cap = self._capacity(spec, run_id, {**keep, **nodes}, timeline, [name])
                     save(done=True, capacity=cap.to_json())
                     return cap
-                obs = plan.Observed(plan.ReqState.PROVISIONED, "NodesNotReady",
-                                    f"{len(nodes)}/{count} booked nodes Ready and claimable")
+                spent = plan.booking_lost(obs, lost_nodes=lost, have=len(nodes), count=count)
+                if spent and rebooks < plan.MAX_REBOOKS and time.time() < deadline:
+                    log.warning("ProvisioningRequest %s/%s: booked on existing nodes, %d of them went away with %d/%d "
+                                "claimed: requesting the gang again", ns, name, lost, len(nodes), count)
+                    api_req.delete(self.api, ns, name)
+                    history.append({"zone": zone or spec.target.region, "request": name, "state": obs.state.value,
+                                    "reason": "BookedNodesGone", "message": f"{lost} booked node(s) deleted",
+                                    "at": time.time()})
+                    timeline.event("provisioning-request-rebooked", time.time(), request=name, lost=lost)
+                    rebooks += 1  # the whole gang again: its claimed nodes fit the new request and are booked anew
+                    continue
+                obs = (plan.Observed(plan.ReqState.FAILED, "BookedNodesGone",  # the zone's next requests: spent too
+                                     f"{lost} booked node(s) went away after {rebooks} fresh request(s)") if spent
+                       else plan.Observed(plan.ReqState.PROVISIONED, "NodesNotReady",
+                                          f"{len(nodes)}/{count} booked nodes Ready and claimable"))
             err = plan.error_for(obs, request=name, klass=klass, zone=zone)
             api_req.delete(self.api, ns, name)  # give the booking (or the queue slot) back
             if obs.state not in (plan.ReqState.FAILED, plan.ReqState.WAITING):  # nobody answered in time
@@ -135,7 +151,7 @@ class ProvisioningRequestProvisioner:
                             "reason": obs.reason, "message": obs.message, "at": time.time()})
             if request.on_zone_blocked is not None and zone:
                 request.on_zone_blocked(zone)
-            attempt += 1
+            attempt, rebooks = attempt + 1, 0
             if time.time() >= deadline:
                 break
         raise CapacityUnavailable(
@@ -177,14 +193,21 @@ class ProvisioningRequestProvisioner:
         return plan.read_state((obj or {}).get("status", {}).get("conditions"))
 
     def _claim_nodes(self, spec: ProvisioningSpec, run_id: str, owner: Owner, zone: str, pools: Sequence[str],
-                     count: int, deadline: float, request: GangRequest, timeline: Timeline, made_at: float
-                     ) -> dict[str, tuple[str, str]]:
-        """Wait (Node watch) for ``count`` Ready, unclaimed nodes that fit the request and claim them."""
+                     count: int, deadline: float, request: GangRequest, timeline: Timeline, made_at: float,
+                     obs: plan.Observed, keep: dict[str, tuple[str, str]]
+                     ) -> tuple[dict[str, tuple[str, str]], int]:
+        """Wait (Node watch) for ``count`` Ready, unclaimed nodes that fit the request and claim them. Returns them
+        and how many fitting nodes went away (deleted, or tainted for deletion) meanwhile; returns early once that
+        spends the booking (:func:`kfp_gpu.plan.provreq.booking_lost`) and nothing has changed for
+        :data:`~kfp_gpu.plan.provreq.BOOKING_LOST_GRACE_S`."""
         selector = ",".join([*(f"{k}={v}" for k, v in gang_labels(spec, pools).items()),
                              *(f"{r['key']} in ({','.join(r['values'])})" for r in gang_requirements(spec))])
         nodes, rv = list_nodes(self.api, selector)
         seen: dict[str, Node] = {}
         cond = threading.Condition()
+
+        gone: set[str] = set()  # fitting nodes deleted or tainted for deletion while the gang was short
+        changed = [time.time()]
 
         def on_event(kind: str, node: Node, at: float) -> None:
             if kind == "ERROR":
@@ -192,8 +215,11 @@ class ProvisioningRequestProvisioner:
             with cond:
                 name = str(node["metadata"]["name"])
                 if kind == "DELETED":
-                    seen.pop(name, None)
+                    if seen.pop(name, None) is not None and name not in mine:
+                        gone.add(name)
                 else:
+                    if name not in seen:
+                        changed[0] = at
                     seen[name] = node
                 cond.notify_all()
 
@@ -206,10 +232,16 @@ class ProvisioningRequestProvisioner:
             while len(mine) < count and time.time() < deadline:
                 with cond:
                     views = [NodeView.of(n) for n in seen.values()]
-                fits = [v for v in views if v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
-                        and v.uid not in excluded and v.name not in mine and v.name not in (request.keep or {})
-                        and v.run_id in ("", label_safe(run_id)) and (not zone or v.zone == zone)
-                        and _fits_pools(pools, v.pool)]
+                near = [v for v in views if v.gpus >= spec.gpus_per_node and v.uid not in excluded
+                        and v.name not in mine and v.name not in keep and (not zone or v.zone == zone)
+                        and (not pools or v.pool in pools)]  # what the request's pods fit, as the autoscaler books
+                fits = [v for v in near if v.ready and not v.going and not v.deleting
+                        and v.run_id in ("", label_safe(run_id))]
+                with cond:
+                    gone |= {v.name for v in near if v.going or v.deleting}
+                    if plan.booking_lost(obs, lost_nodes=len(gone), have=len(mine) + len(fits), count=count) \
+                            and time.time() - changed[0] >= plan.BOOKING_LOST_GRACE_S:
+                        break
                 batch = fits[: count - len(mine)]
                 with cond:
                     bodies = [seen[v.name] for v in batch]
@@ -219,6 +251,7 @@ class ProvisioningRequestProvisioner:
                     if not ok:  # another run claimed it first
                         continue
                     mine[v.name] = (v.pool, v.zone)
+                    changed[0] = at
                     timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node,
                                   spot=spec.spot).claimed_ready(made_at, at)
                 if len(mine) < count:
@@ -226,7 +259,7 @@ class ProvisioningRequestProvisioner:
                         cond.wait(timeout=0.5)
         finally:
             watch.stop()
-        return mine
+        return mine, len(gone)
 
     def _capacity(self, spec: ProvisioningSpec, run_id: str, nodes: dict[str, tuple[str, str]], timeline: Timeline,
                   requests: list[str]) -> Capacity:
@@ -358,10 +391,6 @@ def tolerations(spec: ProvisioningSpec) -> list[str]:
     """The target's taints to tolerate, plus GKE's queued-provisioning taint for DWS capacity."""
     extra = [QUEUED_TOLERATION] if plan.request_class(spec.capacity.value) == plan.QUEUED else []
     return [*spec.target.tolerations, *[t for t in extra if t not in spec.target.tolerations]]
-
-
-def _fits_pools(pools: Sequence[str], pool: str) -> bool:
-    return not pools or pool in pools
 
 
 def _crd_missing(namespace: str) -> Callable[[], KfpGpuError]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from kfp_gpu.plan import provreq as plan
@@ -42,6 +44,8 @@ def test_only_a_provisioned_request_has_a_booking_to_lose(state: list[dict[str, 
 
 def test_a_rebooked_request_has_a_name_of_its_own_and_the_first_keeps_its_old_one() -> None:
     first = plan.request_name("run-1", "scale-up", 0)
+    # a request made before fresh requests existed is found again under its name (a step restarted over an upgrade)
+    assert first == "kfpgpu-run-1-scale-up-" + hashlib.sha256(b"run-1|scale-up|0").hexdigest()[:8]
     assert plan.request_name("run-1", "scale-up", 0, 0) == first
     again = {plan.request_name("run-1", "scale-up", 0, k) for k in range(1, plan.MAX_REBOOKS + 1)}
     assert first not in again and len(again) == plan.MAX_REBOOKS
