@@ -143,16 +143,18 @@ def test_health_bad_gpu_without_the_gate_fails_after_launch_under_the_training_o
     tl = {e["kind"]: e for e in Timeline.from_json(led["timeline"]).events}
     failure = led["app_failures"][0]
     assert "health" not in led and "job-running" in tl, tl
-    running = tl["job-running"]["t"]
-    lasted = failure["t"] - running  # the gang ran (paid) from the job's start until the fault killed it
+    # the gang is paid from the job's create until the fault killed it. Not from job-running: the world kills the
+    # rank 1 s (wall) after its bind, and when the watch sees the whole gang Running within that second moved this
+    # row from 24.5 to 261.5 world-seconds across runs
+    lasted = failure["t"] - tl["job-created"]["t"]
     assert lasted > 0
     record("bad_gpu_launch", "training_operator",
            test="test_health_bad_gpu_without_the_gate_fails_after_launch_under_the_training_operator",
            detection_s=round(expand(lasted), 1), action="rank on the bad GPU exits 1 after launch; job Failed, "
            "the bad node stays in the gang (nothing probes or replaces it)", steps_lost=None,
            gpu_minutes_wasted=round(_world_min(lasted) * 2 * GPUS, 1),
-           note="detection = job running until the rank's CUDA error (world crash_after_s=120 s after bind); steps "
-           "lost: the rehearsal trainer reports no progress here, so not measured")
+           note="detection = job created until the job failed of the rank's CUDA error (world crash_after_s=120 s "
+           "after bind); steps lost: the rehearsal trainer reports no progress here, so not measured")
 
 
 # ---- mid-run Xid ------------------------------------------------------------------------------------------------
