@@ -68,9 +68,12 @@ def worlds(kube: Kube) -> Iterator[list[SimServer]]:
             core.delete_node(n.metadata.name)
 
 
-def _blocks(kube: Kube, names: list[str]) -> dict[str, str]:
-    core = client.CoreV1Api(kube.api)
-    return {n: core.read_node(n).metadata.labels.get(BLOCK, "") for n in names}
+def _blocks(kube: Kube, names: list[str], *, gone_ok: bool = False) -> dict[str, str]:
+    """Each node's block label; with ``gone_ok`` a node deleted since ``names`` was read is left out."""
+    have = {n.metadata.name: n for n in client.CoreV1Api(kube.api).list_node().items}
+    missing = [n for n in names if n not in have]
+    assert gone_ok or not missing, f"nodes gone: {missing}"
+    return {n: have[n].metadata.labels.get(BLOCK, "") for n in names if n in have}
 
 
 def _tas_run(kube: Kube, namespace: str, kq: Kueue, worlds: list[SimServer], tmp_path: Path,
@@ -240,6 +243,7 @@ def test_topology_required_gang_whose_best_effort_compact_pool_spills_is_refused
     with pytest.raises(ProvisioningTimeout) as ei:
         scale_up.run(spec, f"run-spill-{namespace}", "", api=step_api)
     assert "no block held 3 Ready nodes (topology='required'; 3 Ready in all)" in ei.value.message, ei.value.message
-    spilled = collections.Counter(_blocks(kube, sim.nodes(pool)).values())
-    assert sorted(spilled.values()) in ([], [1, 2]), spilled  # the world did spill (or its nodes are already gone)
+    spilled = collections.Counter(_blocks(kube, sim.nodes(pool), gone_ok=True).values())  # teardown may be deleting
+    # the world did spill (all 3 still listed: 2 + 1), or teardown has already deleted some of them
+    assert sum(spilled.values()) < 3 or sorted(spilled.values()) == [1, 2], spilled
     print(f"\nbest-effort compact pool spilled {dict(spilled)}: refused: {ei.value.message[:160]}")
