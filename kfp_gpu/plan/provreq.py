@@ -124,7 +124,7 @@ def booking_lost(obs: Observed, *, lost_nodes: int, have: int, count: int) -> bo
     Provisioned`` is the scale-up's reason). When a node that fitted the request is then deleted or tainted
     ``ToBeDeletedByClusterAutoscaler`` (a scale-down already under way books the request on the nodes it is
     removing: seen in 2 of 8 back-to-back runs of tests/integration/test_provreq_backend.py) while the gang is
-    short (``have`` < ``count``), the request is spent: the caller requests the remainder again, at most
+    short (``have`` < ``count``), the request is spent: the caller requests the whole gang again, at most
     :data:`MAX_REBOOKS` times per zone, instead of waiting for nodes until its deadline."""
     return obs.state is ReqState.PROVISIONED and obs.reason == CAPACITY_IS_FOUND and lost_nodes > 0 and have < count
 
