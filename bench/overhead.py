@@ -22,7 +22,11 @@ plane. ``world_nodes_ready`` (not a step, not in ``total``) is when the bench's 
 saw the last of the n Nodes Ready with GPUs, counted from the warm pool request: the floor under warm pool +
 scale-up that no provisioner can beat on this machine. ``above_world`` = ``total`` - ``world_nodes_ready`` per
 sample: the control plane's time above the world's own node-Ready time (targets: <= 0.5 s at 512 GPUs, <= 2.0 s at
-4,096).
+4,096). ``launch_alone`` (PyTorchJob only; not a step, not in ``total``): once ours has run, the admin creates the
+same PyTorchJob (the pod templates kfp-gpu rendered) on the same claimed nodes with no kfp-gpu step, and the same
+watch times its create -> n pods bound: the Training Operator's own launch of this job on this machine (as the dev
+cluster runs it: kfp_gpu_rehearsal/devcluster/boot.py). ``above_world_and_operator`` = ``above_world`` -
+``launch_alone``: what kfp-gpu adds above both. It runs after ours in each repeat, with our controller idle.
 
 A profile per sample (``profile``, never the measurement): per step, ``<step>_dispatch`` (the step's patch -> the
 controller started the work unit), ``<step>_work`` (unit started -> outcome recorded) and ``<step>_answer``
@@ -40,6 +44,7 @@ how many).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -170,6 +175,40 @@ def _inside(obj: dict[str, Any] | None, prof: dict[str, float], train_json: str,
     return out
 
 
+def _operator_alone(api: client.ApiClient, namespace: str, job_obj: dict[str, Any], n: int) -> dict[str, float]:
+    """The same PyTorchJob (its pod templates: tolerations, node selectors, resources) created by the admin, with no
+    kfp-gpu step, on the same claimed nodes once ours has finished: seconds from the create until its ``n`` pods are
+    all bound (``launch_alone``), with where that wall went (``alone_cpu_*``, ``alone_api_*``). The Training
+    Operator's own launch of this job on this machine: the part of ``job_launch`` kfp-gpu does not set."""
+    from kfp_gpu.ownership import JOB_LABEL
+
+    name = f"{job_obj['metadata']['name']}-alone"
+    spec = json.loads(json.dumps(job_obj["spec"]))
+    for rs in (spec.get("pytorchReplicaSpecs") or {}).values():
+        md = rs.setdefault("template", {}).setdefault("metadata", {})
+        md["labels"] = {k: v for k, v in (md.get("labels") or {}).items() if not k.startswith("kfp-gpu.io/")}
+        md["labels"][JOB_LABEL] = name  # the bench's watch, never the controller's: no run id
+    body = {"apiVersion": job_obj["apiVersion"], "kind": job_obj["kind"],
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    co = client.CustomObjectsApi(api)
+    pods = _BoundPods(api, namespace, name, n, "-").start()
+    try:
+        api_before, cpu_before = machine.api_seconds(_metrics(api)), machine.snapshot()
+        t0 = time.time()
+        co.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", body)
+        out = {"launch_alone": pods.wait(120.0 + 0.5 * n, lambda: None) - t0}
+        out.update({f"alone_{k}": v for k, v in {**machine.cpu_used(cpu_before, machine.snapshot()),
+                                                  **machine.api_diff(api_before,
+                                                                     machine.api_seconds(_metrics(api)))}.items()})
+        return out
+    finally:
+        pods.close()
+        co.delete_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", name,
+                                           body=client.V1DeleteOptions(propagation_policy="Background"))
+        client.CoreV1Api(api).delete_collection_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
+                                                               grace_period_seconds=0)
+
+
 def _metrics(api: client.ApiClient) -> str:
     """The API server's Prometheus text (GET /metrics, the admin's client)."""
     resp = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False,
@@ -199,6 +238,7 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
     job = job_kind.job_name(run_id, template.name)
     train: dict[str, Any] = {}
     th: threading.Thread | None = None
+    job_obj: dict[str, Any] | None = None
     spec = ProvisioningSpec("a100-80gb", n, gpus_per_node=GPUS, target=Target(
         kind="local", cluster=cluster, region="us-central1", endpoint=sim.url, namespace=namespace,
         pools=(pool_name("us-central1-a"),), provisioner="node-pool"),
@@ -233,6 +273,8 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
             th.start()
             t_bound = pods.wait(120.0 + 0.5 * n, lambda: train.get("err"))
             out["job_launch"] = t_bound - asked["train"]
+            job_obj = (client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "kubeflow.org", "v1", namespace, "pytorchjobs", job) if kind == "pytorchjob" else None)
             launch = {**machine.cpu_used(cpu_before, machine.snapshot()),
                       **machine.api_diff(api_before, machine.api_seconds(_metrics(api)))}
         finally:
@@ -246,11 +288,18 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
             raise RuntimeError("the train step did not return after its job")
         if "err" in train:
             raise train["err"]
+        if job_obj is not None:  # the Training Operator alone, on the same nodes: not in total
+            alone = _operator_alone(api, namespace, job_obj, n)
+            out["launch_alone"] = alone.pop("launch_alone")
+            if "above_world" in out:
+                out["above_world_and_operator"] = out["above_world"] - out["launch_alone"]
         prof = ours.stage_profile(ours.gang_events(api, namespace, run_id), asked, returned)
         obj = ours.read_gang(api, namespace, run_id)
         prof.update(_inside(obj, prof, ours.output(obj, f"job:{template.name}"), asked["train"]))
         prof.update(pods.profile(asked["train"]))
         prof.update({f"launch_{k}": v for k, v in launch.items()})
+        if job_obj is not None:
+            prof.update({k: round(v, 4) for k, v in alone.items()})
         return {**out, "profile": prof}
     finally:  # each cleanup step on its own: a failing one never leaves the stand-in's nodes behind
         core = client.CoreV1Api(api)

@@ -73,3 +73,24 @@ def test_a_run_from_before_the_gang_path_renders_as_it_was() -> None:
     doc = report.render(out)
     assert "above world" not in doc and "`kfp_gpu.steps.scale_up.run` (provisioner `node-pool`)" in doc
     assert not [x for x in report_targets.targets(out) if x["name"].endswith("_above_world")]
+
+
+def test_the_operator_alone_is_a_column_and_its_launch_window_a_profile_line() -> None:
+    cp = _cp(0.7)
+    st, ps = cp["512"]["stats"], cp["512"]["profile_stats"]
+    st["launch_alone"] = {"median": 0.25, "min": 0.2, "max": 0.3, "n": 3}
+    st["above_world_and_operator"] = {"median": 0.45, "min": 0.4, "max": 0.5, "n": 3}
+    for prefix, busy in (("launch_", 0.6), ("alone_", 0.5)):
+        ps.update({f"{prefix}{k}": {"median": v, "min": v, "max": v, "n": 3} for k, v in
+                   (("cpu_capacity", 0.6), ("cpu_busy", busy), ("cpu_kube-apiserver", 0.3),
+                    ("api_post_pods_s", 0.1), ("api_post_pods_n", 64.0))})
+    doc = report.render(_out(cp))
+    assert ("| above world | job launch, Training Operator alone | above world and the operator alone |" in doc
+            and "| 0.70 (0.70-0.70) | 0.25 (0.20-0.30) | 0.45 (0.40-0.50) |" in doc)
+    assert "* 512 GPUs, the Training Operator alone, job launch 0.25 (0.20-0.30) s: the machine was busy 0.5 of 0.6" \
+        in doc
+    del st["launch_alone"], st["above_world_and_operator"]  # a run from before: no such columns or line
+    for k in [k for k in ps if k.startswith("alone_")]:
+        del ps[k]
+    old = report.render(_out(cp))
+    assert "job launch, Training Operator alone" not in old and "the Training Operator alone, job launch" not in old
