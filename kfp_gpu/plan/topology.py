@@ -143,13 +143,20 @@ def fit(need: int, sizes: Mapping[str, int] | None, *, topology: str, level: str
                      f"largest holds {largest}; {seen}", dict(sizes))
 
 
+PREFERENCE = {"compact": 0, "best-effort": 1, "": 2, "spread": 3}  # PoolState.placement -> order for a preferred gang
+
+
 def placement_pools(placements: Mapping[str, str], topology: str, level: str) -> tuple[list[str], str]:
     """The pools (name -> ``PoolState.placement``: "compact" | "best-effort" | "spread" | "") a gang takes new nodes
     from, and a refusal ("" = none). ``required`` at the compact level takes only the compact pools when there are
     any, else the best-effort compact ones (their nodes share a block while it has room); a ``required`` gang whose
     every pool spreads its nodes is refused (its nodes would land in several domains and the gang could never
-    start); otherwise every pool (nodes land where the cloud has room)."""
-    names = sorted(placements)
+    start); ``preferred``: every pool, those that keep their nodes together first (compact, then best-effort, then
+    unknown, then spread), so a gang fills a compact pool before it spills. Pools keep the order given (the
+    caller's priority, e.g. ``target.pools``) within each kind, and for ``none``."""
+    names = list(placements)
+    if topology == "preferred":
+        return sorted(names, key=lambda n: PREFERENCE.get(placements[n], len(PREFERENCE))), ""
     if topology != "required":
         return names, ""
     for kind in ("compact", "best-effort"):

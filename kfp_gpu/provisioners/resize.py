@@ -104,7 +104,8 @@ def provision(spec: ProvisioningSpec, run_id: str, api: client.ApiClient, provid
                                           spec.topology_level)
     if apart:
         raise InvalidSpec("topology", spec.topology, apart, remediation=f"{topology.PLACEMENT_FIX}, or use topology='preferred'")
-    states = [s for s in states if s.ref.pool in use]  # a required gang grows its compact pools only
+    rank = {pool: i for i, pool in enumerate(use)}  # a required gang grows its compact pools only; a preferred
+    states = sorted((s for s in states if s.ref.pool in rank), key=lambda s: rank[s.ref.pool])  # one fills them first
     protected = protected_pools(states, spec.target.autoscaled_pools)  # claims there: scale-down-disabled
     timeline = Timeline.from_json(led.get("timeline", "")) if led.get("timeline") else Timeline(run_id)
     if led.get("rolled_back") and time.time() >= deadline:  # a KFP retry of a step that already timed out

@@ -4,6 +4,8 @@ placement group keeps its instances in one layer-2 domain, one without scatters 
 
 * A required gang grows only the placement-group node group (the other matching group stays at 0), lands in one
   layer-2 domain, and a Spot replacement stays in the survivors' domain.
+* A preferred gang fills the placement-group node group first, though it is named second, and spills the rest to
+  the other group (preferred is never refused).
 * Only groups without a cluster placement group: scale-up refuses at once in one line naming the fix, and preflight's
   topology row says SHORT; with the placement group, preflight says FITS and names its assumption.
 """
@@ -118,3 +120,22 @@ def test_eks_required_gang_without_a_cluster_placement_group_is_refused_in_one_l
     assert "placement group of strategy 'cluster'" in ei.value.remediation
     wait_until("no resize issued", lambda: aws.world.snapshot()["nodegroups"][LOOSE]["desired"] == 0, timeout=5)
     print(f"\nrefused in {took:.2f} s: {msg}")
+
+
+def test_eks_preferred_topology_gang_fills_the_placement_group_first_and_spills_the_rest(
+    kube: Kube, namespace: str, aws: AwsSimServer, step_api: client.ApiClient,
+) -> None:
+    from kfp_gpu.steps import scale_up
+
+    spec = dataclasses.replace(_spec(aws, namespace, (LOOSE, PG)), nodes=3, topology="preferred")  # PG holds 2
+    provider = EksProvider.from_target(spec.target)
+    cap = Capacity.from_json(scale_up.run(spec, f"run-eks-pref-{namespace}", "", api=step_api,
+                                          provider=provider).output_json)
+    desired = {n: g["desired"] for n, g in aws.world.snapshot()["nodegroups"].items()}
+    assert desired == {PG: 2, LOOSE: 1}, desired  # by target.pools' order alone it was LOOSE 2, PG 1
+    domains = _layer2(kube, list(cap.nodes))
+    group = {n: client.CoreV1Api(kube.api).read_node(n).metadata.labels.get("eks.amazonaws.com/nodegroup", "")
+             for n in cap.nodes}
+    in_pg = {domains[n] for n in cap.nodes if group[n] == PG}
+    assert len(cap.nodes) == 3 and len(in_pg) == 1 and "" not in in_pg, (group, domains)
+    print(f"\npreferred gang of 3: {sorted(group.values())}, placement group's nodes in layer-2 {in_pg}")

@@ -161,8 +161,8 @@ def test_a_required_gang_grows_only_the_compact_pools_at_the_block_level() -> No
     placements = {"pg-a": "compact", "loose-a": "spread", "gke-plain": ""}
     assert topology.placement_pools(placements, "required", "block") == (["pg-a"], "")
     # compact means one block, nothing finer: a subblock gang may use every pool (no pool spreads them all)
-    assert topology.placement_pools(placements, "required", "subblock") == (["gke-plain", "loose-a", "pg-a"], "")
-    assert topology.placement_pools(placements, "preferred", "block")[0] == ["gke-plain", "loose-a", "pg-a"]
+    assert topology.placement_pools(placements, "required", "subblock") == (["pg-a", "loose-a", "gke-plain"], "")
+    assert topology.placement_pools(placements, "preferred", "block")[0] == ["pg-a", "gke-plain", "loose-a"]
     assert topology.placement_pools({"loose-a": "spread"}, "none", "block") == (["loose-a"], "")
 
 
@@ -224,3 +224,14 @@ def test_a_best_effort_compact_pool_is_preferred_for_a_required_gang_but_never_a
     assert row.verdict is Verdict.UNKNOWN, row  # never "fits": the cloud may put some of them in another block
     assert "the compact placement of np-compact is best effort (no max distance: once a pool's block is full, the " \
         "cloud puts its new nodes in another)" in row.detail
+
+
+def test_a_preferred_gang_takes_the_pools_that_keep_nodes_together_first_and_may_spill_to_every_other() -> None:
+    placements = {"a-spread": "spread", "b-plain": "", "c-best": "best-effort", "d-pg": "compact"}
+    assert topology.placement_pools(placements, "preferred", "block") == (["d-pg", "c-best", "b-plain", "a-spread"], "")
+    # none keeps the order given (target.pools is a priority list), as does preferred among pools of one kind
+    assert topology.placement_pools({"d-pg": "compact", "a-spread": "spread"}, "none", "block") == (
+        ["d-pg", "a-spread"], "")
+    # two compact pools, z named first
+    assert topology.placement_pools({"z-pg": "compact", "a-plain": "", "b-pg": "compact"}, "preferred", "block") == (
+        ["z-pg", "b-pg", "a-plain"], "")
