@@ -133,25 +133,31 @@ class StallSupervisor:
         replaced (``replace``, the step's replacement path, in the background while the job is torn down). It is
         annotated ``kfp-gpu.io/swap-out``: a backend that ``releases_one_node`` gives it back before it asks for the
         replacement (node-pool: GKE deleteInstances / EKS TerminateInstanceInAutoScalingGroup; karpenter: its NodeClaim
-        deleted); on the others it stays cordoned until the autoscaler removes it (ledger ``slot_released``). None
-        when there is no such node."""
+        deleted); on the others the run's claim is removed too (as a bad GPU's node is released, with the claim's
+        scale-down protection), so it stays cordoned until the autoscaler removes it, empty (ledger
+        ``slot_released``). None when there is no such node."""
         bad = sorted(self.swap) if verdict.cause is Cause.STRAGGLER else self.offenders()
         if not bad:
             return None
         why = "straggler" if verdict.cause is Cause.STRAGGLER else "first to stop in two stalls"
         from kubernetes import client
 
+        from kfp_gpu.cluster.nodes import unclaim
+
         core = client.CoreV1Api(self.st.api)
+        releases = bool(getattr(self.st, "releases_one_node", False))
         for name in bad:
             try:
                 core.patch_node(name, {"metadata": {"annotations": {SWAP_OUT_ANNOTATION: "stall"}},
                                        "spec": {"unschedulable": True}})
+                if not releases:  # our claim (and its scale-down protection) would keep the autoscaler off it
+                    unclaim(self.st.api, name)
             except Exception as exc:  # noqa: BLE001 - the replacement goes ahead; the node is out of the gang anyway
                 log.warning("could not cordon %s: %s", name, exc)
             self.st.timeline.event("cordoned", time.time(), node=name, reason=why)
         entry = self.st.ledger["stalls"][-1]
         entry["cordoned"] = bad
-        entry["slot_released"] = bool(getattr(self.st, "releases_one_node", False))
+        entry["slot_released"] = releases
         progress.report(progress.DEGRADED, "StalledNode" if verdict.cause is Cause.STALL else "StragglerSwap",
                         f"job {self.st.job}: node(s) {', '.join(bad)} ({why}): cordoned and replaced", nodes=bad)
         return Background(lambda: replace(bad))

@@ -76,6 +76,7 @@ class Klass:
     pending: int = 0  # pods selecting the class that wait for a node
     busy: set[str] = field(default_factory=set)  # nodes running a pod
     protected: set[str] = field(default_factory=set)  # scale-down-disabled nodes
+    closed: set[str] = field(default_factory=set)  # nodes the waiting pods cannot use: cordoned, untolerated taint
     nodes: dict[str, int] = field(default_factory=dict)  # node -> rule
     asks: list[Ask] = field(default_factory=list)
     backoff: dict[int, float] = field(default_factory=dict)  # rule -> timeline time it may be asked again
@@ -119,11 +120,12 @@ class ComputeClassWorld:
             else:
                 k.spec, k.rules, k.zones, k.migrate = dict(spec), rules, zones, migrate
 
-    def set_pods(self, name: str, pending: int, busy: set[str], protected: set[str]) -> None:
+    def set_pods(self, name: str, pending: int, busy: set[str], protected: set[str],
+                 closed: set[str] | None = None) -> None:
         with self.state.lock:
             k = self.classes.get(name)
             if k is not None:
-                k.pending, k.busy, k.protected = pending, set(busy), set(protected)
+                k.pending, k.busy, k.protected, k.closed = pending, set(busy), set(protected), set(closed or ())
 
     def node_extras(self, pool: str, node: str) -> tuple[dict[str, str], list[dict[str, str]]]:
         """Labels and taints of a node of a class's pool (GKE: the class label and taint, the provisioning model's
@@ -181,7 +183,7 @@ class ComputeClassWorld:
 
     def _scale_up(self, k: Klass, now: float) -> list[Action]:
         replacing = set(k.migrating)
-        coming = sum(1 for n in k.nodes if n not in k.busy and n not in replacing) + len(k.asks)
+        coming = sum(1 for n in k.nodes if n not in k.busy and n not in replacing and n not in k.closed) + len(k.asks)
         need = k.pending - coming
         for i in range(len(k.rules)):
             if need <= 0:

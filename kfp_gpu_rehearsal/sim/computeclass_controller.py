@@ -44,6 +44,21 @@ def waiting(pod: dict[str, Any], cluster: str = "") -> str:
     return name if unschedulable else ""
 
 
+def usable(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
+    """Could a waiting pod with ``tolerations`` land on ``node``, as CA's scheduling simulation asks before it
+    scales up: not cordoned, and every NoSchedule/NoExecute taint tolerated (key and value, or ``Exists``)."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+
+    def tolerated(t: dict[str, Any]) -> bool:
+        return any((not o.get("key") and o.get("operator") == "Exists") or (
+            o.get("key") == t.get("key") and (o.get("operator") == "Exists" or (o.get("value") or "") == (t.get("value") or ""))
+            and o.get("effect", "") in ("", t.get("effect"))) for o in tolerations)
+
+    return all(tolerated(t) for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute"))
+
+
 class ComputeClassController:
     """Serve the cluster's ComputeClasses from ``world()`` (the stand-in replaces the world on reset)."""
 
@@ -112,16 +127,20 @@ class ComputeClassController:
         with self._lock:
             pods, nodes = list(self._pods.values()), dict(self._nodes)
         pending: dict[str, int] = {}
+        tolerations: dict[str, list[dict[str, Any]]] = {}
         busy: set[str] = set()
         for p in pods:
             cls = waiting(p, self.cluster)
             if cls:
                 pending[cls] = pending.get(cls, 0) + 1
+                tolerations.setdefault(cls, []).extend((p.get("spec") or {}).get("tolerations") or [])
             bound = str((p.get("spec") or {}).get("nodeName") or "")
             if bound and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 busy.add(bound)
         protected = {n for n, o in nodes.items()
                      if ((o.get("metadata") or {}).get("annotations") or {}).get(SCALE_DOWN_DISABLED) == "true"}
         for name in list(world.classes):
-            world.set_pods(name, pending.get(name, 0), busy, protected)
+            tol = tolerations.get(name, [])
+            closed = {n for n, o in nodes.items() if not usable(o, tol)}
+            world.set_pods(name, pending.get(name, 0), busy, protected, closed)
         world.state.world.dispatch(world.scan())

@@ -25,7 +25,7 @@ from kfp_gpu.plan import computeclass as plan
 from kfp_gpu.spec import ProvisioningSpec, Target
 from kfp_gpu.steps import scale_up, teardown
 from kfp_gpu.steps.capacity import Capacity
-from kfp_gpu_rehearsal.devcluster import computeclass_crd
+from kfp_gpu_rehearsal.devcluster import computeclass_crd, worldtime
 from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim import scenario as scenario_mod
 from kfp_gpu_rehearsal.sim.server import SimServer
@@ -46,9 +46,12 @@ def computeclass_api(kube: Kube) -> None:
 @pytest.fixture
 def world(kube: Kube, computeclass_api: None, request: pytest.FixtureRequest) -> Iterator[SimServer]:
     """A GKE stand-in with an exhausted reservation ``res-a`` in us-central1-a; ``@pytest.mark.world(queue_s=...,
-    stockouts=[...])`` sets flex-start obtainability and stockouts."""
+    stockouts=[...], training={...}, scale=...)`` sets flex-start obtainability, stockouts, the rehearsal trainer
+    (scenario key ``training``) and the world's time compression."""
     mark = request.node.get_closest_marker("world")
     opts: dict[str, Any] = dict(mark.kwargs) if mark else {}
+    if "scale" in opts:  # the one name: the world and the stand-in API read it
+        request.getfixturevalue("monkeypatch").setattr(worldtime, "TIME_SCALE", opts["scale"])
     cluster = f"c{uuid.uuid4().hex[:6]}"
     data = copy.deepcopy(default_dict())
     data["cluster"] = cluster
@@ -59,6 +62,8 @@ def world(kube: Kube, computeclass_api: None, request: pytest.FixtureRequest) ->
                              "specific": True}]
     data["dws"] = {"accept_s": 10, "queue": {"dist": "fixed", "median_s": opts.get("queue_s", 120)}}
     data["stockouts"] = opts.get("stockouts", [])
+    if "training" in opts:
+        data["training"] = opts["training"]
     yield from serving(SimServer(scenario_mod.from_dict(data), kube.kubeconfig), kube, cluster)
 
 
@@ -220,6 +225,76 @@ def test_computeclass_job_runs_on_the_class_nodes(kube, namespace, step_api, wor
         teardown.run(spec, run, "", api=step_api)
     assert out["status"] == "Succeeded" and out["preemptions"] == 0, out
     assert sorted(out["capacity"]["placements"][0]["nodes"]) == sorted(Capacity.from_json(cap_json).nodes)
+
+
+@pytest.mark.world(scale=60.0, training={"step_s": 2.0, "checkpoint_every": 50,
+                                         "hang": {"rank": 1, "after_s": 240.0, "times": 3, "sticky": True}})
+def test_computeclass_rank_hang_twice_on_one_node_cordons_it_and_the_class_brings_a_replacement(
+        kube, namespace, step_api, world, tmp_path):
+    """GKE's autoscaler owns a class's nodes (the contract's ``releases_one_node`` is False): the node whose rank is
+    first to stop in two stalls is cordoned and marked for the swap, and the replacement comes from the class (its
+    placeholder scales a node up), not from a call that frees one node. World at 60 (the stall tests' REPAIR_SCALE):
+    the ranks train 9 s (540 s world), a sticky hang on one node 240 s after each rendezvous."""
+    import json
+    import threading
+
+    from kfp_gpu.cluster import pytorchjob
+    from kfp_gpu.job import JobTemplate
+    from kfp_gpu.ownership import SWAP_OUT_ANNOTATION
+    from kfp_gpu.spec import Recovery
+    from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION
+    from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
+    from tests.integration.test_train_support import StepThread, job_pods
+
+    spec = _spec(world, namespace, "spot", ("on-demand",), nodes=2, deadline=60, checkpoint_uri=str(tmp_path / "ckpt"),
+                 recovery=Recovery(max_preemptions=3))
+    template = JobTemplate(name="train", image="busybox", command=("true",), checkpoint_every=50,
+                           annotations={pytorchjob.SIM_DURATION_ANNOTATION: "9s", STEP_ANNOTATION: "2",
+                                        PG_TIMEOUT_ANNOTATION: "600"})
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    job = pytorchjob.job_name(run, "train")
+    cap_json = scale_up.run(spec, run, "", api=step_api).output_json
+    first = Capacity.from_json(cap_json).nodes
+    stop, seen = threading.Event(), dict[str, str]()
+
+    def follow_bad() -> None:  # the cordoned node's marks, read before the autoscaler may scale it down
+        while not stop.wait(0.05) and not seen:
+            name = world.progress_world.bad_nodes.get((namespace, job))
+            try:
+                node = kube.core.read_node(name) if name else None
+            except client.exceptions.ApiException:
+                continue
+            if node is not None and node.spec.unschedulable:
+                seen.update(node.metadata.annotations or {})
+
+    follower = threading.Thread(target=follow_bad, daemon=True)
+    follower.start()
+    th = StepThread(spec=spec, run_id=run, capacity_json=cap_json, job_json=template.to_json(), api=step_api)
+    th.start()
+    try:
+        out = json.loads(th.outcome(240).output_json)
+        bad = world.progress_world.bad_nodes[(namespace, job)]
+        placed = sorted(p.spec.node_name for p in job_pods(kube.core, namespace, job))
+        left = [n for n in kube.core.list_node(field_selector=f"metadata.name={bad}").items]
+    finally:
+        stop.set()
+        teardown.run(spec, run, "", api=step_api)
+    assert out["status"] == "Succeeded", out
+    first_stall, second_stall = out["ledger"]["stalls"]
+    assert set(first_stall["first_stopped_nodes"].values()) == {bad} == set(second_stall["first_stopped_nodes"].values())
+    assert "cordoned" not in first_stall and second_stall["cordoned"] == [bad], second_stall
+    assert second_stall["slot_released"] is False and seen.get(SWAP_OUT_ANNOTATION) == "stall", (second_stall, seen)
+    (new,) = second_stall["replacement_nodes"]
+    assert bad in first and new not in first, (first, new)
+    final = [n for p in out["capacity"]["placements"] for n in p["nodes"]]
+    assert bad not in final and new in final and bad not in placed and new in placed, (final, placed)
+    assert out["ledger"]["budget"]["preemptions"] == 2  # two restarts; the third incarnation ran clean
+    # left to GKE's autoscaler while the run goes on: no claim of the run, no scale-down protection (or gone already)
+    for node in left:
+        assert LABEL_RUN_ID not in (node.metadata.labels or {}), node.metadata.labels
+        assert "cluster-autoscaler.kubernetes.io/scale-down-disabled" not in (node.metadata.annotations or {})
+    print(f"\ncomputeclass: rank hang twice on {bad}: cordoned, the class brought {new}; "
+          f"{'still there, unclaimed' if left else 'removed by the autoscaler'} when the job ended")
 
 
 def test_computeclass_warm_pool_placeholders_are_the_gang(kube, namespace, step_api, world):

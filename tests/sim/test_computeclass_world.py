@@ -11,7 +11,7 @@ from kfp_gpu.errors import InvalidSpec
 from kfp_gpu_rehearsal.sim import from_dict
 from kfp_gpu_rehearsal.sim.clock import Timeline, compress
 from kfp_gpu_rehearsal.sim.computeclass import CLASS_LABEL, SCAN_S, ComputeClassWorld
-from kfp_gpu_rehearsal.sim.computeclass_controller import waiting
+from kfp_gpu_rehearsal.sim.computeclass_controller import usable, waiting
 from kfp_gpu_rehearsal.sim.state import MemoryBackend, SimState
 from tests.sim._helpers import default_dict
 
@@ -164,6 +164,35 @@ def test_unneeded_nodes_scale_down_after_ten_minutes_unless_protected() -> None:
     assert set(w.nodes()) == {a, b}
     w.run_to(1000)
     assert set(w.nodes()) == {a}
+
+
+def test_a_pod_waiting_beside_a_free_node_it_cannot_use_gets_a_new_node() -> None:
+    """CA simulates scheduling before it scales up: a free node the waiting pod cannot land on (cordoned, or a
+    taint it does not tolerate) is no room for it. (The stand-in counted every free class node as room: a pod
+    waiting beside a cordoned node waited forever, while scale-down waited for no pod to wait.)"""
+    w = World(_data(), [ON_DEMAND])
+    w.cc.set_pods(CLS, 1, set(), set())
+    w.run_to(300)
+    (a,) = w.nodes()
+    w.cc.set_pods(CLS, 1, set(), set())  # the node is free, and the pod fits it: nothing to add
+    w.run_to(400)
+    assert set(w.nodes()) == {a}
+    w.cc.set_pods(CLS, 1, set(), set(), closed={a})  # cordoned: the pod waits for a new node
+    w.run_to(500)
+    assert len(w.nodes()) == 2 and a in w.nodes()
+
+
+def test_a_node_is_usable_only_uncordoned_with_every_hard_taint_tolerated() -> None:
+    taint = {"key": CLASS_LABEL, "value": CLS, "effect": "NoSchedule"}
+    claim = {"key": "kfp-gpu.io/claimed-by-team-a", "value": "run-1", "effect": "NoSchedule"}
+    exact = {"key": CLASS_LABEL, "operator": "Equal", "value": CLS, "effect": "NoSchedule"}
+    assert usable({"spec": {"taints": [taint]}}, [exact])
+    assert not usable({"spec": {"taints": [taint]}}, [])
+    assert not usable({"spec": {"taints": [taint, claim]}}, [exact])  # a run's claim: not for the class's pods
+    assert usable({"spec": {"taints": [taint, claim]}}, [{"operator": "Exists"}])  # tolerates everything
+    assert usable({"spec": {"taints": [{**claim, "effect": "PreferNoSchedule"}]}}, [])  # soft taints do not bar
+    assert not usable({"spec": {"unschedulable": True, "taints": [taint]}}, [exact])
+    assert not usable({"spec": {"taints": [taint]}}, [{**exact, "value": "other-class"}])
 
 
 def test_stockout_provisioning_model_is_validated() -> None:
