@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,13 +194,11 @@ def _operator_alone(api: client.ApiClient, namespace: str, job_obj: dict[str, An
     co = client.CustomObjectsApi(api)
     pods = _BoundPods(api, namespace, name, n, "-").start()
     try:
-        api_before, cpu_before = machine.api_seconds(_metrics(api)), machine.snapshot()
+        close = _window(api)
         t0 = time.time()
         co.create_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", body)
         out = {"launch_alone": pods.wait(120.0 + 0.5 * n, lambda: None) - t0}
-        out.update({f"alone_{k}": v for k, v in {**machine.cpu_used(cpu_before, machine.snapshot()),
-                                                  **machine.api_diff(api_before,
-                                                                     machine.api_seconds(_metrics(api)))}.items()})
+        out.update({f"alone_{k}": v for k, v in close().items()})
         return out
     finally:
         pods.close()
@@ -207,6 +206,15 @@ def _operator_alone(api: client.ApiClient, namespace: str, job_obj: dict[str, An
                                            body=client.V1DeleteOptions(propagation_policy="Background"))
         client.CoreV1Api(api).delete_collection_namespaced_pod(namespace, label_selector=f"{JOB_LABEL}={name}",
                                                                grace_period_seconds=0)
+
+
+def _window(api: client.ApiClient) -> Callable[[], dict[str, float]]:
+    """Open a profile window; the function returned closes it: where the wall in between went on this machine (CPU
+    seconds per process group, :func:`bench.machine.cpu_used`; the API server's request seconds,
+    :func:`bench.machine.api_diff`)."""
+    api_before, cpu_before = machine.api_seconds(_metrics(api)), machine.snapshot()
+    return lambda: {**machine.cpu_used(cpu_before, machine.snapshot()),
+                    **machine.api_diff(api_before, machine.api_seconds(_metrics(api)))}
 
 
 def _metrics(api: client.ApiClient) -> str:
@@ -266,7 +274,7 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
             finally:
                 train_api.close()
 
-        api_before, cpu_before = machine.api_seconds(_metrics(api)), machine.snapshot()
+        close = _window(api)
         try:
             asked["train"] = time.time()
             th = threading.Thread(target=train_step, daemon=True, name=f"bench-train-{run_id}")
@@ -275,8 +283,7 @@ def _one(n: int, namespace: str, step_kubeconfig: Path, obs: Observer | None = N
             out["job_launch"] = t_bound - asked["train"]
             job_obj = (client.CustomObjectsApi(api).get_namespaced_custom_object(
                 "kubeflow.org", "v1", namespace, "pytorchjobs", job) if kind == "pytorchjob" else None)
-            launch = {**machine.cpu_used(cpu_before, machine.snapshot()),
-                      **machine.api_diff(api_before, machine.api_seconds(_metrics(api)))}
+            launch = close()
         finally:
             pods.close()
         out["total"] = sum(out[k] for k in STEPS)
