@@ -48,6 +48,13 @@ class Observed:
     message: str = ""
 
 
+def tried(zone: str, request: str, obs: Observed, at: float) -> dict[str, Any]:
+    """One entry of the failover history (CapacityUnavailable's ``failover_history``, the step's ledger): a request
+    given up in ``zone`` at ``at``, and why."""
+    return {"zone": zone, "request": request, "state": obs.state.value, "reason": obs.reason,
+            "message": obs.message, "at": at}
+
+
 def read_state(conditions: Sequence[Mapping[str, Any]] | None) -> Observed:
     """The request's state from its conditions (precedence in the module docstring)."""
     by_type = {str(c.get("type", "")): c for c in conditions or []}

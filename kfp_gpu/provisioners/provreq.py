@@ -131,8 +131,8 @@ class ProvisioningRequestProvisioner:
                     log.warning("ProvisioningRequest %s/%s: booked on existing nodes, %d of them went away with %d/%d "
                                 "claimed: requesting the gang again", ns, name, lost, len(nodes), count)
                     api_req.delete(self.api, ns, name)
-                    history.append(_tried(zone or spec.target.region, name, plan.Observed(
-                        obs.state, "BookedNodesGone", f"{lost} booked node(s) deleted")))
+                    history.append(plan.tried(zone or spec.target.region, name, plan.Observed(
+                        obs.state, "BookedNodesGone", f"{lost} booked node(s) deleted"), time.time()))
                     timeline.event("provisioning-request-rebooked", time.time(), request=name, lost=lost)
                     rebooks += 1  # the whole gang again: its claimed nodes fit the new request and are booked anew
                     continue
@@ -146,7 +146,7 @@ class ProvisioningRequestProvisioner:
                 raise ProvisioningTimeout(f"{err.message}; gave up at scale_up_deadline_s={spec.scale_up_deadline_s:g}",
                                           remediation=err.remediation, request=name, history=history,
                                           timeline=timeline.to_json())
-            history.append(_tried(zone or spec.target.region, name, obs))
+            history.append(plan.tried(zone or spec.target.region, name, obs, time.time()))
             if request.on_zone_blocked is not None and zone:
                 request.on_zone_blocked(zone)
             attempt, rebooks = attempt + 1, 0
@@ -395,10 +395,3 @@ def _crd_missing(namespace: str) -> Callable[[], KfpGpuError]:
     return CrdMissing.builder(f"{plan.CRD_NAME} (namespace {namespace})",
                               "use target.provisioner='node-pool', or enable ProvisioningRequests "
                               "(GKE >= 1.28 with autoscaled pools; cluster-autoscaler --enable-provisioning-requests)")
-
-
-def _tried(zone: str, request: str, obs: plan.Observed) -> dict[str, Any]:
-    """One entry of the failover history (CapacityUnavailable's ``failover_history``, the step's ledger): a request
-    given up in ``zone`` and why."""
-    return {"zone": zone, "request": request, "state": obs.state.value, "reason": obs.reason,
-            "message": obs.message, "at": time.time()}
