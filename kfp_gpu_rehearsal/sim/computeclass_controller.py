@@ -44,9 +44,14 @@ def waiting(pod: dict[str, Any], cluster: str = "") -> str:
     return name if unschedulable else ""
 
 
+CONDITION_TAINT_PREFIX = "node.kubernetes.io/"  # not-ready and the other node-condition taints
+
+
 def usable(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
     """Could a waiting pod with ``tolerations`` land on ``node``, as CA's scheduling simulation asks before it
-    scales up: not cordoned, and every NoSchedule/NoExecute taint tolerated (key and value, or ``Exists``)."""
+    scales up: not cordoned, and every NoSchedule/NoExecute taint tolerated (key and value, or ``Exists``). A node
+    still booting is upcoming capacity: its node-condition taints (``node.kubernetes.io/not-ready``, the one a
+    kubelet registers with) are not held against it, as CA sanitizes them from the nodes it simulates on."""
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         return False
@@ -56,7 +61,8 @@ def usable(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
             o.get("key") == t.get("key") and (o.get("operator") == "Exists" or (o.get("value") or "") == (t.get("value") or ""))
             and o.get("effect", "") in ("", t.get("effect"))) for o in tolerations)
 
-    return all(tolerated(t) for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute"))
+    return all(tolerated(t) for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")
+               and not str(t.get("key", "")).startswith(CONDITION_TAINT_PREFIX))
 
 
 class ComputeClassController:

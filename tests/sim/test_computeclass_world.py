@@ -193,6 +193,8 @@ def test_a_node_is_usable_only_uncordoned_with_every_hard_taint_tolerated() -> N
     assert usable({"spec": {"taints": [{**claim, "effect": "PreferNoSchedule"}]}}, [])  # soft taints do not bar
     assert not usable({"spec": {"unschedulable": True, "taints": [taint]}}, [exact])
     assert not usable({"spec": {"taints": [taint]}}, [{**exact, "value": "other-class"}])
+    booting = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    assert usable({"spec": {"taints": [taint, booting]}}, [exact])  # upcoming capacity: no second node for the pod
 
 
 def test_stockout_provisioning_model_is_validated() -> None:
