@@ -82,12 +82,7 @@ class ComputeClassProvisioner(NothingExtra):
         self._ensure_class(spec, run_id, name, rungs, owner)
         held = 0 if keep else self._held(spec, run_id, name)
         names = api_k.placeholder_names(name, request.step, 0, max(0, count - held))
-        if names:
-            apierrors.call(functools.partial(api_k.create_placeholders, self.api, spec.target.namespace, names,
-                                             labels=owner.labels(), nodepool="", gpus_per_node=spec.gpus_per_node,
-                                             tolerations=_tolerations(spec, name),
-                                             selector={plan.CLASS_LABEL: name, **node_selector(spec.target)}),
-                           f"create ComputeClass {name}'s placeholder pods")
+        self._placeholders(spec, name, owner, names)
         timeline = Timeline(run_id)
         if not request.wait:  # the warm pool: GKE scales up for the placeholders; scale-up claims the nodes later
             return self._capacity(spec, run_id, {}, timeline, name)
@@ -97,6 +92,16 @@ class ComputeClassProvisioner(NothingExtra):
 
         delete_balloons(self.api, spec.target.namespace, run_id)  # the warm pool's placeholders too
         return self._capacity(spec, run_id, {**keep, **mine}, timeline, name)
+
+    def _placeholders(self, spec: ProvisioningSpec, name: str, owner: Owner, names: list[str]) -> None:
+        """One whole-node pod per name selecting the class (GKE scales up only for pending pods). Raises:
+        KfpGpuError."""
+        if names:
+            apierrors.call(functools.partial(api_k.create_placeholders, self.api, spec.target.namespace, names,
+                                             labels=owner.labels(), nodepool="", gpus_per_node=spec.gpus_per_node,
+                                             tolerations=_tolerations(spec, name),
+                                             selector={plan.CLASS_LABEL: name, **node_selector(spec.target)}),
+                           f"create ComputeClass {name}'s placeholder pods")
 
     def _held(self, spec: ProvisioningSpec, run_id: str, name: str) -> int:
         """What the warm pool already holds for the run: its placeholders (pending or on a node), or the class's
@@ -152,6 +157,7 @@ class ComputeClassProvisioner(NothingExtra):
         mine: dict[str, tuple[str, str]] = {}
         excluded = set(request.exclude)
         watch = api_cc.ClassNodes(self.api, name).start()
+        rounds = 0
         try:
             while True:
                 if watch.error is not None:
@@ -161,6 +167,8 @@ class ComputeClassProvisioner(NothingExtra):
                 free = [(v, n) for v, n in views if not v.going and not v.deleting and v.uid not in excluded
                         and v.name not in mine and v.name not in keep and v.run_id in ("", label_safe(run_id))]
                 batch = free[: max(0, count - len(mine))]
+                if batch:  # before the claim: its taint shuts out a placeholder not yet bound to the node
+                    self._retire(spec, run_id, {*mine, *(v.name for v, _ in batch)}, count - len(mine) - len(batch))
                 won = claim_all(self.api, [n for _, n in batch], run_id, owner.lease_expires,  # GKE's autoscaler
                                 namespace=spec.target.namespace, protect=lambda _n: True)  # keeps them till release
                 seen = time.time()
@@ -170,6 +178,10 @@ class ComputeClassProvisioner(NothingExtra):
                         spot = (n.get("metadata") or {}).get("labels", {}).get("cloud.google.com/gke-spot") == "true"
                         timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node,
                                       spot=spot).claimed_ready(asked_at, seen)
+                if not all(won):  # another run won those: ask for their nodes again
+                    rounds += 1
+                    self._placeholders(spec, name, owner, api_k.placeholder_names(
+                        name, request.step, rounds, won.count(False)))
                 verdict = plan.assess(ready=len(mine), wanted=count, now=time.time(), deadline=deadline)
                 if verdict.verdict is plan.Verdict.READY:
                     return mine
@@ -179,6 +191,28 @@ class ComputeClassProvisioner(NothingExtra):
                 watch.wait(min(1.0, max(0.0, deadline - time.time())))
         finally:
             watch.stop()
+
+    def _retire(self, spec: ProvisioningSpec, run_id: str, claimed: set[str], need: int) -> None:
+        """Delete the run's placeholders beyond the ``need`` nodes still wanted: pending ones first, then those on
+        nodes already claimed. A placeholder our claim's taint shuts out stays pending, and GKE's autoscaler brings a
+        node for every pending pod that selects the class (a surplus of up to the gang size). Raises: KfpGpuError."""
+        from kfp_gpu.ownership import BALLOON_LABEL
+
+        sel = f"{BALLOON_LABEL}=true,{LABEL_RUN_ID}={label_safe(run_id)}"
+        pods = apierrors.call(functools.partial(client.CoreV1Api(self.api).list_namespaced_pod,
+                                                spec.target.namespace, label_selector=sel),
+                              f"list the run's placeholder pods in {spec.target.namespace}").items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+
+        def order(pod: Any) -> int:
+            node = pod.spec.node_name
+            return 0 if not node else 1 if node in claimed else 2
+
+        spare = sorted(live, key=order)[: max(0, len(live) - need)]
+        if spare:
+            apierrors.call(functools.partial(api_k.delete_placeholders, self.api, spec.target.namespace,
+                                             [p.metadata.name for p in spare]),
+                           "delete the placeholders the claimed nodes made surplus")
 
     def _capacity(self, spec: ProvisioningSpec, run_id: str, nodes: dict[str, tuple[str, str]], timeline: Timeline,
                   name: str) -> Capacity:

@@ -150,10 +150,14 @@ class StallSupervisor:
             try:
                 core.patch_node(name, {"metadata": {"annotations": {SWAP_OUT_ANNOTATION: "stall"}},
                                        "spec": {"unschedulable": True}})
-                if not releases:  # our claim (and its scale-down protection) would keep the autoscaler off it
-                    unclaim(self.st.api, name)
             except Exception as exc:  # noqa: BLE001 - the replacement goes ahead; the node is out of the gang anyway
                 log.warning("could not cordon %s: %s", name, exc)
+            if not releases:  # our claim (and its scale-down protection) would keep the autoscaler off it
+                try:
+                    unclaim(self.st.api, name)
+                except Exception as exc:  # noqa: BLE001 - teardown drops the claim at the latest
+                    log.warning("could not drop the run's claim on %s (the autoscaler keeps it until teardown): %s",
+                                name, exc)
             self.st.timeline.event("cordoned", time.time(), node=name, reason=why)
         entry = self.st.ledger["stalls"][-1]
         entry["cordoned"] = bad

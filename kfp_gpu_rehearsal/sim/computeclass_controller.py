@@ -56,13 +56,19 @@ def usable(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
     if spec.get("unschedulable"):
         return False
 
-    def tolerated(t: dict[str, Any]) -> bool:
-        return any((not o.get("key") and o.get("operator") == "Exists") or (
-            o.get("key") == t.get("key") and (o.get("operator") == "Exists" or (o.get("value") or "") == (t.get("value") or ""))
-            and o.get("effect", "") in ("", t.get("effect"))) for o in tolerations)
+    hard = [t for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")
+            and not str(t.get("key", "")).startswith(CONDITION_TAINT_PREFIX)]
+    return all(any(_tolerates(o, t) for o in tolerations) for t in hard)
 
-    return all(tolerated(t) for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")
-               and not str(t.get("key", "")).startswith(CONDITION_TAINT_PREFIX))
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """The core/v1 Toleration rule: an empty key with ``Exists`` tolerates every taint; otherwise the keys match, the
+    values match (or ``Exists``), and the effect matches (or is empty)."""
+    if not toleration.get("key"):
+        return toleration.get("operator") == "Exists"
+    if toleration.get("key") != taint.get("key") or toleration.get("effect", "") not in ("", taint.get("effect")):
+        return False
+    return toleration.get("operator") == "Exists" or (toleration.get("value") or "") == (taint.get("value") or "")
 
 
 class ComputeClassController:

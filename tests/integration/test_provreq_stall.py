@@ -31,7 +31,7 @@ from kfp_gpu_rehearsal.devcluster.client import Kube
 from kfp_gpu_rehearsal.sim.progress import STEP_ANNOTATION, ProgressWorld
 from kfp_gpu_rehearsal.sim.ranks import PG_TIMEOUT_ANNOTATION
 from kfp_gpu_rehearsal.sim.trainingspec import parse_training
-from tests.integration.test_train_support import StepThread, job_pods
+from tests.integration.test_train_support import StepThread, job_pods, swapped_after_two_stalls
 
 pytestmark = pytest.mark.integration
 STEP_S = 2.0  # world seconds per training step
@@ -94,15 +94,7 @@ def test_rank_hang_twice_on_a_provisioning_request_node_cordons_it_and_asks_for_
         stop.set()
         world.stop()
         teardown.run(spec, run, "", api=step_api)
-    assert out["status"] == "Succeeded", out
-    first_stall, second_stall = out["ledger"]["stalls"]
-    assert set(first_stall["first_stopped_nodes"].values()) == {bad} == set(second_stall["first_stopped_nodes"].values())
-    assert "cordoned" not in first_stall and second_stall["cordoned"] == [bad], second_stall
-    assert second_stall["slot_released"] is False  # a request's node cannot be given back one at a time
-    (new,) = second_stall["replacement_nodes"]
-    assert bad in first and new not in first, (first, new)
-    final = [n for p in out["capacity"]["placements"] for n in p["nodes"]]
-    assert bad not in final and new in final, final
+    new, final = swapped_after_two_stalls(out, bad, first)  # a request's node cannot be given back one at a time
     assert bad not in placed and new in placed, placed  # the third incarnation ran on the survivor and the new node
     assert len(requests_during) == 2, requests_during  # the gang's request + the replacement's
     assert (seen_bad.get("cordoned") or {}).get("swap_out") == "stall", seen_bad  # cordoned, marked for the swap

@@ -153,3 +153,20 @@ def preempt(kubeconfig: Path, core: client.CoreV1Api, node: str) -> float:
         return t0
     KubeBackend(str(kubeconfig)).preempt(node)
     return t0
+
+
+def swapped_after_two_stalls(out: dict[str, Any], bad: str, first: list[str]) -> tuple[str, list[str]]:
+    """Check a train outcome of a rank that hung twice on ``bad``: the run succeeded, both stalls named ``bad`` as
+    the first to stop, only the second cordoned it, without giving its slot back (a backend that cannot release one
+    node), and one new node (not of ``first``, the gang at start) replaced it. Returns the new node and the final
+    gang."""
+    assert out["status"] == "Succeeded", out
+    first_stall, second_stall = out["ledger"]["stalls"]
+    assert set(first_stall["first_stopped_nodes"].values()) == {bad} == set(second_stall["first_stopped_nodes"].values())
+    assert "cordoned" not in first_stall and second_stall["cordoned"] == [bad], second_stall
+    assert second_stall["slot_released"] is False, second_stall
+    (new,) = second_stall["replacement_nodes"]
+    assert bad in first and new not in first, (first, new)
+    final = [n for p in out["capacity"]["placements"] for n in p["nodes"]]
+    assert bad not in final and new in final, final
+    return new, final
