@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import accelerators
+from kfp_gpu import accelerators, fanout
 from kfp_gpu.cluster import apierrors
 from kfp_gpu.cluster import computeclass as api_cc
 from kfp_gpu.cluster import karpenter as api_k
@@ -107,16 +107,12 @@ class ComputeClassProvisioner(NothingExtra):
         """What the warm pool already holds for the run: its placeholders (pending or on a node), or the class's
         Ready unclaimed nodes, whichever is more (a placeholder on a Ready node is both). Raises: KfpGpuError."""
         from kfp_gpu.cluster.nodes import list_nodes
-        from kfp_gpu.ownership import BALLOON_LABEL
 
-        sel = f"{BALLOON_LABEL}=true,{LABEL_RUN_ID}={label_safe(run_id)}"
-        pods = apierrors.call(functools.partial(client.CoreV1Api(self.api).list_namespaced_pod,
-                                                spec.target.namespace, label_selector=sel),
-                              f"list the run's placeholder pods in {spec.target.namespace}")
+        pods = self._placeholder_pods(spec, run_id)
         nodes, _ = apierrors.call(functools.partial(list_nodes, self.api, f"{plan.CLASS_LABEL}={name}"),
                                   f"list ComputeClass {name}'s nodes")
         free = [n for n in nodes if is_ready(n, gpus=spec.gpus_per_node) and not NodeView.of(n).run_id]
-        return max(len(pods.items), len(free))
+        return max(len(pods), len(free))
 
     def _queued_flex(self, spec: ProvisioningSpec, run_id: str, request: GangRequest) -> Capacity | None:
         """The flex-start rung through the all-or-nothing backend; None when it gave up (the class goes on)."""
@@ -157,7 +153,7 @@ class ComputeClassProvisioner(NothingExtra):
         mine: dict[str, tuple[str, str]] = {}
         excluded = set(request.exclude)
         watch = api_cc.ClassNodes(self.api, name).start()
-        rounds = 0
+        rounds, checked = 0, 0.0  # reconcile rounds (the names of placeholders they create), when the last ran
         try:
             while True:
                 if watch.error is not None:
@@ -167,8 +163,11 @@ class ComputeClassProvisioner(NothingExtra):
                 free = [(v, n) for v, n in views if not v.going and not v.deleting and v.uid not in excluded
                         and v.name not in mine and v.name not in keep and v.run_id in ("", label_safe(run_id))]
                 batch = free[: max(0, count - len(mine))]
-                if batch:  # before the claim: its taint shuts out a placeholder not yet bound to the node
-                    self._retire(spec, run_id, {*mine, *(v.name for v, _ in batch)}, count - len(mine) - len(batch))
+                if batch or time.time() >= checked + 2.0:  # before the claim: its taint would shut out a placeholder
+                    rounds += 1  # not yet bound to the node
+                    self._reconcile(spec, run_id, name, owner, request.step, rounds,
+                                    {*mine, *keep, *(v.name for v, _ in batch)}, count - len(mine) - len(batch))
+                    checked = time.time()
                 won = claim_all(self.api, [n for _, n in batch], run_id, owner.lease_expires,  # GKE's autoscaler
                                 namespace=spec.target.namespace, protect=lambda _n: True)  # keeps them till release
                 seen = time.time()
@@ -178,10 +177,6 @@ class ComputeClassProvisioner(NothingExtra):
                         spot = (n.get("metadata") or {}).get("labels", {}).get("cloud.google.com/gke-spot") == "true"
                         timeline.node(v.name, pool=v.pool, zone=v.zone, gpus=spec.gpus_per_node,
                                       spot=spot).claimed_ready(asked_at, seen)
-                if not all(won):  # another run won those: ask for their nodes again
-                    rounds += 1
-                    self._placeholders(spec, name, owner, api_k.placeholder_names(
-                        name, request.step, rounds, won.count(False)))
                 verdict = plan.assess(ready=len(mine), wanted=count, now=time.time(), deadline=deadline)
                 if verdict.verdict is plan.Verdict.READY:
                     return mine
@@ -192,27 +187,45 @@ class ComputeClassProvisioner(NothingExtra):
         finally:
             watch.stop()
 
-    def _retire(self, spec: ProvisioningSpec, run_id: str, claimed: set[str], need: int) -> None:
-        """Delete the run's placeholders beyond the ``need`` nodes still wanted: pending ones first, then those on
-        nodes already claimed. A placeholder our claim's taint shuts out stays pending, and GKE's autoscaler brings a
-        node for every pending pod that selects the class (a surplus of up to the gang size). Raises: KfpGpuError."""
+    def _reconcile(self, spec: ProvisioningSpec, run_id: str, name: str, owner: Owner, step: str, round_: int,
+                   claimed: set[str], need: int) -> None:
+        """Keep exactly ``need`` of the run's placeholders that can still bring a node (pending, or on a node not
+        ``claimed``), like a ReplicaSet: delete those on claimed nodes (they hold nothing more) and the surplus
+        (pending ones first), create the shortfall (a placeholder is a bare pod of low priority: preempted, or gone
+        with its node, nothing recreates it). GKE's autoscaler brings a node for every pending pod that selects the
+        class and no upcoming node can take, so a placeholder our claim's taint shuts out before it binds would get
+        a node of its own, and a missing one leaves a node that never came unreplaced. A surplus pod is deleted only
+        at the resourceVersion listed: one the scheduler bound meanwhile is kept and the pass lists again (deleting
+        it would leave a pending one, and its node, one short). Raises: KfpGpuError."""
+        useful: list[Any] = []
+        for _ in range(3):
+            live = self._placeholder_pods(spec, run_id)
+            spent = [p for p in live if p.spec.node_name in claimed]
+            useful = sorted((p for p in live if p.spec.node_name not in claimed), key=lambda p: bool(p.spec.node_name))
+            surplus = useful[: max(0, len(useful) - need)]
+            if spent:
+                apierrors.call(functools.partial(api_k.delete_placeholders, self.api, spec.target.namespace,
+                                                 [p.metadata.name for p in spent]),
+                               "delete the placeholders on claimed nodes")
+            if not surplus:
+                break
+            gone = apierrors.call(functools.partial(_delete_unchanged, self.api, spec.target.namespace, surplus),
+                                  "delete the placeholders the claimed nodes made surplus")
+            useful = useful[len(surplus):] if all(gone) else useful
+            if all(gone):
+                break
+        self._placeholders(spec, name, owner, api_k.placeholder_names(name, step, round_, max(0, need - len(useful))))
+
+    def _placeholder_pods(self, spec: ProvisioningSpec, run_id: str) -> list[Any]:
+        """The run's placeholder pods not being deleted (a fresh list: read from etcd). Raises: KfpGpuError."""
         from kfp_gpu.ownership import BALLOON_LABEL
 
         sel = f"{BALLOON_LABEL}=true,{LABEL_RUN_ID}={label_safe(run_id)}"
         pods = apierrors.call(functools.partial(client.CoreV1Api(self.api).list_namespaced_pod,
                                                 spec.target.namespace, label_selector=sel),
                               f"list the run's placeholder pods in {spec.target.namespace}").items
-        live = [p for p in pods if p.metadata.deletion_timestamp is None]
-
-        def order(pod: Any) -> int:
-            node = pod.spec.node_name
-            return 0 if not node else 1 if node in claimed else 2
-
-        spare = sorted(live, key=order)[: max(0, len(live) - need)]
-        if spare:
-            apierrors.call(functools.partial(api_k.delete_placeholders, self.api, spec.target.namespace,
-                                             [p.metadata.name for p in spare]),
-                           "delete the placeholders the claimed nodes made surplus")
+        return [p for p in pods if p.metadata.deletion_timestamp is None
+                and p.status.phase not in ("Succeeded", "Failed")]
 
     def _capacity(self, spec: ProvisioningSpec, run_id: str, nodes: dict[str, tuple[str, str]], timeline: Timeline,
                   name: str) -> Capacity:
@@ -253,6 +266,25 @@ class ComputeClassProvisioner(NothingExtra):
         except ApiException as exc:
             out.errors.append(f"delete computeclasses: {exc.status} {exc.reason}")
         return out
+
+
+def _delete_unchanged(api: client.ApiClient, namespace: str, pods: Sequence[Any]) -> list[bool]:
+    """Delete each pod at the resourceVersion it was listed at (concurrently); per pod, False when it changed since
+    (409: bound, usually) and was kept. Raises: ApiException but 404 and 409."""
+    core = client.CoreV1Api(api)
+
+    def one(pod: Any) -> bool:
+        opts = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(
+            resource_version=pod.metadata.resource_version))
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, namespace, body=opts)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            return bool(exc.status == 404)
+        return True
+
+    return fanout.run_all([functools.partial(one, p) for p in pods])
 
 
 def _tolerations(spec: ProvisioningSpec, name: str) -> list[dict[str, str]]:
