@@ -314,6 +314,22 @@ def test_computeclass_warm_pool_placeholders_are_the_gang(kube, namespace, step_
         teardown.run(spec, run, "", api=step_api)
 
 
+def test_computeclass_gang_of_16_makes_16_nodes(kube, namespace, step_api, world):
+    """The placeholders are kept at the nodes still wanted while the gang gathers: none is left pending behind a
+    claim (GKE's autoscaler would bring it a node of its own), so the class makes the gang and not a node more."""
+    spec = _spec(world, namespace, "spot", ("on-demand",), nodes=16)
+    run, cap, took = _acquire(step_api, spec)
+    name = plan.class_name(run)
+    try:
+        assert len(cap.nodes) == 16, cap.nodes
+        time.sleep(1.0)  # a dozen autoscaler scans (10 s each = 0.08 s here) after the gang was whole
+        made = world.cc.snapshot()[name]["nodes"]
+        assert len(made) == 16, (len(made), world.cc.snapshot()[name]["history"])
+        print(f"[computeclass] a gang of 16 in {took:.2f}s: the class made {len(made)} nodes")
+    finally:
+        teardown.run(spec, run, "", api=step_api)
+
+
 @pytest.mark.world(dws_pool=True, queue_s=36000)
 def test_computeclass_multi_node_flex_start_not_obtained_falls_to_the_class(kube, namespace, step_api, world):
     """The queued-provisioning request gets half the deadline; when DWS has not provisioned by then, the request is
