@@ -211,7 +211,7 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
         if affinity is not None:
             pod["spec"]["affinity"] = affinity
         try:
-            core.create_namespaced_pod(namespace, pod)
+            _ = core.create_namespaced_pod(namespace, pod, _preload_content=False).data  # raw: no model built
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -220,10 +220,14 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
 
 
 def delete_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str]) -> None:
-    """Delete the pods ``names`` (concurrently; missing ones are a no-op). Raises: ApiException but 404."""
+    """Delete the pods ``names`` (concurrently; missing ones are a no-op; the answers are read raw, no model
+    built). Raises: ApiException but 404."""
     core = client.CoreV1Api(api)
-    fanout.run_all([functools.partial(ignore_404, functools.partial(core.delete_namespaced_pod, name, namespace,
-                                                                    grace_period_seconds=0)) for name in names])
+
+    def delete(name: str) -> object:
+        return core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False).data
+
+    fanout.run_all([functools.partial(ignore_404, functools.partial(delete, name)) for name in names])
 
 
 # ---- the watch ------------------------------------------------------------------------------------------

@@ -177,8 +177,8 @@ class ComputeClassWorld:
                     rule = k.nodes.get(inst.name, p.spec.class_rule)
                     actions += self._drop(k, inst.name)
                     k.backoff[rule] = now + compress(BACKOFF_S)
-                    k.history.append(f"rule {rule} ({capacity_of(k.rules[rule]) if rule < len(k.rules) else '?'}) "
-                                     f"VM {inst.name} not created in {MAX_PROVISION_S:g}s: backed off")
+                    _note(k, f"rule {rule} ({capacity_of(k.rules[rule]) if rule < len(k.rules) else '?'}) "
+                             f"VM {inst.name} not created in {MAX_PROVISION_S:g}s: backed off")
         return actions
 
     def _scale_up(self, k: Klass, now: float) -> list[Action]:
@@ -193,7 +193,7 @@ class ComputeClassWorld:
             got = self._ask(k, i, need, now)
             if got == 0:
                 k.backoff[i] = now + compress(BACKOFF_S)
-                k.history.append(f"rule {i} ({capacity_of(k.rules[i])}) backed off")
+                _note(k, f"rule {i} ({capacity_of(k.rules[i])}) backed off")
             need -= got
         return []
 
@@ -216,7 +216,7 @@ class ComputeClassWorld:
                 for name in list(pool.instances)[-n:]:
                     k.nodes[name] = i
                 got += n
-                k.history.append(f"rule {i} ({capacity_of(rule)}) +{n} in {zone}")
+                _note(k, f"rule {i} ({capacity_of(rule)}) +{n} in {zone}")
             if got >= need:
                 break
         return got
@@ -249,14 +249,14 @@ class ComputeClassWorld:
                 return []
             world.add(pool, 1, self.state.timeline.now(), 0.0)
             k.nodes[list(pool.instances)[-1]] = ask.rule
-            k.history.append(f"rule {ask.rule} (flex-start) +1 in {ask.zone}")
+            _note(k, f"rule {ask.rule} (flex-start) +1 in {ask.zone}")
             return []
 
         def given_up() -> list[Action]:
             if not ask.done:
                 ask.done = True
                 k.backoff[ask.rule] = self.state.timeline.now() + compress(BACKOFF_S)
-                k.history.append(f"rule {ask.rule} (flex-start) not obtained in {MAX_PROVISION_S:g}s: backed off")
+                _note(k, f"rule {ask.rule} (flex-start) not obtained in {MAX_PROVISION_S:g}s: backed off")
             return []
 
         if wait <= MAX_PROVISION_S:
@@ -270,7 +270,7 @@ class ComputeClassWorld:
             if self._running(new):
                 k.migrating.pop(new)
                 actions += self._drop(k, old)
-                k.history.append(f"migrated {old} (rule {k.nodes.get(old, -1)}) to {new} (rule {k.nodes[new]})")
+                _note(k, f"migrated {old} (rule {k.nodes.get(old, -1)}) to {new} (rule {k.nodes[new]})")
         if not k.migrate or k.migrating:
             return actions
         now = self.state.timeline.now()
@@ -285,7 +285,7 @@ class ComputeClassWorld:
                         self.state.world.add(pool, 1, now, 0.0)
                         new = list(pool.instances)[-1]
                         k.nodes[new], k.migrating[new] = j, node
-                        k.history.append(f"migrating {node} (rule {rule_now}) to rule {j}")
+                        _note(k, f"migrating {node} (rule {rule_now}) to rule {j}")
                         return actions
         return actions
 
@@ -298,7 +298,7 @@ class ComputeClassWorld:
             since = k.idle_since.setdefault(n, now)
             if now - since >= compress(UNNEEDED_S):
                 actions += self._drop(k, n)
-                k.history.append(f"scaled down unneeded {n}")
+                _note(k, f"scaled down unneeded {n}")
         return actions
 
     # ---- pools and nodes -----------------------------------------------------------------------------------
@@ -353,3 +353,9 @@ class ComputeClassWorld:
                              "backoff": dict(k.backoff), "migrating": dict(k.migrating)}
                     for k in self.classes.values()}
 
+
+def _note(k: Klass, what: str) -> None:
+    """What the autoscaler did for a class: kept for the snapshot and logged (as cluster-autoscaler logs its
+    scale-ups, backoffs and scale-downs)."""
+    k.history.append(what)
+    log.info("computeclass %s: %s", k.name, what)
