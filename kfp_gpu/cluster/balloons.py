@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -84,16 +86,22 @@ def create_balloons(api: client.ApiClient, namespace: str, owner: Owner, count: 
     return fanout.run_all([functools.partial(create, i) for i in range(count)])
 
 
-def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:
-    """Delete the balloons of ``run_id`` (all runs when None), concurrently; returns the names deleted. Missing
-    ones are a no-op. Raises: ApiException but 404.
+def list_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[dict[str, Any]]:
+    """The balloon pods of ``run_id`` (all runs when None) as raw JSON objects, read from etcd. Raises:
+    ApiException.
 
-    Pods travel as raw JSON here (``_preload_content=False``): the client would deserialise every pod it lists
-    or deletes into models, CPU that grows with the warm pool and competes with the job's creation."""
-    core = client.CoreV1Api(api)
+    Pods travel as raw JSON here and in :func:`delete_pods` (``_preload_content=False``): the client would
+    deserialise every pod it lists or deletes into models, CPU that grows with the gang and competes with the
+    job's creation (a pass over a gang of hundreds spent seconds there)."""
     selector = f"{BALLOON_LABEL}=true" + (f",{LABEL_RUN_ID}={label_safe(run_id)}" if run_id else "")
-    listed = json.loads(core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False).data)
-    names = [str(p["metadata"]["name"]) for p in listed.get("items") or []]
+    raw = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector, _preload_content=False).data
+    return list(json.loads(raw).get("items") or [])
+
+
+def delete_pods(api: client.ApiClient, namespace: str, names: Sequence[str]) -> list[str]:
+    """Delete the pods ``names`` at once (concurrently, no grace); returns those deleted, missing ones are a
+    no-op. Raises: ApiException but 404."""
+    core = client.CoreV1Api(api)
 
     def delete(name: str) -> bool:  # the body read, so the connection goes back to the pool
         return ignore_404(lambda: core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
@@ -101,3 +109,9 @@ def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -
 
     ran = fanout.run_all([functools.partial(delete, n) for n in names])
     return [n for n, ok in zip(names, ran, strict=True) if ok]
+
+
+def delete_balloons(api: client.ApiClient, namespace: str, run_id: str | None) -> list[str]:
+    """Delete the balloons of ``run_id`` (all runs when None), concurrently; returns the names deleted. Missing
+    ones are a no-op. Raises: ApiException but 404."""
+    return delete_pods(api, namespace, [str(p["metadata"]["name"]) for p in list_balloons(api, namespace, run_id)])

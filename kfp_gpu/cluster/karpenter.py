@@ -219,17 +219,6 @@ def create_placeholders(api: client.ApiClient, namespace: str, names: Sequence[s
     fanout.run_all([functools.partial(create, n) for n in names])
 
 
-def delete_placeholders(api: client.ApiClient, namespace: str, names: Sequence[str]) -> None:
-    """Delete the pods ``names`` (concurrently; missing ones are a no-op; the answers are read raw, no model
-    built). Raises: ApiException but 404."""
-    core = client.CoreV1Api(api)
-
-    def delete(name: str) -> object:
-        return core.delete_namespaced_pod(name, namespace, grace_period_seconds=0, _preload_content=False).data
-
-    fanout.run_all([functools.partial(ignore_404, functools.partial(delete, name)) for name in names])
-
-
 # ---- the watch ------------------------------------------------------------------------------------------
 
 class PoolWatch:

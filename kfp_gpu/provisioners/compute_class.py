@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu import accelerators, fanout
-from kfp_gpu.cluster import apierrors
+from kfp_gpu.cluster import apierrors, balloons
 from kfp_gpu.cluster import computeclass as api_cc
 from kfp_gpu.cluster import karpenter as api_k
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
@@ -88,10 +87,7 @@ class ComputeClassProvisioner(NothingExtra):
         if not request.wait:  # the warm pool: GKE scales up for the placeholders; scale-up claims the nodes later
             return self._capacity(spec, run_id, {}, timeline, name)
         mine = self._gather(spec, run_id, owner, name, count, keep, request, deadline, timeline, started)
-        api_k.delete_placeholders(self.api, spec.target.namespace, names)
-        from kfp_gpu.cluster.balloons import delete_balloons
-
-        delete_balloons(self.api, spec.target.namespace, run_id)  # the warm pool's placeholders too
+        balloons.delete_balloons(self.api, spec.target.namespace, run_id)  # these and the warm pool's placeholders
         return self._capacity(spec, run_id, {**keep, **mine}, timeline, name)
 
     def _placeholders(self, spec: ProvisioningSpec, name: str, owner: Owner, names: list[str]) -> None:
@@ -205,7 +201,7 @@ class ComputeClassProvisioner(NothingExtra):
             useful = sorted((p for p in live if p.node not in claimed), key=lambda p: bool(p.node))
             surplus = useful[: max(0, len(useful) - need)]
             if spent:
-                apierrors.call(functools.partial(api_k.delete_placeholders, self.api, spec.target.namespace,
+                apierrors.call(functools.partial(balloons.delete_pods, self.api, spec.target.namespace,
                                                  [p.name for p in spent]),
                                "delete the placeholders on claimed nodes")
             if not surplus:
@@ -220,13 +216,9 @@ class ComputeClassProvisioner(NothingExtra):
     def _placeholder_pods(self, spec: ProvisioningSpec, run_id: str) -> list[Pod]:
         """The run's placeholder pods not being deleted (a fresh list: read from etcd, as raw JSON: a pass at a
         gang of hundreds would spend seconds building the client's models). Raises: KfpGpuError."""
-        from kfp_gpu.ownership import BALLOON_LABEL
-
-        sel = f"{BALLOON_LABEL}=true,{LABEL_RUN_ID}={label_safe(run_id)}"
-        raw = apierrors.call(functools.partial(client.CoreV1Api(self.api).list_namespaced_pod,
-                                               spec.target.namespace, label_selector=sel, _preload_content=False),
-                             f"list the run's placeholder pods in {spec.target.namespace}").data
-        return [pod for pod in map(Pod.of, json.loads(raw).get("items") or []) if pod.live]
+        pods = apierrors.call(functools.partial(balloons.list_balloons, self.api, spec.target.namespace, run_id),
+                              f"list the run's placeholder pods in {spec.target.namespace}")
+        return [pod for pod in map(Pod.of, pods) if pod.live]
 
     def _capacity(self, spec: ProvisioningSpec, run_id: str, nodes: dict[str, tuple[str, str]], timeline: Timeline,
                   name: str) -> Capacity:
@@ -256,10 +248,8 @@ class ComputeClassProvisioner(NothingExtra):
         try:
             classes = api_cc.list_classes(self.api, selector)
             if classes or spec.target.compute_class:  # the run used this backend: its placeholders go first
-                from kfp_gpu.cluster.balloons import delete_balloons
-
                 out.objects += [f"pod {spec.target.namespace}/{n}"
-                                for n in delete_balloons(self.api, spec.target.namespace, run_id)]
+                                for n in balloons.delete_balloons(self.api, spec.target.namespace, run_id)]
             for c in classes:
                 name = str(c["metadata"]["name"])
                 if api_cc.delete_class(self.api, name):

@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from kfp_gpu import accelerators
 from kfp_gpu.cluster import apierrors, ledger
 from kfp_gpu.cluster import karpenter as api_k
-from kfp_gpu.cluster.balloons import delete_balloons
+from kfp_gpu.cluster.balloons import delete_balloons, delete_pods
 from kfp_gpu.cluster.capacity import GPU_TAINT_KEY, Capacity, Placement, parse_toleration
 from kfp_gpu.cluster.nodes import claim_all, unclaim
 from kfp_gpu.cluster.nodes import leaving as nodes_leaving
@@ -104,7 +104,7 @@ class KarpenterProvisioner(NothingExtra):
                                                     deadline, retarget=True), f"place NodePool {pool}'s placeholders",
                                   not_found=_crd_missing)
             verdict, mine = self._gather(spec, run_id, owner, pool, cand, names, count, deadline, request, timeline)
-            api_k.delete_placeholders(self.api, ns, names)
+            delete_pods(self.api, ns, names)
             if verdict.verdict is plan.Verdict.READY:
                 delete_balloons(self.api, ns, run_id)  # the warm pool's placeholders too: the gang is whole
                 cap = self._capacity(spec, run_id, {**keep, **mine}, timeline, pool, cand)
