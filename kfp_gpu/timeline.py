@@ -113,9 +113,9 @@ class Timeline:
         self.events.append({"t": at, "kind": kind, **data})
 
     def ready_latencies(self) -> list[float]:
-        """Seconds from requested to Ready, per node that got there."""
+        """Seconds from requested to Ready, per node that got there (safe beside a recording thread, as ``to_json``)."""
         out = []
-        for n in self.nodes.values():
+        for n in list(self.nodes.values()):
             r, q = n.at(NodeState.READY), n.at(NodeState.REQUESTED)
             if r is not None and q is not None:
                 out.append(r - q)
@@ -162,10 +162,11 @@ class Timeline:
         return out
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"run_id": self.run_id, "nodes": [n.to_dict() for n in self.nodes.values()], "events": self.events},
-            sort_keys=True,
-        )
+        """The timeline as JSON. Safe while a watch thread records into it (a step saves its ledger as nodes
+        arrive): nodes, events and each node's times are copied first by ``list``/``dict``, each one C call that
+        holds the GIL, so no Python-level iteration runs over a dict another thread is growing."""
+        nodes = [n.to_dict() for n in list(self.nodes.values())]
+        return json.dumps({"run_id": self.run_id, "nodes": nodes, "events": list(self.events)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:
