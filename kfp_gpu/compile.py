@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -12,28 +13,40 @@ from kfp import compiler
 from kfp.dsl import graph_component
 
 from kfp_gpu import dsl as kdsl
-from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.errors import InvalidSpec, KfpGpuError
+
+_FILE_FIX = "pass the path of a Python file that defines one @kfp_gpu.provisioned pipeline (e.g. pipelines/llm_finetune.py)"
 
 
 def load_pipeline(path: str | Path, name: str | None = None) -> graph_component.GraphComponent:
     """Import ``path`` and return its provisioned pipeline (the one named ``name`` when several).
 
     Raises:
-        InvalidSpec: the file is missing, has no provisioned pipeline, or several and no name was given.
+        InvalidSpec: the file is missing, not a Python file, fails to import (its first error line and where, one
+            line: the user's file, not ours), has no provisioned pipeline, or several and no name was given.
     """
     path = Path(path)
     if not path.is_file():
-        raise InvalidSpec("pipeline file", str(path), "does not exist")
+        why = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise InvalidSpec("pipeline file", str(path), why, remediation=_FILE_FIX)
     root = str(Path.cwd())
     if root not in sys.path:
         sys.path.insert(0, root)
     mod_name = f"_kfp_gpu_user_{path.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, path)
     if spec is None or spec.loader is None:
-        raise InvalidSpec("pipeline file", str(path), "is not an importable Python file")
+        raise InvalidSpec("pipeline file", str(path), "is not an importable Python file", remediation=_FILE_FIX)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except KfpGpuError:  # the decorator's own checks (InvalidSpec ...) already say field, value and fix
+        sys.modules.pop(mod_name, None)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's file: its error, in one line
+        sys.modules.pop(mod_name, None)
+        raise InvalidSpec("pipeline file", str(path), f"fails to import: {import_error(exc, path)}",
+                          remediation=f"run python {path} for the traceback and fix that line") from None
     found: dict[str, Any] = {
         attr: obj for attr, obj in vars(module).items()
         if isinstance(obj, graph_component.GraphComponent) and kdsl.spec_of(obj) is not None
@@ -50,6 +63,18 @@ def load_pipeline(path: str | Path, name: str | None = None) -> graph_component.
             remediation="pass --pipeline NAME" if found else "decorate the pipeline with @kfp_gpu.provisioned(spec)",
         )
     return next(iter(found.values()))
+
+
+def import_error(exc: BaseException, path: Path) -> str:
+    """``TYPE: first line at FILE:LINE`` for an exception raised while importing ``path``: a SyntaxError names its
+    own file and line; otherwise the innermost frame in ``path`` (else the innermost frame) names where."""
+    first = (str(exc.msg if isinstance(exc, SyntaxError) else exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{type(exc).__name__}: {first} at {exc.filename}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if Path(f.filename).resolve() == path.resolve()]
+    where = (own or frames)[-1:]
+    return f"{type(exc).__name__}: {first}" + (f" at {where[0].filename}:{where[0].lineno}" if where else "")
 
 
 def compile_pipeline(

@@ -245,3 +245,12 @@ _REGISTRY: dict[str, type[KfpGpuError]] = {
 def is_transient(err: BaseException) -> bool:
     """True when ``err`` may succeed on retry."""
     return isinstance(err, KfpGpuError) and err.transient
+
+
+def yaml_problem(exc: BaseException) -> str:
+    """One line for a YAML parse error (``yaml.YAMLError``): ``line L, column C: PROBLEM`` where PyYAML marks it,
+    else the error's first line. Duck-typed, so this module imports no YAML library."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from kfp_gpu import accelerators
-from kfp_gpu.errors import InvalidSpec, KfpGpuError
+from kfp_gpu.errors import InvalidSpec, KfpGpuError, yaml_problem
 from kfp_gpu.plan import quota as quota_math
 from kfp_gpu.providers.base import CapacityProvider, QuotaAmount
 from kfp_gpu.spec import CapacityType, ProvisioningSpec, Target, TargetKind
@@ -92,8 +92,8 @@ def _date(value: Any, where: str) -> _dt.date:
         raise InvalidSpec(where, value, "must be a date like 2026-12-14") from None
 
 
-def parse_schedule(text: str, *, default_cloud: str = "gke") -> Schedule:
-    """Parse and validate schedule YAML text.
+def parse_schedule(text: str, *, default_cloud: str = "gke", source: str = "<text>") -> Schedule:
+    """Parse and validate schedule YAML text (``source``: the file it came from, named by a YAML error).
 
     Raises:
         InvalidSpec: naming the offending field, e.g. ``runs[2].gpus``.
@@ -101,7 +101,8 @@ def parse_schedule(text: str, *, default_cloud: str = "gke") -> Schedule:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InvalidSpec("schedule", str(exc).splitlines()[0], "is not valid YAML") from None
+        raise InvalidSpec("schedule", source, f"is not valid YAML ({yaml_problem(exc)})",
+                          remediation="fix the YAML at that line (docs/user-guide.md shows a schedule)") from None
     if not isinstance(data, dict):
         raise InvalidSpec("schedule", type(data).__name__, "must be a mapping with a 'runs' list")
     unknown = set(data) - {"runs", "cloud"}
@@ -165,8 +166,9 @@ def load_schedule(path: str | Path, *, default_cloud: str = "gke") -> Schedule:
     """Read and parse a schedule file. Raises: InvalidSpec (missing file or bad content)."""
     p = Path(path)
     if not p.is_file():
-        raise InvalidSpec("schedule", str(p), "no such file")
-    return parse_schedule(p.read_text(encoding="utf-8"), default_cloud=default_cloud)
+        raise InvalidSpec("schedule", str(p), "is a directory, not a file" if p.is_dir() else "no such file",
+                          remediation="pass --schedule PATH of a YAML file with a 'runs' list")
+    return parse_schedule(p.read_text(encoding="utf-8"), default_cloud=default_cloud, source=str(p))
 
 
 @dataclass

@@ -18,14 +18,13 @@ import re
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from kfp_gpu import rehearsal_seam
-from kfp_gpu.errors import InvalidSpec, KfpGpuError
+from kfp_gpu.errors import InvalidSpec
 from kfp_gpu.report._common import duration
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
@@ -107,16 +106,7 @@ def load(pipeline_file: str | Path, name: str | None = None) -> Any:
     """
     from kfp_gpu.compile import load_pipeline
 
-    try:
-        return load_pipeline(pipeline_file, name)
-    except KfpGpuError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's file: its error, in one line
-        first = (str(exc).strip().splitlines() or [""])[0]
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        raise InvalidSpec("pipeline file", str(pipeline_file), f"fails to import: {type(exc).__name__}: {first}{where}",
-                          remediation=f"fix the file: python {pipeline_file} shows the traceback") from None
+    return load_pipeline(pipeline_file, name)
 
 
 # ---- the terminal: progress lines while kfp.local writes its logs to a file ----------------------------
@@ -219,7 +209,8 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     ``containers``: the kfp-gpu steps run in the locally built component image (:mod:`kfp_gpu_rehearsal.devcluster.containers`).
 
     Raises:
-        InvalidSpec: see :func:`load` and :func:`typed_args` (checked before anything boots).
+        InvalidSpec: see :func:`load`, :func:`typed_args` and the scenario's
+            :func:`kfp_gpu_rehearsal.sim.scenario.load` (all checked before anything boots).
         KfpGpuError: the local cluster or the stand-in cannot start.
     """
     from kfp import local
@@ -233,6 +224,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     from kfp_gpu_rehearsal import run_services as served
     from kfp_gpu_rehearsal.devcluster import boot, controller, crds
     from kfp_gpu_rehearsal.devcluster.worldtime import TIME_SCALE
+    from kfp_gpu_rehearsal.sim import scenario as scenario_mod
     from kfp_gpu_rehearsal.sim.server import SimServer
 
     out_ = terminal or sys.stdout
@@ -248,6 +240,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     if ctr is not None:
         ctr.mount_checkpoint(spec.checkpoint_uri)
     arguments = typed_args(args, dict(graph.component_spec.inputs or {}), graph.name)
+    world_scenario = scenario_mod.load(scenario)
     with contextlib.suppress(InvalidSpec):  # a bad run-time value: preflight fails the run with this message
         spec = resolved_spec(graph, arguments) or spec  # the runtime= fields given as --arg, for the cost table
     shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "defaults"
@@ -268,7 +261,7 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
         from kfp_gpu_rehearsal.sim import daemon
 
         say(f"AWS (EKS/EC2/Auto Scaling) stand-in on {daemon.start_aws(port)}")
-    sim = SimServer(scenario, ctx.kubeconfig)
+    sim = SimServer(world_scenario, ctx.kubeconfig)
     url = sim.start()
     world_file = served.claim_world(spec.target.cluster, url, sim.stop)  # where the row's controller finds it
     os.environ[rehearsal_seam.SIM_ENDPOINT_ENV] = url

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from kfp_gpu import accelerators
-from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.errors import InvalidSpec, yaml_problem
 from kfp_gpu_rehearsal.sim.dwsspec import DwsSpec, Revocation, parse_dws, parse_queued, parse_revocations
 from kfp_gpu_rehearsal.sim.eventspec import (
     ApiSpec,
@@ -164,7 +164,8 @@ def load(path: str | Path | None = None) -> Scenario:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InvalidSpec("scenario", str(path), f"is not valid YAML ({exc})") from None
+        raise InvalidSpec("scenario", str(path), f"is not valid YAML ({yaml_problem(exc)})",
+                          remediation="fix the YAML at that line (docs/sim.md, Scenario schema)") from None
     return from_dict(data or {})
 
 

@@ -136,3 +136,32 @@ def test_progress_lines_say_durations_in_the_world_s_clock() -> None:
     p = demo.Progress(log, term, clock=clock, scale=120.0)
     p.write("Executing task 'scale-up'\nTask 'scale-up' finished with status SUCCESS\n")
     assert term.getvalue().splitlines() == ["  > scale-up started", "  ✓ scale-up finished in 5.0 min"]
+
+
+@pytest.mark.parametrize("argv", [["compile", "-o", "{out}"], ["preflight"], ["submit", "--kfp-host", "http://x:1"]])
+@pytest.mark.parametrize("body,needle", [
+    ("def broken(:\n    pass\n", "fails to import: SyntaxError: invalid syntax at {file}:1"),
+    ("x = 1\nimport no_such_module_kfp_gpu\n",
+     "fails to import: ModuleNotFoundError: No module named 'no_such_module_kfp_gpu' at {file}:2"),
+    ("def f():\n    raise RuntimeError('boom\\nsecond line')\n\nf()\n", "fails to import: RuntimeError: boom at {file}:2"),
+])
+def test_every_command_that_reads_a_pipeline_file_says_its_import_error_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], body: str, needle: str) -> None:
+    """compile, preflight and submit read the file through the same loader as run: the user's error, where it is
+    (the file's own line, not importlib's), and no traceback; nothing is written."""
+    f = tmp_path / "user_pipeline.py"
+    f.write_text(body)
+    out = tmp_path / "out.yaml"
+    assert cli.main([argv[0], str(f), *[a.format(out=out) for a in argv[1:]]]) == 2
+    printed, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert printed == "" and len(lines) == 1, err
+    assert needle.format(file=f) in lines[0] and f"(fix: run python {f} for the traceback" in lines[0]
+    assert not out.exists()
+
+
+def test_a_directory_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["compile", str(tmp_path), "-o", str(tmp_path / "x.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"kfp-gpu: invalid pipeline file='{tmp_path}': is a directory, not a file (fix: pass the path of "
+                   "a Python file that defines one @kfp_gpu.provisioned pipeline (e.g. pipelines/llm_finetune.py))")
