@@ -103,11 +103,27 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return int(load("demo").main(keep=a.keep))
 
 
+def _check_submit_flags(a: argparse.Namespace) -> None:
+    """The flags each submit target needs, checked before the file is loaded or compiled. Raises: InvalidSpec."""
+    if a.vertex:
+        if not a.project:
+            raise InvalidSpec("--project", a.project, "Vertex needs the GCP project id",
+                              remediation="pass --project PROJECT_ID")
+        if not a.pipeline_root.startswith("gs://"):
+            raise InvalidSpec("--pipeline-root", a.pipeline_root, "Vertex needs a gs:// pipeline root",
+                              remediation="pass --pipeline-root gs://BUCKET/pipeline-root (a bucket the run can write)")
+    elif not a.kfp_host.startswith(("http://", "https://")):
+        raise InvalidSpec("--kfp-host", a.kfp_host, "required unless --vertex, an http:// or https:// URL",
+                          remediation="pass --kfp-host http://ml-pipeline-ui.kubeflow:80 (or a port-forward: "
+                          "--kfp-host http://localhost:8080)")
+
+
 def cmd_submit(a: argparse.Namespace) -> int:
     import tempfile
 
     from kfp_gpu.compile import compile_pipeline, load_pipeline
 
+    _check_submit_flags(a)
     name = load_pipeline(a.pipeline_file, a.pipeline).name
     with tempfile.TemporaryDirectory() as tmp:
         pkg = compile_pipeline(a.pipeline_file, Path(tmp) / "pipeline.yaml",
@@ -115,17 +131,11 @@ def cmd_submit(a: argparse.Namespace) -> int:
         if a.vertex:
             from kfp_gpu.submit.vertex import submit_vertex
 
-            if not a.pipeline_root:
-                raise InvalidSpec("--pipeline-root", a.pipeline_root, "Vertex needs a gs:// pipeline root",
-                                  remediation="pass --pipeline-root gs://BUCKET/pipeline-root")
             res = submit_vertex(str(pkg), project=a.project, region=a.region, pipeline_root=a.pipeline_root,
                                 params=_params(a.param))
         else:
             from kfp_gpu.submit.kfp_backend import submit_kfp
 
-            if not a.kfp_host:
-                raise InvalidSpec("--kfp-host", a.kfp_host, "required unless --vertex",
-                                  remediation="pass --kfp-host http://ml-pipeline-ui.kubeflow:80")
             res = submit_kfp(str(pkg), a.kfp_host, pipeline_name=name, experiment=a.experiment,
                              params=_params(a.param))
     print(f"submitted: {res}")
@@ -267,15 +277,15 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--down", dest="keep", action="store_false", help="stop the local cluster afterwards")
     c.set_defaults(fn=cmd_demo)
     c = sub.add_parser("submit", help="submit to Kubeflow Pipelines or Vertex AI Pipelines")
-    c.add_argument("pipeline_file")
-    c.add_argument("--pipeline", default=None)
-    c.add_argument("--kfp-host", default="")
-    c.add_argument("--experiment", default=None)
-    c.add_argument("--param", action="append", default=[])
-    c.add_argument("--vertex", action="store_true")
-    c.add_argument("--project", default="")
-    c.add_argument("--region", default="us-central1")
-    c.add_argument("--pipeline-root", default="")
+    c.add_argument("pipeline_file", help="a Python file with one @kfp_gpu.provisioned pipeline")
+    c.add_argument("--pipeline", default=None, help="the pipeline's name when the file defines several")
+    c.add_argument("--kfp-host", default="", help="Kubeflow Pipelines API URL, e.g. http://ml-pipeline-ui.kubeflow:80")
+    c.add_argument("--experiment", default=None, help="KFP experiment name")
+    c.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter (repeat)")
+    c.add_argument("--vertex", action="store_true", help="submit to Vertex AI Pipelines instead of KFP")
+    c.add_argument("--project", default="", help="Vertex: the GCP project id")
+    c.add_argument("--region", default="us-central1", help="Vertex: the region (default us-central1)")
+    c.add_argument("--pipeline-root", default="", help="Vertex: gs://BUCKET/PATH the run writes its artifacts to")
     c.set_defaults(fn=cmd_submit)
     c = sub.add_parser("quota", help="quota increase requests and planning")
     qs = c.add_subparsers(dest="quota_cmd", required=True)

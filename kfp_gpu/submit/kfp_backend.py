@@ -35,7 +35,7 @@ from kfp_gpu.errors import (
 )
 from kfp_gpu.submit.result import SubmitResult, check_params, load_package
 
-_PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80, then --host http://localhost:8080"
+_PORT_FORWARD = "kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80, then host http://localhost:8080 (kfp-gpu submit --kfp-host)"
 
 
 def _token_fix(host: str) -> str:
@@ -56,7 +56,7 @@ def classify_http(status: int, host: str, what: str, detail: str = "") -> KfpGpu
     if status == 404:
         return NotFound(
             f"KFP API at {host} has no endpoint for {what} (HTTP 404)",
-            remediation=f"point --host at the KFP v2 API root (no /pipeline suffix), or {_PORT_FORWARD}",
+            remediation=f"point the host at the KFP v2 API root (no /pipeline suffix), or {_PORT_FORWARD}",
             host=host, status=status,
         )
     if status == 429:
@@ -74,7 +74,7 @@ def classify_http(status: int, host: str, what: str, detail: str = "") -> KfpGpu
 def _unreachable(host: str, reason: object) -> NotFound:
     return NotFound(
         f"no KFP API reachable at {host} ({reason})",
-        remediation=f"check --host (scheme, port); for a local cluster: {_PORT_FORWARD}",
+        remediation=f"check the host (scheme, port); for a local cluster: {_PORT_FORWARD}",
         host=host,
     )
 
@@ -167,7 +167,7 @@ def submit_kfp(
         raise InvalidSpec("pipeline_name", pipeline_name, "must be a non-empty display name")
     if not host.startswith(("http://", "https://")):
         raise InvalidSpec("host", host, "must start with http:// or https://",
-                          remediation="e.g. --host http://localhost:8080")
+                          remediation="e.g. http://localhost:8080 (kfp-gpu submit --kfp-host)")
     args = dict(params or {})
     try:
         json.dumps(args)

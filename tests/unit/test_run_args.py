@@ -165,3 +165,17 @@ def test_a_directory_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err.strip()
     assert err == (f"kfp-gpu: invalid pipeline file='{tmp_path}': is a directory, not a file (fix: pass the path of "
                    "a Python file that defines one @kfp_gpu.provisioned pipeline (e.g. pipelines/llm_finetune.py))")
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ([], "invalid --kfp-host='': required unless --vertex"),
+    (["--kfp-host", "ml-pipeline-ui:80"], "invalid --kfp-host='ml-pipeline-ui:80': required unless --vertex, an http"),
+    (["--vertex", "--pipeline-root", "gs://b/root"], "invalid --project='': Vertex needs the GCP project id"),
+    (["--vertex", "--project", "p", "--pipeline-root", "/local"], "invalid --pipeline-root='/local': Vertex needs a gs://"),
+])
+def test_submit_names_the_flag_it_lacks_before_reading_the_file(
+        capsys: pytest.CaptureFixture[str], flags: list[str], needle: str) -> None:
+    """The flag as typed (not the Python keyword), before the file is loaded: a missing file is not the error."""
+    assert cli.main(["submit", "no/such/file.py", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"kfp-gpu: {needle}"), err
