@@ -23,8 +23,8 @@ from kfp_gpu.spec_sections import CostInputs as CostInputs
 from kfp_gpu.spec_sections import Health as Health
 from kfp_gpu.spec_sections import Recovery as Recovery
 from kfp_gpu.spec_sections import WarmPool as WarmPool
+from kfp_gpu.spec_sections import as_names, coerce_enum
 from kfp_gpu.spec_sections import check_range as _check_range
-from kfp_gpu.spec_sections import coerce_enum
 from kfp_gpu.spec_target import Target as Target
 from kfp_gpu.spec_target import TargetKind as TargetKind
 
@@ -102,7 +102,7 @@ class ProvisioningSpec:
         _check_range("nodes", self.nodes, 1, 4096, int)
         _check_range("gpus_per_node", self.gpus_per_node, 1, 16, int)
         coerce_enum(self, "capacity", CapacityType, "capacity")
-        object.__setattr__(self, "zones", tuple(self.zones))
+        object.__setattr__(self, "zones", as_names("zones", self.zones))
         self._check_fallback()
         if self.target.kind is TargetKind.EKS:
             acc.aws_instance_for(self.gpus_per_node)
@@ -151,16 +151,17 @@ class ProvisioningSpec:
             )
         if self.warm_pool.nodes > self.nodes:
             raise InvalidSpec("warm_pool.nodes", self.warm_pool.nodes, f"must be <= nodes ({self.nodes})")
-        if self.checkpoint_uri and not re.match(r"^(gs://|s3://|file://|/)", self.checkpoint_uri):
+        if self.checkpoint_uri and not re.match(r"^((gs|s3)://[^/]+|file://.+|/)", self.checkpoint_uri):
             raise InvalidSpec(
-                "checkpoint_uri", self.checkpoint_uri, "must start with gs://, s3://, file:// or /",
+                "checkpoint_uri", self.checkpoint_uri, "must be gs://BUCKET/..., s3://BUCKET/..., file://PATH or /PATH",
+                remediation="name the bucket (and a prefix): e.g. gs://my-bucket/checkpoints/run-name",
             )
 
     def _check_fallback(self) -> None:
         """The capacity chain (:func:`kfp_gpu.spec_chain.check`). Raises: InvalidSpec."""
         from kfp_gpu import spec_chain
 
-        object.__setattr__(self, "fallback", tuple(self.fallback))
+        object.__setattr__(self, "fallback", as_names("fallback", self.fallback))
         spec_chain.check(self.capacity.value, self.fallback, provisioner=self.target.provisioner,
                          eks=self.target.kind is TargetKind.EKS, reservation=self.reservation,
                          active_migration=self.active_migration)

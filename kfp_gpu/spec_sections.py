@@ -109,6 +109,17 @@ def check_range(name: str, value: Any, lo: float, hi: float, types: type | tuple
         raise InvalidSpec(name, value, f"must be in [{lo:g}, {hi:g}]")
 
 
+def as_names(name: str, value: Any) -> tuple[Any, ...]:
+    """``value`` as a tuple, refusing one string where a list is wanted (``zones="us-central1-a"`` would otherwise be
+    read as 13 one-letter names). Raises: InvalidSpec naming the field and the fix."""
+    if isinstance(value, (str, bytes)):
+        raise InvalidSpec(name, value, "must be a list, not one string", remediation=f"write {name}=({value!r},)")
+    try:
+        return tuple(value)
+    except TypeError:
+        raise InvalidSpec(name, value, "must be a list", remediation=f"write {name}=(...,) or [...]") from None
+
+
 def coerce_enum(obj: Any, attr: str, enum_type: type[enum.Enum], name: str) -> None:
     """Store ``obj.attr`` as a member of ``enum_type``; InvalidSpec naming ``name`` and the allowed values."""
     value = getattr(obj, attr)

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from kfp_gpu.errors import InvalidSpec
-from kfp_gpu.spec_sections import coerce_enum
+from kfp_gpu.spec_sections import as_names, coerce_enum
 
 __all__ = ["AUTOSCALED_POOLS", "PROVISIONERS", "Target", "TargetKind"]
 
@@ -104,7 +104,7 @@ class Target:
                               f"allowed: {', '.join(repr(v) for v in PROVISIONERS)}",
                               remediation="use 'auto' to detect, 'node-pool' for dedicated pools, or "
                               "'provisioning-request' where the cluster autoscaler serves ProvisioningRequests")
-        object.__setattr__(self, "tolerations", tuple(self.tolerations))
+        object.__setattr__(self, "tolerations", as_names("target.tolerations", self.tolerations))
         for t in self.tolerations:
             if not _TOLERATION_RE.match(t):
                 raise InvalidSpec("target.tolerations", t, "must look like 'key=value:NoSchedule', 'key:NoSchedule' "
@@ -114,7 +114,7 @@ class Target:
                               f"allowed: {', '.join(repr(v) for v in AUTOSCALED_POOLS)}",
                               remediation="set target.autoscaled_pools='protect' (annotate the nodes the run "
                               "holds) or 'refuse' (never resize an autoscaled pool)")
-        object.__setattr__(self, "pools", tuple(self.pools))
+        object.__setattr__(self, "pools", as_names("target.pools", self.pools))
         if not self.cluster:
             raise InvalidSpec("target.cluster", self.cluster, "must be the cluster name")
         region_re = _AWS_REGION_RE if self.kind is TargetKind.EKS else _GCP_REGION_RE

@@ -47,6 +47,10 @@ def test_spec_is_immutable():
         ({"checkpoint_uri": "ftp://x"}, "checkpoint_uri", "gs://"),
         ({"recovery": Recovery(on_demand_after=2)}, "recovery.on_demand_after", "capacity='spot'"),
         ({"nodes": True}, "nodes", "integer"),
+        ({"zones": "us-central1-a"}, "zones", "must be a list, not one string (fix: write zones=('us-central1-a',))"),
+        ({"checkpoint_uri": "s3://"}, "checkpoint_uri", "must be gs://BUCKET/..., s3://BUCKET/..."),
+        ({"checkpoint_uri": "gs:///ckpt"}, "checkpoint_uri", "(fix: name the bucket"),
+        ({"checkpoint_uri": "file://"}, "checkpoint_uri", "file://PATH"),
     ],
 )
 def test_bad_input_names_field_value_and_fix(changes, field, hint):
@@ -67,6 +71,12 @@ def test_bad_target_fields():
         Target(kind="azure")  # type: ignore[arg-type]
     with pytest.raises(InvalidSpec, match="target.pools"):
         Target(pools=("Bad_Pool",))
+    with pytest.raises(InvalidSpec, match=r"invalid target.pools='pool-a': must be a list, not one string"):
+        Target(pools="pool-a")  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec, match=r"invalid target.tolerations=.*must be a list, not one string"):
+        Target(tolerations="team=a:NoSchedule")  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec, match=r"invalid fallback='spot': must be a list"):
+        ProvisioningSpec(accelerator="a100-80gb", nodes=4, fallback="spot")  # type: ignore[arg-type]
 
 
 def test_autoscaled_pools_option_defaults_validates_and_round_trips():
