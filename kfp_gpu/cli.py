@@ -82,8 +82,13 @@ def cmd_preflight(a: argparse.Namespace) -> int:
 
 
 def cmd_gc(a: argparse.Namespace) -> int:
+    from kfp_gpu.job_fields import namespace
     from kfp_gpu.steps.janitor import collect
 
+    if not a.all_namespaces:
+        namespace("--namespace", a.namespace)
+    if a.lock_namespace:
+        namespace("--lock-namespace", a.lock_namespace)
     report = collect(namespace=a.namespace, dry_run=a.dry_run, endpoint=a.endpoint,
                      all_namespaces=a.all_namespaces, lock_namespace=a.lock_namespace, runs=a.run)
     print(report)
@@ -214,6 +219,7 @@ def _csv(value: str) -> list[str]:
 def cmd_tenant(a: argparse.Namespace) -> int:
     from kfp_gpu import install
 
+    install.check_namespace(a.namespace)  # before any credentials are read
     if a.tenant_cmd == "add":
         limits = install.limits_from(vars(a))
         if a.dry_run:

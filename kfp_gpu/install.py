@@ -15,7 +15,6 @@ Everything is applied with field manager ``kfp-gpu`` and ``force``, so running a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kfp_gpu import kubeapply, ownership
+from kfp_gpu import job_fields, kubeapply, ownership
 from kfp_gpu.errors import InvalidSpec, KfpGpuError, NotFound
 from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import LABEL_MANAGED, TENANT_NAMESPACE_LABEL
@@ -57,7 +56,6 @@ DEFAULT_LIMITS: dict[str, Any] = {
     "allow_quota_requests": False,
 }
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 # ---- the manifests ------------------------------------------------------------------------------------------
@@ -180,10 +178,7 @@ def tenant_objects(namespace: str, **limits: Any) -> list[Obj]:
 
 def check_namespace(namespace: str) -> str:
     """``namespace`` if it can be a tenant. Raises: InvalidSpec naming the value and the fix."""
-    ns = namespace.strip()
-    if len(ns) > 63 or not _DNS_LABEL.match(ns):
-        raise InvalidSpec("namespace", namespace, "must be a DNS-1123 label (lower-case letters, digits, '-'; "
-                          "at most 63 characters)", remediation="pass a namespace name such as ml-team")
+    ns = job_fields.namespace("namespace", namespace.strip())
     if ns == gang.CONTROLLER_NAMESPACE or ns.startswith("kube-"):
         raise InvalidSpec("namespace", namespace, f"is a system namespace ({gang.CONTROLLER_NAMESPACE}, kube-*): "
                           "the controller must not get pod rights there", remediation="pass the namespace your "

@@ -80,6 +80,14 @@ def name(field: str, value: Any, pattern: re.Pattern[str] = _DNS_SUBDOMAIN, what
     return value
 
 
+def namespace(field: str, value: Any) -> str:
+    """A namespace name (a DNS-1123 label, at most 63 characters). Raises: InvalidSpec naming the fix."""
+    if not isinstance(value, str) or not _DNS_LABEL.match(value):
+        raise InvalidSpec(field, value, "must be a namespace name, a DNS-1123 label (lower-case letters, digits, '-'; "
+                          "at most 63 characters)", remediation="use a name such as ml-team")
+    return value
+
+
 def pairs(field: str, value: Any) -> tuple[tuple[str, Any], ...]:
     """A mapping (or sequence of pairs) as a sorted tuple of pairs. Raises: InvalidSpec."""
     if value is None:

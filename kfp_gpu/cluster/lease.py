@@ -27,6 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kfp_gpu.cluster import owned
+from kfp_gpu.errors import NotFound
 from kfp_gpu.ownership import LABEL_MANAGED, label_safe
 from kfp_gpu.plan.lease import LOCAL_OWNER, POD_OWNER, WORKFLOW_OWNER, LeaseRecord, OwnerRef, lock_free
 
@@ -203,6 +204,10 @@ class JanitorLock:
             else:
                 owned.request(self.api, "POST", owned.LEASE.path(self.namespace), body=body)
         except ApiException as exc:
+            if exc.status == 404 and not cur:  # POST to a namespace that does not exist
+                raise NotFound(f"namespace {self.namespace!r} does not exist (the janitor lock {self.where} lives there)",
+                               remediation="pass --lock-namespace NS (or --namespace NS) of an existing namespace: "
+                               "kubectl get namespaces") from None
             if exc.status != 409:
                 raise
             try:

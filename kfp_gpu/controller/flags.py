@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from kfp_gpu import job_fields
 from kfp_gpu.errors import KfpGpuError
 
 
@@ -38,6 +39,10 @@ def command(a: argparse.Namespace) -> int:
     timings = Timings(a.leader_elect_lease_duration, a.leader_elect_renew_deadline, a.leader_elect_retry_period)
     if timings.problem():
         raise KfpGpuError(timings.problem())
+    for ns in a.namespace:
+        job_fields.namespace("--namespace", ns)
+    if a.leader_elect_resource_namespace:
+        job_fields.namespace("--leader-elect-resource-namespace", a.leader_elect_resource_namespace)
     run_controller([] if a.all_namespaces else list(a.namespace), standalone=a.standalone,
                    lease=a.leader_elect_resource_name, lease_namespace=a.leader_elect_resource_namespace,
                    timings=timings, metrics_port=a.metrics_port, log_dir=a.log_dir)

@@ -24,6 +24,7 @@ from kubernetes import client
 from kfp_gpu.cluster import balloons, ledger
 from kfp_gpu.cluster.lease import JanitorLock
 from kfp_gpu.cluster.nodes import claim, read_node
+from kfp_gpu.errors import NotFound
 from kfp_gpu.gang import api as gang
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.spec import ProvisioningSpec
@@ -131,6 +132,18 @@ def test_two_janitors_never_sweep_at_once(kube, namespace: str, step_api: client
     assert not rep.lock_held_by and rep.runs[label_safe(run)] == "released", str(rep)
     lock = client.CoordinationV1Api(kube.api).read_namespaced_lease("kfp-gpu-janitor", namespace)
     assert not lock.spec.holder_identity  # released at the end
+
+
+def test_a_lock_namespace_that_does_not_exist_is_named_in_one_line(kube) -> None:
+    """An admin's `kfp-gpu gc` (deploy/janitor-rbac.yaml binds its ClusterRole cluster-wide, so the janitor gets the
+    same answer) creating its lock in a namespace that is not there: the apiserver's 404 on the Lease POST becomes
+    NotFound naming the namespace (it was a bare '404 Not Found')."""
+    gone = f"t-no-such-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(NotFound) as err:
+        JanitorLock(kube.api, gone, "janitor-x", duration_s=60).acquire()
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"namespace '{gone}' does not exist (the janitor lock lease {gone}/"
+                                                "kfp-gpu-janitor lives there) (fix: pass --lock-namespace NS"), text
 
 
 @pytest.fixture
