@@ -120,7 +120,8 @@ _IMAGE = re.compile(r"kfp-gpu-image: (.+)$")  # kfp_gpu_rehearsal.devcluster.con
 class Progress(io.TextIOBase):
     """A stdout stand-in for kfp.local: every byte goes to ``log``; task start/finish lines become one
     progress line each on ``terminal``, its duration in the world's clock (``scale`` real-world seconds per
-    second); the first run id of a kfp-gpu step is remembered."""
+    second); the first run id of a kfp-gpu step is remembered, and so is the error a failed kfp-gpu step printed (its
+    ``{"error": ...}`` line), which is shown under the task's failure line."""
 
     def __init__(self, log: TextIO, terminal: TextIO, clock: Callable[[], float] = time.monotonic,
                  scale: float = 1.0) -> None:
@@ -129,6 +130,8 @@ class Progress(io.TextIOBase):
         self.started: dict[str, float] = {}
         self.finished: dict[str, str] = {}
         self.run_id = ""
+        self.step_errors: dict[str, str] = {}  # task -> the one-line error its step printed
+        self._shown: dict[str, str] = {}
         self._partial = ""
 
     def writable(self) -> bool:
@@ -156,6 +159,12 @@ class Progress(io.TextIOBase):
             self.finished[task] = status
             verb = "finished" if status == "SUCCESS" else f"failed ({status})"
             self._say(f"  {'✓' if status == 'SUCCESS' else '✗'} {task} {verb} in {duration(took * self.scale)}")
+            why = self.step_errors.get(task, "")
+            if status != "SUCCESS" and why and self._shown.get(task) != why:
+                self._shown[task] = why
+                self._say(f"    {why}")
+        elif self.started and (why := _step_error(line)):
+            self.step_errors[list(self.started)[-1]] = why
         elif self.started and (m := _IMAGE.search(line)):
             self._say(f"    {list(self.started)[-1]} runs in {m.group(1)}")
         elif not self.run_id and (m := _RUN_ID.search(line)):
@@ -163,6 +172,19 @@ class Progress(io.TextIOBase):
 
     def _say(self, text: str) -> None:
         print(text, file=self.terminal, flush=True)
+
+
+def _step_error(line: str) -> str:
+    """The one-line error of a kfp-gpu step's ``{"error": {...}}`` line (``kfp_gpu.errors``: message and fix), or ""."""
+    text = line.strip()
+    if not text.startswith('{"error"'):
+        return ""
+    try:
+        err = json.loads(text)["error"]
+        msg, fix = str(err.get("message") or err.get("type") or ""), str(err.get("remediation") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    return f"{msg} (fix: {fix})" if fix else msg
 
 
 def _to(log: TextIO) -> Callable[..., None]:
@@ -315,6 +337,9 @@ def run(pipeline_file: str | Path, args: Sequence[str] = (), *, pipeline: str | 
     status = f"FAILED: {_ANSI.sub('', failure)}" if failure else "SUCCEEDED"
     say(f"\n=== pipeline {graph.name} {status} in {duration(took * TIME_SCALE)} (kfp.local, SubprocessRunner"
         f"{'; kfp-gpu steps in ' + ctr.expected_image + ', podman' if ctr else ''}) ===")
+    for task, why in progress.step_errors.items():
+        if failure and progress.finished.get(task) != "SUCCESS":
+            say(f"{task}: {why}")
     tl = Timeline.from_json(str(out.get("timeline") or "")) if out.get("timeline") else Timeline()
     if tl.nodes:
         world_tl, _ = world(tl)

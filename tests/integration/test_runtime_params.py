@@ -79,6 +79,9 @@ def test_bad_runtime_spec_value_fails_preflight_naming_the_field(kube, namespace
     err = next(json.loads(line.strip())["error"] for line in log.splitlines() if line.strip().startswith('{"error"'))
     assert err["type"] == "InvalidSpec" and err["fields"]["field"] == "nodes"
     assert "reserve-warm-pool started" not in res.stdout  # failed fast: nothing was provisioned
+    # the terminal says why, under the failure and after the summary, without opening the executor log
+    assert "\n    invalid nodes=0: must be in [1, 4096] (fix: " in res.stdout, res.stdout
+    assert "\nquota-preflight: invalid nodes=0: must be in [1, 4096] (fix: " in res.stdout, res.stdout
     # teardown resolves the same bad value, falls back to the compiled spec and still cleans up
     assert re.search(r"^  ✓ teardown finished", res.stdout, re.M), res.stdout
     assert "Traceback" not in res.stdout + res.stderr
