@@ -74,6 +74,8 @@ class Accelerator:
             "gpus_per_node",
             gpus_per_node,
             f"{self.name} on GCE comes in {sorted({m.gpus for m in self.gce_machines})} GPUs per VM",
+            remediation=f"set gpus_per_node to one of {sorted({m.gpus for m in self.gce_machines})}"
+            if self.gce_machines else "pick an accelerator GCE offers (this one has no GCE machine type)",
         )
 
     def aws_instance_for(self, gpus_per_node: int) -> MachineShape:
@@ -85,6 +87,8 @@ class Accelerator:
             "gpus_per_node",
             gpus_per_node,
             f"{self.name} on EC2 comes in {sorted({m.gpus for m in self.aws_instances})} GPUs per instance",
+            remediation=f"set gpus_per_node to one of {sorted({m.gpus for m in self.aws_instances})}"
+            if self.aws_instances else "pick an accelerator EC2 offers (this one has no EC2 instance type)",
         )
 
 

@@ -55,7 +55,9 @@ def load_pipeline(path: str | Path, name: str | None = None) -> graph_component.
         for attr, obj in found.items():
             if name in (attr, obj.name):
                 return obj
-        raise InvalidSpec("--pipeline", name, f"not found in {path}; provisioned pipelines: {sorted(found)}")
+        raise InvalidSpec("--pipeline", name, f"not found in {path}; provisioned pipelines: {sorted(found)}",
+                          remediation=f"pass --pipeline with one of {sorted(found)}" if found else
+                          "decorate the pipeline with @kfp_gpu.provisioned(spec)")
     if len(found) != 1:
         raise InvalidSpec(
             "pipeline file", str(path),

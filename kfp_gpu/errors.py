@@ -91,7 +91,7 @@ class InvalidSpec(KfpGpuError):
     def __init__(self, field: str, value: Any, allowed: str, *, remediation: str = "") -> None:
         super().__init__(
             f"invalid {field}={value!r}: {allowed}",
-            remediation=remediation or f"set {field} to one of the allowed values",
+            remediation=remediation or default_fix(field, allowed),
             field=field,
             value=repr(value),
             allowed=allowed,
@@ -254,3 +254,15 @@ def yaml_problem(exc: BaseException) -> str:
     if mark is not None and problem:
         return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def default_fix(field: str, allowed: str) -> str:
+    """The fix an InvalidSpec says when its raiser gave none, read from what is allowed: "must be in [1, 4096]" ->
+    "set nodes to a value in [1, 4096]", "allowed: 'a', 'b'" -> "set F to one of 'a', 'b'"; else "correct F"."""
+    text = allowed.strip()
+    if text.startswith("must be "):
+        rest = text.removeprefix("must be ")
+        return f"set {field} to {rest if rest.startswith(('a ', 'an ', 'one of ')) else 'a value ' + rest}"
+    if text.startswith("allowed: "):
+        return f"set {field} to one of {text.removeprefix('allowed: ')}"
+    return f"correct {field}"

@@ -144,20 +144,20 @@ def test_a_failed_step_s_error_line_is_shown_under_its_failure_once_per_distinct
     log, term = io.StringIO(), io.StringIO()
     p = demo.Progress(log, term, clock=lambda: 0.0)
     err = ('    {"error": {"type": "InvalidSpec", "message": "invalid nodes=0: must be in [1, 4096]", '
-           '"remediation": "set nodes to one of the allowed values", "transient": false}}\n')
+           '"remediation": "set nodes to a value in [1, 4096]", "transient": false}}\n')
     attempt = "Executing task 'quota-preflight'\n" + err + "Task 'quota-preflight' finished with status FAILURE\n"
     p.write(attempt + attempt)
     p.write("Executing task 'scale-up'\n" + err.replace("nodes=0", "x") + "Task 'scale-up' finished with status SUCCESS\n")
     p.write("Executing task 'teardown'\n" + '    {"error": not json\n' + "Task 'teardown' finished with status FAILURE\n")
     assert term.getvalue().splitlines() == [
         "  > quota-preflight started", "  ✗ quota-preflight failed (FAILURE) in 0.0s",
-        "    invalid nodes=0: must be in [1, 4096] (fix: set nodes to one of the allowed values)",
+        "    invalid nodes=0: must be in [1, 4096] (fix: set nodes to a value in [1, 4096])",
         "  > quota-preflight started", "  ✗ quota-preflight failed (FAILURE) in 0.0s",
         "  > scale-up started", "  ✓ scale-up finished in 0.0s",
         "  > teardown started", "  ✗ teardown failed (FAILURE) in 0.0s"]
-    assert p.step_errors == {"quota-preflight": "invalid nodes=0: must be in [1, 4096] (fix: set nodes to one of the "
-                             "allowed values)", "scale-up": "invalid x: must be in [1, 4096] (fix: set nodes to one of "
-                             "the allowed values)"}
+    assert p.step_errors == {"quota-preflight": "invalid nodes=0: must be in [1, 4096] (fix: set nodes to a value in "
+                             "[1, 4096])", "scale-up": "invalid x: must be in [1, 4096] (fix: set nodes to a value in "
+                             "[1, 4096])"}
 
 
 @pytest.mark.parametrize("argv", [["compile", "-o", "{out}"], ["preflight"], ["submit", "--kfp-host", "http://x:1"]])

@@ -145,3 +145,18 @@ def test_error_round_trip_and_retry_semantics():
     assert not back.transient
     inv = KfpGpuError.from_dict(InvalidSpec("nodes", 0, "must be >= 1").to_dict())
     assert isinstance(inv, InvalidSpec) and "nodes" in str(inv)
+
+
+@pytest.mark.parametrize("changes, fix", [
+    ({"nodes": 0}, "set nodes to a value in [1, 4096]"),
+    ({"nodes": 1.5}, "set nodes to an integer in [1, 4096]"),
+    ({"capacity": "spott"}, "set capacity to one of 'on-demand', 'spot', 'reservation', 'flex-start'"),
+    ({"nodes": 2, "warm_pool": WarmPool(nodes=3)}, "set warm_pool.nodes to a value <= nodes (2)"),
+    ({"gpus_per_node": 3}, "set gpus_per_node to one of [1, 2, 4, 8]"),
+])
+def test_the_fix_names_what_to_set_not_the_allowed_values_in_general(changes, fix):
+    """Without a raiser's own remediation the fix is read from what is allowed (it said 'set nodes to one of the
+    allowed values', naming none)."""
+    with pytest.raises(InvalidSpec) as ei:
+        ProvisioningSpec(**{"accelerator": "a100-80gb", "nodes": 4, **changes})
+    assert ei.value.remediation == fix
