@@ -70,12 +70,13 @@ class Accelerator:
         for m in self.gce_machines:
             if m.gpus == gpus_per_node:
                 return m
+        counts = sorted({m.gpus for m in self.gce_machines})
         raise InvalidSpec(
             "gpus_per_node",
             gpus_per_node,
-            f"{self.name} on GCE comes in {sorted({m.gpus for m in self.gce_machines})} GPUs per VM",
-            remediation=f"set gpus_per_node to one of {sorted({m.gpus for m in self.gce_machines})}"
-            if self.gce_machines else "pick an accelerator GCE offers (this one has no GCE machine type)",
+            f"{self.name} on GCE comes in {counts} GPUs per VM",
+            remediation=f"set gpus_per_node to one of {counts}" if counts
+            else "pick an accelerator GCE offers (this one has no GCE machine type)",
         )
 
     def aws_instance_for(self, gpus_per_node: int) -> MachineShape:
@@ -83,12 +84,13 @@ class Accelerator:
         for m in self.aws_instances:
             if m.gpus == gpus_per_node:
                 return m
+        counts = sorted({m.gpus for m in self.aws_instances})
         raise InvalidSpec(
             "gpus_per_node",
             gpus_per_node,
-            f"{self.name} on EC2 comes in {sorted({m.gpus for m in self.aws_instances})} GPUs per instance",
-            remediation=f"set gpus_per_node to one of {sorted({m.gpus for m in self.aws_instances})}"
-            if self.aws_instances else "pick an accelerator EC2 offers (this one has no EC2 instance type)",
+            f"{self.name} on EC2 comes in {counts} GPUs per instance",
+            remediation=f"set gpus_per_node to one of {counts}" if counts
+            else "pick an accelerator EC2 offers (this one has no EC2 instance type)",
         )
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kfp_gpu import rehearsal_seam
-from kfp_gpu.errors import InvalidSpec
+from kfp_gpu.errors import InvalidSpec, KfpGpuError
 from kfp_gpu.report._common import duration
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
@@ -175,16 +175,15 @@ class Progress(io.TextIOBase):
 
 
 def _step_error(line: str) -> str:
-    """The one-line error of a kfp-gpu step's ``{"error": {...}}`` line (``kfp_gpu.errors``: message and fix), or ""."""
+    """The one-line error of a kfp-gpu step's ``{"error": {...}}`` line (``KfpGpuError.to_dict``, read back with
+    ``from_dict``: message and fix), or ""."""
     text = line.strip()
     if not text.startswith('{"error"'):
         return ""
     try:
-        err = json.loads(text)["error"]
-        msg, fix = str(err.get("message") or err.get("type") or ""), str(err.get("remediation") or "")
+        return str(KfpGpuError.from_dict(json.loads(text)["error"]))
     except (ValueError, KeyError, TypeError, AttributeError):
         return ""
-    return f"{msg} (fix: {fix})" if fix else msg
 
 
 def _to(log: TextIO) -> Callable[..., None]:
