@@ -99,7 +99,7 @@ def test_rank_hang_twice_on_one_node_under_kueue_admission_cordons_it_out_of_the
     sim, prov, nodes = world(NODES, {"step_s": STEP_S, "hang": {"rank": 1, "after_s": HANG_AFTER_S, "times": 3,
                                                                  "sticky": True}}, scale=REPAIR_SCALE)
     ckpt, run = tmp_path / "ckpt", f"run-{uuid.uuid4().hex[:6]}"
-    spec, cap = _admission_gang(kq, sim, namespace, ckpt, run, max_preemptions=3)
+    spec, cap = _admission_gang(kq, sim, namespace, ckpt, run, max_preemptions=4)  # 2 stalls, room for 1 more
     th = StepThread(spec=spec, run_id=run, capacity_json=cap.to_json(), job_json=_template(10.0).to_json(),
                     api=step_api)
     th.start()
@@ -115,12 +115,19 @@ def test_rank_hang_twice_on_one_node_under_kueue_admission_cordons_it_out_of_the
     spare = set(ready_gpu_nodes(kube, sim.state.scenario.cluster)) - set(nodes)
     bad = sim.progress_world.bad_nodes[(namespace, pytorchjob.job_name(run, "train"))]
     assert out["status"] == "Succeeded", out
-    first, second = out["ledger"]["stalls"]
-    assert set(first["first_stopped_nodes"].values()) == {bad} == set(second["first_stopped_nodes"].values())
+    entries = [{k: v for k, v in e.items() if k != "logs"} for e in out["ledger"]["stalls"]]
+    first, second, *later = entries
+    assert set(first["first_stopped_nodes"].values()) == {bad} == set(second["first_stopped_nodes"].values()), entries
     assert "cordoned" not in first and second["cordoned"] == [bad], second
+    # The world runs 60x (the stall timeout's 120 s floor is 2 wall seconds), so a loaded machine can add a stall
+    # (seen once in CI: a third stall and admission, its entry not printed then; not reproduced in 6 runs here, 3 of
+    # them beside 3 busy loops). One more stall is allowed for; it must not be the bad node's (cordoned: no rank runs
+    # there) and must cordon nothing.
+    assert all(bad not in e["first_stopped_nodes"].values() and "cordoned" not in e for e in later), entries
     assert second["slot_released"] is False  # Kueue's request, not the run's: cordoned, left to the autoscaler
     node = kube.core.read_node(bad)
     assert node.spec.unschedulable is True
     last = out["ledger"]["adopted_nodes"][-1]
     assert bad not in last and len(last) == NODES and spare <= set(last), (out["ledger"]["adopted_nodes"], spare)
-    print(f"\nrank hang twice on {bad} under kueue admission: cordoned; the third attempt ran on {last}")
+    print(f"\nrank hang twice on {bad} under kueue admission: cordoned; the last attempt ran on {last}"
+          + "".join(f"; one more stall (the machine): {e['first_stopped_nodes']} {e.get('timeout_s')}" for e in later))
