@@ -123,7 +123,8 @@ def test_rank_hang_twice_on_one_node_under_kueue_admission_cordons_it_out_of_the
     # (seen once in CI: a third stall and admission, its entry not printed then; not reproduced in 6 runs here, 3 of
     # them beside 3 busy loops). One more stall is allowed for; it must not be the bad node's (cordoned: no rank runs
     # there) and must cordon nothing.
-    assert all(bad not in e["first_stopped_nodes"].values() and "cordoned" not in e for e in later), entries
+    assert len(later) <= 1 and all(bad not in e["first_stopped_nodes"].values() and "cordoned" not in e
+                                   for e in later), entries
     assert second["slot_released"] is False  # Kueue's request, not the run's: cordoned, left to the autoscaler
     node = kube.core.read_node(bad)
     assert node.spec.unschedulable is True
