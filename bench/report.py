@@ -32,6 +32,12 @@ def source() -> Path:
     return RESULTS / "quick.json"
 
 
+def one_line(text: Any) -> str:
+    """``text`` as one Markdown table cell: whitespace runs (an exception's newlines) become one space, ``|`` is
+    escaped. Pure."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def _cell(s: dict[str, Any] | None, key: str, digits: int = 2) -> str:
     return report_recovery.cell(s, key, digits)
 
@@ -191,7 +197,7 @@ def _burst(out: dict[str, Any]) -> list[str]:
         for side in out.get("sides", []):
             s = summ.get(side)
             if s is None:
-                why = b.get("not_run", {}).get(side, "not run")
+                why = one_line(b.get("not_run", {}).get(side, "not run"))
                 lines.append(f"| {side} | 0 | not run: {why} | | | | | | | | |")
                 continue
             fails = f" ({len(s['failed'])} failed)" if s.get("failed") else ""
@@ -200,8 +206,8 @@ def _burst(out: dict[str, Any]) -> list[str]:
                          f"{_cell(s, 'limit_s')} | **{_cell(s, 'overhead_s')}** | {_cell(s, 'machine_lag_s')} | "
                          f"{_cell(s, 'idle_before_gpu_min', 1)} | {_cell(s, 'idle_after_gpu_min', 1)}{cap} | "
                          f"{_cell(s, 'api_requests_per_node', 1)} | {_cell(s, 'peak_rss_mib', 0)} |")
-        fails = [(side, e) for side, s in summ.items() for e in s.get("failed", [])]
-        for side, e in fails:
+        failed_runs = [(side, e) for side, s in summ.items() for e in s.get("failed", [])]
+        for side, e in failed_runs:
             lines.append(f"\nFailed run, {side}: {e[:300]}")
         lines.append("")
     return lines
@@ -217,7 +223,7 @@ def _other(out: dict[str, Any], results: Path | None) -> list[str]:
         lines += [f"N = {so['n']}, dry: {', '.join(so['dry_zones'])}. ours_node_pool: total {_cell(s, 'total_s')} s, "
                   f"limit {_cell(s, 'limit_s')} s, overhead **{_cell(s, 'overhead_s')} s**" +
                   (f"; FAILED: {err[:300]}" if err else "") + ".",
-                  "", *(f"* {k}: not run: {v}" for k, v in so.get("not_run", {}).items()), ""]
+                  "", *(f"* {k}: not run: {one_line(v)}" for k, v in so.get("not_run", {}).items()), ""]
     else:
         lines += [str(so.get("error", "not run")), ""]
     lines += report_control_plane.section(out, results)

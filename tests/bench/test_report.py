@@ -60,6 +60,15 @@ def test_a_miss_is_printed_with_its_profile_and_a_not_run_side_with_its_reason()
     assert [(x["met"], x.get("undecided")) for x in t2] == [(None, "one run: no range")]
 
 
+def test_a_multi_line_not_run_reason_stays_in_its_table_row() -> None:
+    why = "KWOKNodeClass default: (404)\nReason: Not Found\nHTTP response headers: {'a': 'b|c'}"
+    doc = report.render(_out([_row("naive", 0.3)], {"cluster_autoscaler": why}))
+    row = [line for line in doc.splitlines() if line.startswith("| cluster_autoscaler | 0 |")]
+    assert row == ["| cluster_autoscaler | 0 | not run: KWOKNodeClass default: (404) Reason: Not Found HTTP response "
+                   "headers: {'a': 'b\\|c'} | | | | | | | | |"]
+    assert "\nReason" not in doc and "Reason: Not Found\n" not in doc
+
+
 def _runs(side: str, overheads: list[float]) -> list[dict]:
     return [_row(side, o, repeat=i) for i, o in enumerate(overheads)]
 
