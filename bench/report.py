@@ -258,7 +258,7 @@ def _targets(out: dict[str, Any]) -> list[str]:
     for t in rows:
         met = (f"no claim ({t['undecided']})" if t.get("undecided") else "not measured") if t["met"] is None \
             else ("yes" if t["met"] else "**target missed**")
-        lines.append(f"| {t['target']} | {t['value']} | {met} |")
+        lines.append(f"| {t['target']} | {one_line(t['value'])} | {met} |")
     missed = [t for t in rows if t["met"] is False]
     if missed:
         lines += ["", "### Target missed: profiles", ""]

@@ -67,6 +67,9 @@ def test_a_multi_line_not_run_reason_stays_in_its_table_row() -> None:
     assert row == ["| cluster_autoscaler | 0 | not run: KWOKNodeClass default: (404) Reason: Not Found HTTP response "
                    "headers: {'a': 'b\\|c'} | | | | | | | | |"]
     assert "\nReason" not in doc and "Reason: Not Found\n" not in doc
+    out = _out([_row("naive", 0.3)])
+    out["targets"] = [report_targets.row("control_plane_512", "control plane", "the stage failed: boom\nat x|y", False)]
+    assert "| control plane | the stage failed: boom at x\\|y | **target missed** |" in report.render(out).splitlines()
 
 
 def _runs(side: str, overheads: list[float]) -> list[dict]:
