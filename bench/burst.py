@@ -19,6 +19,10 @@ Where a side's nodes come from:
   stand-in serving the side-run's bench scenario (:data:`CLOUD_ONLY_SIDES`), like the stand-in sides.
 * ``karpenter``: the dev cluster's Karpenter kwok provider, with the bench's KWOKNodeClass
   :data:`KARPENTER_NODE_CLASS` (the Node at launch) and the boot-injection label on its NodePool's nodes.
+  ``ours_karpenter``: the same Karpenter; the run's NodePool is the product's, and the bench's controller is
+  configured as a platform admin would (:func:`bench.sides.karpenter_controller_env`: the same node class, the
+  boot-injection label and the not-ready startup taint in the NodePool's template), so its nodes boot on the same
+  draws as the peer's.
 
 Every node that is not the stand-in's waits (KWOK) for the bench's boot injector (bench/world.py
 :class:`~bench.world.Injector`), re-seeded with the side-run's seed: the same draws, in creation order, as the
@@ -44,7 +48,14 @@ from kubernetes import client
 from bench.common import ROOT, Phases, delete_nodes, new_api, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
 from bench.sideprocs import CA_POOL, BenchCA, Canary, Child
-from bench.sides import CLOUD_ONLY_SIDES, PROFILE_POOL, SEQUENTIAL_MAX, STANDIN_SIDES, not_run_reason
+from bench.sides import (
+    CLOUD_ONLY_SIDES,
+    KARPENTER_NODE_CLASS,
+    PROFILE_POOL,
+    SEQUENTIAL_MAX,
+    STANDIN_SIDES,
+    not_run_reason,
+)
 from bench.world import (
     DEVICE_PLUGIN_S,
     GPUS,
@@ -60,7 +71,6 @@ from kfp_gpu_rehearsal.devcluster.nodes import (
 )
 from kfp_gpu_rehearsal.sim.clock import compress, scale
 
-KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 JOB_S = 0.5  # how long the "job" holds the gang (1 world minute)
 GANG_TIMEOUT_S = 150.0  # plus GANG_TIMEOUT_PER_NODE_S per node: 406 s at N=512 (a 2-core control plane)
 GANG_TIMEOUT_PER_NODE_S = 0.5
@@ -246,6 +256,14 @@ class Harness:
             args["node_class"] = KARPENTER_NODE_CLASS
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
             owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
+        elif side == "ours_karpenter":  # the run's NodePool is named after its run id (the product's name)
+            from kfp_gpu.plan.karpenter import nodepool_name
+
+            self.ensure_node_class()  # the controller's KFP_GPU_KARPENTER_NODECLASS names it
+            args["run_id"] = f"bench-{tag}"
+            pool = nodepool_name(args["run_id"])
+            selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == pool  # noqa: E731
+            owns = lambda labels: labels.get("karpenter.sh/nodepool") == pool  # noqa: E731
         child = Child(args)
         t0 = t_job = time.time()
         limit = gang_timeout(n)

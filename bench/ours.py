@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -134,8 +135,11 @@ class Product:
         self.ctl_kubeconfig, self.step_kubeconfig = local_controller.prepare(
             self.admin, self.namespace, self.workdir, max_gpus_per_gang=MAX_GPUS_PER_GANG,
             max_gpus_per_namespace=MAX_GPUS_PER_NAMESPACE)
+        from bench.sides import karpenter_controller_env
+
+        env = {**os.environ, **karpenter_controller_env()}  # as the platform admin configures the Deployment
         self.controller = local_controller.LocalController(self.ctl_kubeconfig, [self.namespace],
-                                                           self.log_path).start()
+                                                           self.log_path, env=env).start()
         self.log(f"[bench] kfp-gpu controller pid {self.controller.pid} for namespace {self.namespace} "
                  f"(tenant ready in {time.time() - t:.1f}s; log {self.log_path}, work units {self.work_log_dir})")
         return self

@@ -211,7 +211,7 @@ class Side:
         from bench import ours
 
         self.spec = self.ours_spec()
-        self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        self.run_id = self.a.get("run_id") or f"bench-{uuid.uuid4().hex[:8]}"  # the harness names some (its watch)
         print(f"RUN {self.run_id}", flush=True)  # the harness tears this run down if this process dies mid-step
         self.steps = ours.step_api(self.a["step_kubeconfig"])
         self.step_counter = RequestCounter(self.steps)

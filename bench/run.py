@@ -129,11 +129,10 @@ def run_burst(h: Any, mode: Mode, log: Callable[[str], None]) -> dict[str, Any]:
 
 def burst_matrix(mode: Mode) -> list[tuple[int, str, int]]:
     """``(N, side, repeats)`` for every side the burst runs in ``mode``: the sequential loop only up to
-    ``sequential_max``; ``ours_karpenter`` never while ours runs through the GpuGang (bench/burst.py
-    OURS_KARPENTER_NOT_RUN). Sides the harness finds unavailable at run time (a profile not running) are not known
+    ``sequential_max``. Sides the harness finds unavailable at run time (a profile not running) are not known
     here."""
     return [(n, side, mode.burst_repeats(n)) for n in mode.burst_ns for side in mode.sides
-            if not (side == "sequential" and n > mode.sequential_max) and side != "ours_karpenter"]
+            if not (side == "sequential" and n > mode.sequential_max)]
 
 
 def estimate_wall_s(mode: Mode, per_run_s: dict[tuple[str, int], float], other_s: float) -> tuple[float, list[str]]:
@@ -174,7 +173,7 @@ def sweep(api: Any, log: Callable[[str], None]) -> None:
     cluster) ran beside them. Raises: ApiException other than 404."""
     from kubernetes import client
 
-    from bench.burst import KARPENTER_NODE_CLASS
+    from bench.sides import KARPENTER_NODE_CLASS
 
     core = client.CoreV1Api(api)
     nodes = [n.metadata.name for n in core.list_node(label_selector=LEFTOVER).items]

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from bench.world import profile_boot_drawn
 
-__all__ = ["CLOUD_ONLY_SIDES", "OURS_KARPENTER_NOT_RUN", "PROFILE_MAX", "PROFILE_POOL", "SEQUENTIAL_MAX", "SIDES",
+__all__ = ["CLOUD_ONLY_SIDES", "KARPENTER_NODE_CLASS", "PROFILE_MAX", "PROFILE_POOL", "SEQUENTIAL_MAX", "SIDES",
            "STANDIN_SIDES", "not_run_reason"]
 
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
@@ -27,11 +27,22 @@ PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_
 PROFILE_MAX = 512
 SEQUENTIAL_MAX = 16
 # ours' NodePool is the product's: nothing in it can ask KWOK to hold its nodes for the Injector (bench/world.py)
-OURS_KARPENTER_NOT_RUN = (
-    "the run's NodePool is the product's (kfp_gpu.plan.karpenter.nodepool_body) and carries neither the bench's "
-    "boot-injection label nor its not-ready startup taint, so Karpenter's kwok nodes for it would be Ready at "
-    "registration instead of booting on the world's sampler as the karpenter peer's do: a kinder world, not "
-    "comparable. The backend itself runs through the controller in kfp-gpu run pipelines/llm_finetune_karpenter.py")
+KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
+
+
+def karpenter_controller_env() -> dict[str, str]:
+    """The bench controller's Karpenter settings (the platform admin's, docs/operator-guide.md): the run's NodePool
+    uses the bench's node class, and its template carries the boot-injection label and the not-ready startup taint,
+    as the karpenter peer's NodePool does, so ours' Karpenter nodes boot on the world's sampler like the peer's."""
+    import json
+
+    from kfp_gpu.cluster.karpenter import NODE_CLASS_ENV, TEMPLATE_ENV
+    from kfp_gpu_rehearsal.devcluster import karpenter_profile as kp
+    from kfp_gpu_rehearsal.devcluster.nodes import BOOT_INJECTION_LABEL, NOT_READY_TAINT
+
+    return {NODE_CLASS_ENV: f"{kp.NODECLASS_GROUP}/KWOKNodeClass/{KARPENTER_NODE_CLASS}",
+            TEMPLATE_ENV: json.dumps({"labels": {BOOT_INJECTION_LABEL: "pending"},
+                                      "startupTaints": [dict(NOT_READY_TAINT)]})}
 
 
 def not_run_reason(api: client.ApiClient, core: client.CoreV1Api, side: str, n: int, *, ca_started: bool,
@@ -57,8 +68,6 @@ def not_run_reason(api: client.ApiClient, core: client.CoreV1Api, side: str, n: 
         why = profile_boot_drawn(core, PROFILE_POOL)
         if why:
             return why
-    if side == "ours_karpenter" and step_kubeconfig:
-        return OURS_KARPENTER_NOT_RUN
     if side in ("karpenter", "ours_karpenter"):
         from kfp_gpu_rehearsal.devcluster import karpenter_profile as kp
 

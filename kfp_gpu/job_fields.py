@@ -262,6 +262,16 @@ def node_affinity(field: str, value: Any) -> dict[str, Any]:
     return out
 
 
+def label_key_ok(key: Any) -> bool:
+    """``key`` is a valid Kubernetes label (or taint) key: an optional DNS-subdomain prefix and a name."""
+    return isinstance(key, str) and bool(_QUALIFIED.match(key))
+
+
+def label_value_ok(value: Any) -> bool:
+    """``value`` is a valid label (or taint) value: <= 63 chars of [A-Za-z0-9._-], alphanumeric ends, or empty."""
+    return isinstance(value, str) and bool(_LABEL_VALUE.match(value))
+
+
 def label_map(field: str, value: Any) -> tuple[tuple[str, Any], ...]:
     out = pairs(field, value)
     for k, v in out:

@@ -30,6 +30,7 @@ from kfp_gpu.ownership import BALLOON_LABEL, PLACEHOLDER_SET
 from kfp_gpu.plan import karpenter as plan
 
 NODE_CLASS_ENV = "KFP_GPU_KARPENTER_NODECLASS"  # "group/Kind/name" overrides the node class detection
+TEMPLATE_ENV = "KFP_GPU_KARPENTER_TEMPLATE"  # JSON: node labels and startup taints for every run's NodePool
 # (group, version, kind, plural) of the node classes kfp-gpu looks for: AWS's, then the kwok provider's
 NODE_CLASSES = (("karpenter.k8s.aws", "v1", "EC2NodeClass", "ec2nodeclasses"),
                 ("karpenter.kwok.sh", "v1alpha1", "KWOKNodeClass", "kwoknodeclasses"))
@@ -67,10 +68,22 @@ def node_class(api: client.ApiClient) -> dict[str, str]:
             return {"group": group, "kind": kind, "name": pick}
         if names:
             raise NotFound(f"several {kind}s ({', '.join(names)}) and none named 'default' for the run's NodePool",
-                           remediation=f"export {NODE_CLASS_ENV}={group}/{kind}/<name> in the step's environment")
+                           remediation=f"set {NODE_CLASS_ENV}={group}/{kind}/<name> in the controller's environment")
     raise NotFound("no Karpenter node class (EC2NodeClass or KWOKNodeClass) in the cluster for the run's NodePool",
                    remediation=f"create one (Karpenter's getting-started EC2NodeClass 'default'), or export "
                    f"{NODE_CLASS_ENV}=<group>/<Kind>/<name>")
+
+
+def template_extras() -> dict[str, Any]:
+    """The platform admin's additions to every run's NodePool template, from ``$KFP_GPU_KARPENTER_TEMPLATE`` in the
+    controller's environment (:func:`kfp_gpu.plan.nodepool_template.template_extras` says what it may hold): the keyword
+    arguments ``node_labels`` and ``startup_taints`` of :func:`kfp_gpu.plan.karpenter.nodepool_body`.
+
+    Raises: KfpGpuError (one line naming the variable, the value and the fix) when the value is not valid.
+    """
+    from kfp_gpu.plan.nodepool_template import template_extras as parse
+
+    return parse(TEMPLATE_ENV, os.environ.get(TEMPLATE_ENV, ""))
 
 
 def ensure_nodepool(api: client.ApiClient, body: Mapping[str, Any]) -> Obj:

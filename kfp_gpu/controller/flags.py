@@ -43,6 +43,9 @@ def command(a: argparse.Namespace) -> int:
         job_fields.namespace("--namespace", ns)
     if a.leader_elect_resource_namespace:
         job_fields.namespace("--leader-elect-resource-namespace", a.leader_elect_resource_namespace)
+    from kfp_gpu.cluster.karpenter import template_extras
+
+    template_extras()  # a bad $KFP_GPU_KARPENTER_TEMPLATE stops the controller here, in one line, not a gang later
     run_controller([] if a.all_namespaces else list(a.namespace), standalone=a.standalone,
                    lease=a.leader_elect_resource_name, lease_namespace=a.leader_elect_resource_namespace,
                    timings=timings, metrics_port=a.metrics_port, log_dir=a.log_dir)

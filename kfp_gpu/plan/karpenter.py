@@ -150,17 +150,26 @@ def gpu_limit(nodes: int, gpus_per_node: int) -> dict[str, str]:
 
 def nodepool_body(name: str, *, labels: Mapping[str, str], annotations: Mapping[str, str],
                   instance_types: Sequence[str], cand: Candidate, limit_nodes: int, gpus_per_node: int,
-                  node_class: Mapping[str, str], run_label: str, namespace: str) -> dict[str, Any]:
+                  node_class: Mapping[str, str], run_label: str, namespace: str,
+                  node_labels: Mapping[str, str] | None = None,
+                  startup_taints: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
     """The run's NodePool: its nodes carry the run's taint, ``limits`` cap it at the gang's GPUs, a budget of
-    ``nodes: "0"`` stops every voluntary disruption (consolidation, drift, expiry) while the run holds it."""
+    ``nodes: "0"`` stops every voluntary disruption (consolidation, drift, expiry) while the run holds it.
+    ``node_labels``/``startup_taints``: the platform admin's template additions
+    (:func:`kfp_gpu.plan.nodepool_template.template_extras`)."""
+    template: dict[str, Any] = {  # no ownership labels on the nodes: a claim (kfp_gpu.cluster.nodes.claim) sets them
+        "spec": {"nodeClassRef": dict(node_class), "requirements": requirements(instance_types, cand),
+                 "taints": [pool_taint(run_label, namespace)], "expireAfter": "Never"},
+    }
+    if node_labels:
+        template["metadata"] = {"labels": dict(node_labels)}
+    if startup_taints:
+        template["spec"]["startupTaints"] = [dict(t) for t in startup_taints]
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "NodePool",
         "metadata": {"name": name, "labels": dict(labels), "annotations": dict(annotations)},
         "spec": {
-            "template": {  # no ownership labels on the nodes: a claim (kfp_gpu.cluster.nodes.claim) sets them
-                "spec": {"nodeClassRef": dict(node_class), "requirements": requirements(instance_types, cand),
-                         "taints": [pool_taint(run_label, namespace)], "expireAfter": "Never"},
-            },
+            "template": template,
             "limits": gpu_limit(limit_nodes, gpus_per_node),
             "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": "Never",
                            "budgets": [{"nodes": "0"}]},

@@ -138,7 +138,8 @@ class KarpenterProvisioner(NothingExtra):
         body = plan.nodepool_body(pool, labels=owner.labels(), instance_types=types, cand=cand, limit_nodes=gang,
                                   annotations={LEASE_NAMESPACE_ANNOTATION: f"{spec.target.namespace}/{label_safe(run_id)}"},
                                   gpus_per_node=spec.gpus_per_node, node_class=api_k.node_class(self.api),
-                                  run_label=label_safe(run_id), namespace=spec.target.namespace)
+                                  run_label=label_safe(run_id), namespace=spec.target.namespace,
+                                  **api_k.template_extras())
         api_k.ensure_nodepool(self.api, body)
 
     def _retarget(self, pool: str, types: list[str], cand: plan.Candidate, gang: int, gpus_per_node: int,

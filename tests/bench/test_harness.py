@@ -75,14 +75,13 @@ def test_the_full_matrix_is_every_side_with_its_repeats_and_the_estimate_counts_
     m = burst_matrix(full)
     assert {(n, r) for n, _, r in m} == {(4, 5), (16, 5), (64, 5), (128, 3), (512, 3)}
     assert [n for n, side, _ in m if side == "sequential"] == [4]
-    assert not [x for x in m if x[1] == "ours_karpenter"]
     per_n = {n: sorted(side for k, side, _ in m if k == n) for n in (4, 512)}
-    assert per_n[512] == sorted(set(SIDES) - {"sequential", "ours_karpenter"})
-    assert per_n[4] == sorted(set(SIDES) - {"ours_karpenter"})
+    assert per_n[512] == sorted(set(SIDES) - {"sequential"})
+    assert per_n[4] == sorted(SIDES)
     walls = {(side, n): 10.0 for n, side, _ in m if side != "karpenter"}
     est, missing = estimate_wall_s(full, walls, other_s=100.0)
     assert missing == ["karpenter@4", "karpenter@16", "karpenter@64", "karpenter@128", "karpenter@512"]
-    assert est == 100.0 + 10.0 * (5 * (7 + 6 + 6) + 3 * (6 + 6))  # runs per N, without karpenter
+    assert est == 100.0 + 10.0 * (5 * (8 + 7 + 7) + 3 * (7 + 7))  # runs per N, without karpenter
 
 
 def test_a_development_run_gets_no_verdict_against_the_full_runs_120_minutes() -> None:
