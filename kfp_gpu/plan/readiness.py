@@ -7,7 +7,7 @@ preflight's count of Ready GPU nodes, the dev cluster's and the benchmarks' wait
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 GPU = "nvidia.com/gpu"
@@ -30,10 +30,12 @@ def gpus_allocatable(node: Mapping[str, Any]) -> int:
         return 0
 
 
-def is_ready(node: Mapping[str, Any], *, gpus: int = 0) -> bool:
-    """The Ready condition is True, no :data:`STARTUP_TAINTS` taint is left, and (``gpus`` > 0) at least ``gpus``
+def is_ready(node: Mapping[str, Any], *, gpus: int = 0, startup: Collection[str] = ()) -> bool:
+    """The Ready condition is True, no :data:`STARTUP_TAINTS` taint (nor one keyed in ``startup``: the startup taints
+    the node's NodePool declares, which their agent removes) is left, and (``gpus`` > 0) at least ``gpus``
     ``nvidia.com/gpu`` are allocatable (the device plugin has registered them)."""
-    if any((t or {}).get("key") in STARTUP_TAINTS for t in (node.get("spec") or {}).get("taints") or []):
+    if any((t or {}).get("key") in STARTUP_TAINTS or (t or {}).get("key") in startup
+           for t in (node.get("spec") or {}).get("taints") or []):
         return False
     if gpus > 0 and gpus_allocatable(node) < gpus:
         return False

@@ -40,6 +40,7 @@ from kfp_gpu.cluster.nodes import leaving as nodes_leaving
 from kfp_gpu.errors import CrdMissing
 from kfp_gpu.ownership import LABEL_RUN_ID, Owner, label_safe
 from kfp_gpu.plan import karpenter as plan
+from kfp_gpu.plan.readiness import is_ready
 from kfp_gpu.provisioners.base import GangRequest, NothingExtra, Released
 from kfp_gpu.spec import ProvisioningSpec
 from kfp_gpu.timeline import Timeline
@@ -206,7 +207,8 @@ class KarpenterProvisioner(NothingExtra):
         """Claim Ready nodes of the NodePool in ``cand``'s zone until ``count`` or a verdict other than WAIT."""
         mine: dict[str, tuple[str, str]] = {}
         excluded, keep, asked_at = set(request.exclude), dict(request.keep or {}), time.time()
-        watch = api_k.PoolWatch(self.api, spec.target.namespace, pool, names).start()
+        startup = {str(t["key"]) for t in api_k.template_extras().get("startup_taints", [])}  # as Karpenter's
+        watch = api_k.PoolWatch(self.api, spec.target.namespace, pool, names).start()  # Initialized: gone first
         try:
             while True:
                 claims, views, raw, signals = watch.snapshot()
@@ -214,7 +216,7 @@ class KarpenterProvisioner(NothingExtra):
                     raise apierrors.to_error(watch.error, f"watch of NodePool {pool}", not_found=_crd_missing)
                 by_name = {str(n["metadata"]["name"]): n for n in raw}
                 free = [v for v in views
-                        if v.ready and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
+                        if v.ready and (not startup or is_ready(by_name[v.name], startup=startup)) and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
                         and v.uid not in excluded and v.name not in mine and v.name not in keep
                         and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)]
                 batch = free[: max(0, count - len(mine))]

@@ -165,6 +165,53 @@ def test_without_zones_the_gang_still_forms_in_one_zone(kube, karpenter, namespa
     assert _nothing_left(kube.api, namespace, run) == {}
 
 
+def test_the_platforms_template_labels_and_startup_taints_reach_the_gangs_nodes(kube, karpenter, namespace, step_api,
+                                                                                monkeypatch):
+    """KFP_GPU_KARPENTER_TEMPLATE (the controller's setting): the run's NodePool carries the node labels and startup
+    taints, Karpenter puts them on the nodes it launches, and a node is claimed only once its agent has removed the
+    startup taint (Karpenter's Initialized), here this test, after it saw the nodes Ready and unclaimed."""
+    import threading
+
+    from kfp_gpu.cluster.karpenter import TEMPLATE_ENV
+    from kfp_gpu.plan.readiness import is_ready
+
+    taint = {"key": "example.com/agent-not-ready", "effect": "NoSchedule"}
+    monkeypatch.setenv(TEMPLATE_ENV, json.dumps({"labels": {"example.com/gpu-team": "shared"},
+                                                 "startupTaints": [taint]}))
+    spec = _spec(namespace)
+    run = f"run-{uuid.uuid4().hex[:6]}"
+    got: dict[str, Any] = {}
+    step = threading.Thread(target=lambda: got.update(cap=KarpenterProvisioner(step_api).acquire(
+        spec, run, GangRequest(step="scale_up"))), daemon=True)
+    selector = f"{plan.NODEPOOL_LABEL}={plan.nodepool_name(run)}"
+    try:
+        step.start()
+
+        def ready_nodes() -> list[dict[str, Any]]:
+            items = kube.api.sanitize_for_serialization(kube.core.list_node(label_selector=selector).items)
+            return items if len(items) == 2 and all(is_ready(n) for n in items) else []
+        nodes = wait_until("the NodePool's 2 nodes Ready (startup taint still on)", ready_nodes, 90.0)
+        time.sleep(1.0)  # the step's watch has seen them Ready: it must still not claim them
+        assert all(taint["key"] in [t["key"] for t in n["spec"]["taints"]] for n in nodes)
+        assert all(LABEL_RUN_ID not in n["metadata"]["labels"] for n in ready_nodes()) and "cap" not in got
+        for n in nodes:  # the agent is done: it removes its taint
+            kept = [t for t in kube.core.read_node(n["metadata"]["name"]).spec.taints or [] if t.key != taint["key"]]
+            kube.core.patch_node(n["metadata"]["name"], {"spec": {"taints": kube.api.sanitize_for_serialization(kept)}})
+        step.join(60.0)
+        assert "cap" in got, "the step did not claim the nodes once the startup taint was gone"
+        pool = client.CustomObjectsApi(kube.api).get_cluster_custom_object(plan.GROUP, plan.VERSION, plan.NODEPOOLS,
+                                                                           plan.nodepool_name(run))
+        assert pool["spec"]["template"]["metadata"]["labels"] == {"example.com/gpu-team": "shared"}
+        assert pool["spec"]["template"]["spec"]["startupTaints"] == [taint]
+        assert sorted(got["cap"].nodes) == sorted(n["metadata"]["name"] for n in nodes)
+        assert all(kube.core.read_node(n).metadata.labels.get("example.com/gpu-team") == "shared"
+                   for n in got["cap"].nodes)
+    finally:
+        step.join(90.0)
+        teardown.release_run(spec, run, step_api, None)
+    assert _nothing_left(kube.api, namespace, run) == {}
+
+
 def test_the_warm_pool_s_nodes_become_the_gang(kube, karpenter, namespace, step_api):
     spec = _spec(namespace)
     run = f"run-{uuid.uuid4().hex[:6]}"

@@ -57,3 +57,11 @@ def test_gpus_required_means_allocatable_gpus_registered() -> None:
     assert is_ready(node, gpus=8) and not is_ready(node, gpus=9)
     node["status"]["allocatable"] = {}  # the device plugin has not registered the GPUs yet
     assert is_ready(node) and not is_ready(node, gpus=1)
+
+
+def test_a_startup_taint_its_nodepool_declares_keeps_a_ready_node_not_ready_until_it_goes() -> None:
+    declared = {"example.com/agent-not-ready"}
+    tainted = _node("True", [{"key": "example.com/agent-not-ready", "effect": "NoExecute"}])
+    assert is_ready(tainted) and not is_ready(tainted, startup=declared)  # undeclared: any other taint
+    assert is_ready(_node("True", []), startup=declared)
+    assert not is_ready(_node("False", []), startup=declared)
