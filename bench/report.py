@@ -141,7 +141,7 @@ OURS_IN_PROCESS = """| ours_node_pool | `kfp_gpu.steps.scale_up.run` (provisione
 
 OURS_THROUGH_GANG = """| ours_node_pool | the product as a pipeline runs it (`bench/ours.py`): one kfp-gpu controller serves the bench namespace (a tenant); the side's steps are `kfp_gpu.gang.client.request` calls with the tenant's `kfp-gpu` token. Before t0, preflight (creates the run's GpuGang) and warm_pool (none); from `go`, burst_scale_up (provisioner `node-pool`, against the stand-in) until the gang's Provisioned condition, then the gang pinned to the nodes the controller recorded; teardown through the gang after. API requests: the step's own (gang writes and watch), not the controller's |
 | ours_provisioning_request | the same, provisioner `provisioning-request`, against the dev cluster's CA profile (`ca-a100-bench`); its steps ask the side-run's stand-in (the bench world, as every stand-in side) for quota and pools |
-| ours_karpenter | the same, provisioner `karpenter`, against the dev cluster's Karpenter; the bench's controller is configured as a platform admin would (`KFP_GPU_KARPENTER_NODECLASS`: the bench's KWOKNodeClass, as the peer's; `KFP_GPU_KARPENTER_TEMPLATE`: the boot-injection label and the not-ready startup taint, which the peer's NodePool carries too), so its nodes boot on the same draws |
+| ours_karpenter | the same, provisioner `karpenter`, against the dev cluster's Karpenter |
 | ours_compute_class | the same, provisioner `compute-class`: the controller creates the run's ComputeClass (on-demand > spot) and the stand-in's node auto-provisioning brings the gang for its placeholders |"""
 
 
