@@ -50,6 +50,7 @@ from bench.observe import Measured, NodeRec, Observer, measure, pods_before_read
 from bench.sideprocs import CA_POOL, BenchCA, Canary, Child
 from bench.sides import (
     CLOUD_ONLY_SIDES,
+    KARPENTER_CLUSTER,
     KARPENTER_NODE_CLASS,
     PROFILE_POOL,
     SEQUENTIAL_MAX,
@@ -257,9 +258,13 @@ class Harness:
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
             owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
         elif side == "ours_karpenter":  # the run's NodePool is named after its run id (the product's name)
+            from bench.world import aws_scenario
             from kfp_gpu.plan.karpenter import nodepool_name
 
             self.ensure_node_class()  # the controller's KFP_GPU_KARPENTER_NODECLASS names it
+            # its steps ask EKS and Service Quotas (preflight, teardown): the AWS stand-in, as the GCP sides' stand-in
+            sim = StandIn(aws_scenario(KARPENTER_CLUSTER), Path(_kubeconfig()), "kfp_gpu_rehearsal.sim.aws").start()
+            args["url"] = sim.url
             args["run_id"] = f"bench-{tag}"
             pool = nodepool_name(args["run_id"])
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == pool  # noqa: E731

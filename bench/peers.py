@@ -35,6 +35,7 @@ from kubernetes import client
 
 from bench.common import GPU, RequestCounter, new_api, pin_to
 from bench.observe import GANG_LABEL
+from bench.sides import KARPENTER_CLUSTER
 from bench.world import ACCEL, GPUS, POLL_S, REGION
 from kfp_gpu import iam
 from kfp_gpu.plan import readiness
@@ -247,8 +248,9 @@ class Side:
         if backend == "karpenter":
             return ProvisioningSpec(KARPENTER_ACCEL, self.n, gpus_per_node=GPUS, capacity=CapacityType.SPOT,
                                     zones=(KARPENTER_ZONE,), scale_up_deadline_s=deadline_s,
-                                    target=Target(kind="eks", cluster="kfp-gpu-karpenter", region="us-east-1",
-                                                  namespace=self.ns, provisioner=backend))
+                                    target=Target(kind="eks", cluster=KARPENTER_CLUSTER, region="us-east-1",
+                                                  endpoint=self.a.get("url", ""), namespace=self.ns,
+                                                  provisioner=backend))
         raise ValueError(f"unknown backend {backend!r}")
 
     def go_ours(self) -> None:

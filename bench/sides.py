@@ -13,7 +13,7 @@ from kubernetes import client
 
 from bench.world import profile_boot_drawn
 
-__all__ = ["CLOUD_ONLY_SIDES", "KARPENTER_NODE_CLASS", "PROFILE_MAX", "PROFILE_POOL", "SEQUENTIAL_MAX", "SIDES",
+__all__ = ["CLOUD_ONLY_SIDES", "KARPENTER_CLUSTER", "KARPENTER_NODE_CLASS", "PROFILE_MAX", "PROFILE_POOL", "SEQUENTIAL_MAX", "SIDES",
            "STANDIN_SIDES", "not_run_reason"]
 
 SIDES = ("cluster_autoscaler", "naive", "cluster_autoscaler_provreq", "ours_node_pool", "karpenter", "sequential",
@@ -27,6 +27,7 @@ PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_
 PROFILE_MAX = 512
 SEQUENTIAL_MAX = 16
 # ours' NodePool is the product's: nothing in it can ask KWOK to hold its nodes for the Injector (bench/world.py)
+KARPENTER_CLUSTER = "kfp-gpu-karpenter"  # the EKS cluster ours_karpenter's spec names (its AWS stand-in's)
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 
 

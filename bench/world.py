@@ -196,6 +196,17 @@ def scenario(cluster: str, seed: int, *, zero_boot: bool = False, dry_zones: tup
     }
 
 
+def aws_scenario(cluster: str, *, api_latency_ms: float = API_LATENCY_MS) -> dict[str, Any]:
+    """The AWS stand-in's scenario for a side whose nodes come from Karpenter (``ours_karpenter``): its steps ask
+    EKS and Service Quotas here (preflight, teardown), with P-instance quota for the largest gang (512 x 96 vCPUs)
+    on both capacity types, as :func:`scenario` gives the GCP sides 65,536 GPUs; no node groups (Karpenter launches)."""
+    from kfp_gpu import accelerators
+
+    return {"cluster": cluster, "region": "us-east-1", "zones": ["us-east-1a", "us-east-1b", "us-east-1c"],
+            "api_latency_ms": api_latency_ms,
+            "quotas": {accelerators.AWS_QUOTA_P_ON_DEMAND: 1_000_000.0, accelerators.AWS_QUOTA_P_SPOT: 1_000_000.0}}
+
+
 def description() -> dict[str, Any]:
     """What the JSON records about the world."""
     return {"time_scale": TIME_SCALE, "boot": {"dist": "lognormal", "median_real_s": BOOT_MEDIAN_S,
@@ -246,11 +257,12 @@ def pull_watcher(api_client: Any) -> Any:
 
 
 class StandIn:
-    """The GKE stand-in as its own process, serving one scenario; nodes it creates carry
-    ``kfp-gpu.io/sim-cluster=<cluster>``. Raises (start): RuntimeError when it does not come up."""
+    """The GKE stand-in (``module`` ``kfp_gpu_rehearsal.sim``; the AWS one: ``kfp_gpu_rehearsal.sim.aws``) as its own
+    process, serving one scenario; nodes it creates carry ``kfp-gpu.io/sim-cluster=<cluster>``. Raises (start):
+    RuntimeError when it does not come up."""
 
-    def __init__(self, data: dict[str, Any], kubeconfig: Path) -> None:
-        self.data, self.kubeconfig = data, kubeconfig
+    def __init__(self, data: dict[str, Any], kubeconfig: Path, module: str = "kfp_gpu_rehearsal.sim") -> None:
+        self.data, self.kubeconfig, self.module = data, kubeconfig, module
         self.cluster = str(data["cluster"])
         self.dir = Path(tempfile.mkdtemp(prefix="bench-standin-"))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -264,7 +276,7 @@ class StandIn:
         scen, url_file = self.dir / "scenario.yaml", self.dir / "url"
         scen.write_text(yaml.safe_dump(self.data))
         log = (self.dir / "log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kfp_gpu_rehearsal.sim", "--scenario", str(scen), "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--scenario", str(scen), "--port", "0",
                                       "--kubeconfig", str(self.kubeconfig), "--url-file", str(url_file)],
                                      stdout=log, stderr=subprocess.STDOUT)
         log.close()

@@ -111,10 +111,12 @@ def place(
     *,
     priority: int = 0,
     extra_reasons: Sequence[str] = (),
+    pool_bound: bool = True,
 ) -> Placement:
     """Verdict for one (region, zone): worst of its quota checks and its pool capacity.
 
-    ``pools=None`` means the pools could not be observed: the placement is at best UNKNOWN.
+    ``pools=None`` means the pools could not be observed: the placement is at best UNKNOWN. ``pool_bound=False``:
+    the backend launches instances without pools (``Provisioner.launches_without_pools``): quota alone decides.
     """
     verdicts = [c.verdict for c in checks]
     reasons = [f"{c.metric}: {c.reason}" for c in checks if c.reason]
@@ -122,7 +124,9 @@ def place(
     if extra_reasons:
         verdicts.append(Verdict.UNKNOWN)
     capacity: int | None = None
-    if pools is None:
+    if not pool_bound:
+        pass
+    elif pools is None:
         verdicts.append(Verdict.UNKNOWN)
         reasons.append("node pools could not be listed")
     else:
@@ -174,12 +178,15 @@ def plan_placements(
     pools_by_region: Mapping[str, Sequence[PoolState] | None],
     *,
     unknown_by_region: Mapping[str, Sequence[str]] | None = None,
+    pool_bound: bool = True,
 ) -> list[Placement]:
-    """All candidate placements of the regions in ``checks_by_region`` (in that order), ranked."""
+    """All candidate placements of the regions in ``checks_by_region`` (in that order), ranked; ``pool_bound``:
+    as :func:`place`."""
     out: list[Placement] = []
     for region, checks in checks_by_region.items():
         pools = pools_by_region.get(region)
         extra = list((unknown_by_region or {}).get(region, ()))
         for zone in candidate_zones(spec, region, pools):
-            out.append(place(spec, region, zone, checks, pools, priority=len(out), extra_reasons=extra))
+            out.append(place(spec, region, zone, checks, pools, priority=len(out), extra_reasons=extra,
+                             pool_bound=pool_bound))
     return rank(out, by_headroom=not spec.zones)

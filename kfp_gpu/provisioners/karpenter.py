@@ -58,6 +58,7 @@ class KarpenterProvisioner(NothingExtra):
     name = NAME
     holds_placeholders = True  # acquire(wait=False)'s placeholders (tolerating the NodePool's taint) are the warm pool
     releases_one_node = True  # a node given up: its NodeClaim deleted (Karpenter drains and terminates it)
+    launches_without_pools = True  # Karpenter launches for the run's NodePool: no cloud node group bounds the gang
 
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api

@@ -73,6 +73,7 @@ class ProvisioningRequestProvisioner:
     gang_forms_at_admission = False  # the request provisions the gang before the job
     supports_check_capacity = True  # its own autoscaler serves ProvisioningRequests
     capacity_via_autoscaler_groups = True  # the request names the autoscaler's node groups
+    launches_without_pools = False  # the autoscaler's node groups bound the gang
     all_or_nothing = True  # atomic scale-up and queued provisioning grant the whole request or nothing
     releases_one_node = False  # a request's spec is immutable: no call frees one of its nodes (cordon + replace)
 

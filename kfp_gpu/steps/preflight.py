@@ -95,6 +95,7 @@ def run_preflight(
 
     chosen = capabilities(provisioner.get("name", ""))
     via_groups = chosen is not None and chosen.capacity_via_autoscaler_groups
+    pool_bound = not (chosen is not None and chosen.launches_without_pools)
     for r in cands:
         try:
             pools_by_region[r] = pools_f[r].result()
@@ -114,13 +115,15 @@ def run_preflight(
         checks_by_region[r] = _quota_checks(spec, r, quota_f[r], reserved_nodes(spec, pools_by_region[r]))
     cluster = [f.result() for f in kube_f.values()]
     if kube_api is not None:
-        cluster.insert(0, preflight_cluster.capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
+        cluster.insert(0, preflight_cluster.capacity_check(spec, nodes_f, pools_by_region.get(spec.target.region),
+                                                           pool_bound=pool_bound))
         if spec.topology != "none":
             cluster.insert(1, preflight_cluster.topology_check(spec, nodes_f, pools_by_region.get(spec.target.region)))
     if ckpt_f is not None:
         cluster.append(ckpt_f.result())
     placements = plan_placements(spec, checks_by_region, pools_by_region,
-                                 unknown_by_region={r: v for r, v in unknown_by_region.items() if v})
+                                 unknown_by_region={r: v for r, v in unknown_by_region.items() if v},
+                                 pool_bound=pool_bound)
     reservation: dict[str, Any] = {}
     if spec.capacity.value == "reservation":
         home = pools_by_region.get(spec.target.region)

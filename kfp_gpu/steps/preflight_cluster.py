@@ -128,12 +128,17 @@ def topology_check(spec: ProvisioningSpec, nodes_f: fanout.Task[NodeCounts],
 
 
 def capacity_check(spec: ProvisioningSpec, nodes_f: fanout.Task[NodeCounts],
-                   pools: list[PoolState] | None) -> ClusterCheck:
+                   pools: list[PoolState] | None, *, pool_bound: bool = True) -> ClusterCheck:
+    """Ready matching nodes plus the pools' headroom against the gang; ``pool_bound=False`` (a backend that
+    launches without pools): no headroom to count, the cloud's quota is the bound (UNKNOWN here)."""
     name = "gpu-capacity"
     try:
         ready, per_pool, _, _ = nodes_f.result()
     except Exception as exc:
         return api_error(name, exc, "Nodes")
+    if not pool_bound:
+        return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); the backend launches nodes "
+                            "without pools: the cloud's quota is the bound", spec.nodes, ready)
     if pools is None:
         return ClusterCheck(name, Verdict.UNKNOWN, f"{ready} Ready matching node(s); pool headroom unknown",
                             spec.nodes, ready)

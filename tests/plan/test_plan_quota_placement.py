@@ -125,3 +125,16 @@ def test_explicit_zone_priority_beats_headroom_and_pools_unknown() -> None:
     assert [(p.zone, p.verdict) for p in ranked] == [("us-central1-b", Verdict.UNKNOWN), ("us-central1-a", Verdict.UNKNOWN)]
     assert "node pools could not be listed" in ranked[0].reasons
     assert rank(ranked, by_headroom=False) == ranked
+
+
+def test_a_backend_that_launches_without_pools_is_judged_on_quota_alone() -> None:
+    # EKS with Karpenter alone launching p4d nodes: no managed node group matches, which bounds nothing
+    spec = ProvisioningSpec("a100-40gb", nodes=4, capacity="spot", target=EKS, zones=("us-east-1a",))  # type: ignore[arg-type]
+    quota = {"us-east-1": evaluate(spec, "us-east-1", [row("L-7212CCBC", "us-east-1", 4 * 96)])}
+    bound = plan_placements(spec, quota, {"us-east-1": []})
+    assert [p.verdict for p in bound] == [Verdict.SHORT] and "hold at most 0 of the 4 nodes" in bound[0].reasons[0]
+    free = plan_placements(spec, quota, {"us-east-1": []}, pool_bound=False)
+    assert [(p.zone, p.verdict, p.pool_capacity_nodes, p.reasons) for p in free] == [("us-east-1a", Verdict.FITS,
+                                                                                      None, ())]
+    short = {"us-east-1": evaluate(spec, "us-east-1", [row("L-7212CCBC", "us-east-1", 3 * 96)])}
+    assert [p.verdict for p in plan_placements(spec, short, {"us-east-1": []}, pool_bound=False)] == [Verdict.SHORT]

@@ -17,18 +17,18 @@ from kfp_gpu.steps import check_capacity
 
 PKG = Path(__file__).resolve().parents[2] / "kfp_gpu"
 CAPS = ("holds_placeholders", "gang_forms_at_admission", "supports_check_capacity", "capacity_via_autoscaler_groups",
-        "all_or_nothing", "releases_one_node")
+        "all_or_nothing", "releases_one_node", "launches_without_pools")
 
 
 def test_each_backend_s_capabilities() -> None:
     api = client.ApiClient()  # never called: the attributes are read
     got = {b.name: tuple(getattr(b, c) for c in CAPS) for b in backends(api, FakeProvider())}
     assert got == {
-        "node-pool": (False, False, False, False, False, True),
-        "provisioning-request": (False, False, True, True, True, False),
-        "kueue-admission": (False, True, False, False, False, False),
-        "karpenter": (True, False, False, False, False, True),
-        "compute-class": (True, False, False, False, False, False),
+        "node-pool": (False, False, False, False, False, True, False),
+        "provisioning-request": (False, False, True, True, True, False, False),
+        "kueue-admission": (False, True, False, False, False, False, False),
+        "karpenter": (True, False, False, False, False, True, True),
+        "compute-class": (True, False, False, False, False, False, False),
     }
 
 
