@@ -47,7 +47,7 @@ from kubernetes import client
 
 from bench.common import ROOT, Phases, delete_nodes, new_api, uid
 from bench.observe import Measured, NodeRec, Observer, measure, pods_before_ready
-from bench.sideprocs import CA_POOL, BenchCA, Canary, Child
+from bench.sideprocs import CA_POOL, BenchCA, Canary, Child, delete_node_class, ensure_node_class
 from bench.sides import (
     CLOUD_ONLY_SIDES,
     KARPENTER_CLUSTER,
@@ -63,6 +63,7 @@ from bench.world import (
     PULL,
     Injector,
     StandIn,
+    aws_scenario,
     pool_name,
     pull_watcher,
     scenario,
@@ -182,30 +183,8 @@ class Harness:
             self.log(f"  cleanup: the bench's cluster-autoscaler stopped in {time.time() - t:.1f}s")
         self.canary.close()
         if self.node_class:
-            try:
-                client.CustomObjectsApi(self.api).delete_cluster_custom_object(
-                    "karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses", KARPENTER_NODE_CLASS)
-            except client.ApiException as exc:
-                if exc.status != 404:
-                    self.log(f"  cleanup: KWOKNodeClass {KARPENTER_NODE_CLASS}: {exc.status} {exc.reason}")
+            delete_node_class(self.api, self.log)
         self.obs.close()
-
-    def ensure_node_class(self) -> None:
-        """The bench's KWOKNodeClass: Karpenter's kwok provider creates the Node at launch (registration delay
-        0 s) and the Injector boots it from the world's sampler, as every other side's nodes. Raises:
-        ApiException."""
-        if self.node_class:
-            return
-        body = {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
-                "metadata": {"name": KARPENTER_NODE_CLASS, "labels": {"kfp-gpu.io/bench": "true"}},
-                "spec": {"nodeRegistrationDelay": "0s"}}
-        try:
-            client.CustomObjectsApi(self.api).create_cluster_custom_object("karpenter.kwok.sh", "v1alpha1",
-                                                                           "kwoknodeclasses", body)
-        except client.ApiException as exc:
-            if exc.status != 409:
-                raise
-        self.node_class = True
 
     def availability(self, side: str, n: int, sequential_max: int = SEQUENTIAL_MAX) -> str:
         """'' when the side can run at this N, else the reason it is not run (:func:`bench.sides.not_run_reason`)."""
@@ -252,21 +231,15 @@ class Harness:
         elif side in ("cluster_autoscaler_provreq", "ours_provisioning_request"):
             args["pool"] = PROFILE_POOL
             owns = lambda labels: labels.get(POOL_LABEL) == PROFILE_POOL  # noqa: E731
-        elif side == "karpenter":
-            self.ensure_node_class()
-            args["node_class"] = KARPENTER_NODE_CLASS
-            selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
-            owns = lambda labels: labels.get("karpenter.sh/nodepool") == tag  # noqa: E731
-        elif side == "ours_karpenter":  # the run's NodePool is named after its run id (the product's name)
-            from bench.world import aws_scenario
-            from kfp_gpu.plan.karpenter import nodepool_name
+        elif side in ("karpenter", "ours_karpenter"):  # the peer's NodePool names the bench's node class; ours' the
+            self.node_class = self.node_class or ensure_node_class(self.api)  # controller's KFP_GPU_KARPENTER_NODECLASS
+            args["node_class"], pool = KARPENTER_NODE_CLASS, tag
+            if side == "ours_karpenter":  # its NodePool is named after its run id; its steps ask EKS and Service Quotas
+                from kfp_gpu.plan.karpenter import nodepool_name  # (preflight, teardown): the AWS stand-in
 
-            self.ensure_node_class()  # the controller's KFP_GPU_KARPENTER_NODECLASS names it
-            # its steps ask EKS and Service Quotas (preflight, teardown): the AWS stand-in, as the GCP sides' stand-in
-            sim = StandIn(aws_scenario(KARPENTER_CLUSTER), Path(_kubeconfig()), "kfp_gpu_rehearsal.sim.aws").start()
-            args["url"] = sim.url
-            args["run_id"] = f"bench-{tag}"
-            pool = nodepool_name(args["run_id"])
+                sim = StandIn(aws_scenario(KARPENTER_CLUSTER), Path(_kubeconfig()), "kfp_gpu_rehearsal.sim.aws").start()
+                args.update(url=sim.url, run_id=f"bench-{tag}")
+                pool = nodepool_name(args["run_id"])
             selector = lambda rec: rec.labels.get("karpenter.sh/nodepool") == pool  # noqa: E731
             owns = lambda labels: labels.get("karpenter.sh/nodepool") == pool  # noqa: E731
         child = Child(args)

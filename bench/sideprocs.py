@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -173,3 +174,32 @@ class Canary:
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+def ensure_node_class(api: client.ApiClient) -> bool:
+    """The bench's KWOKNodeClass (:data:`bench.sides.KARPENTER_NODE_CLASS`): Karpenter's kwok provider creates the
+    Node at launch (registration delay 0 s) and the Injector boots it from the world's sampler, as every other
+    side's nodes. True (it exists). Raises: ApiException."""
+    from bench.sides import KARPENTER_NODE_CLASS
+
+    body = {"apiVersion": "karpenter.kwok.sh/v1alpha1", "kind": "KWOKNodeClass",
+            "metadata": {"name": KARPENTER_NODE_CLASS, "labels": {"kfp-gpu.io/bench": "true"}},
+            "spec": {"nodeRegistrationDelay": "0s"}}
+    try:
+        client.CustomObjectsApi(api).create_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
+                                                                  body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    return True
+
+
+def delete_node_class(api: client.ApiClient, log: Callable[[str], None]) -> None:
+    from bench.sides import KARPENTER_NODE_CLASS
+
+    try:
+        client.CustomObjectsApi(api).delete_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
+                                                                  KARPENTER_NODE_CLASS)
+    except client.ApiException as exc:
+        if exc.status != 404:
+            log(f"  cleanup: KWOKNodeClass {KARPENTER_NODE_CLASS}: {exc.status} {exc.reason}")

@@ -217,7 +217,8 @@ class KarpenterProvisioner(NothingExtra):
                     raise apierrors.to_error(watch.error, f"watch of NodePool {pool}", not_found=_crd_missing)
                 by_name = {str(n["metadata"]["name"]): n for n in raw}
                 free = [v for v in views
-                        if v.ready and (not startup or is_ready(by_name[v.name], startup=startup)) and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
+                        if v.ready and (not startup or is_ready(by_name[v.name], startup=startup))
+                        and not v.going and not v.deleting and v.gpus >= spec.gpus_per_node
                         and v.uid not in excluded and v.name not in mine and v.name not in keep
                         and v.run_id in ("", label_safe(run_id)) and (not cand.zone or v.zone == cand.zone)]
                 batch = free[: max(0, count - len(mine))]
