@@ -52,10 +52,10 @@ making one):
 * **capacity_via_autoscaler_groups: bool**: the gang's nodes come from the autoscaler's node groups, which need
   not be the cloud's pools (a self-managed autoscaler): preflight leaves a region's pool headroom to the autoscaler
   to judge when no cloud pool matches the target, instead of reporting "no pools".
-* **launches_without_pools: bool**: the backend launches instances itself, for a NodePool the run creates
-  (Karpenter's NodeClaims), so no node pool or group of the cloud bounds the gang: preflight judges the cloud's
-  quota only, not pool headroom (an EKS cluster where Karpenter alone launches GPU nodes has no managed node group
-  for them).
+* **launches_without_pools: bool**: the platform launches the gang's nodes without a pool that exists beforehand
+  (Karpenter's NodeClaims for the run's NodePool; GKE's node auto-provisioning creating pools for the run's
+  ComputeClass), so no node pool or group of the cloud bounds the gang: preflight judges the cloud's quota only,
+  not pool headroom (an EKS cluster where Karpenter alone launches GPU nodes has no managed node group for them).
 * **releases_one_node: bool**: ``replace`` gives the platform back a live node the run gives up
   (:func:`kfp_gpu.cluster.nodes.leaving`: swapped out for a stall or a straggler, or released for a bad GPU) before
   it asks for the replacement: the node-pool backend deletes the VM from its group (GKE ``deleteInstances``, EKS

@@ -56,6 +56,7 @@ class ComputeClassProvisioner(NothingExtra):
     holds_placeholders = True  # acquire(wait=False)'s placeholders (selecting the class) are the warm pool
     all_or_nothing = False  # a class's rules add nodes as each can (GKE documents no all-at-once allocation)
     releases_one_node = False  # GKE's autoscaler owns the class's nodes: cordoned, it scales the empty one down
+    launches_without_pools = True  # the run's class lets node auto-provisioning create its pools (nodePoolAutoCreation)
 
     def __init__(self, api: client.ApiClient, queued: Provisioner | None = None) -> None:
         self.api = api

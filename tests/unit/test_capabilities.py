@@ -28,7 +28,7 @@ def test_each_backend_s_capabilities() -> None:
         "provisioning-request": (False, False, True, True, True, False, False),
         "kueue-admission": (False, True, False, False, False, False, False),
         "karpenter": (True, False, False, False, False, True, True),
-        "compute-class": (True, False, False, False, False, False, False),
+        "compute-class": (True, False, False, False, False, False, True),
     }
 
 
