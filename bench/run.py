@@ -173,7 +173,7 @@ def sweep(api: Any, log: Callable[[str], None]) -> None:
     cluster) ran beside them. Raises: ApiException other than 404."""
     from kubernetes import client
 
-    from bench.sides import KARPENTER_NODE_CLASS
+    from bench.sideprocs import delete_node_class
 
     core = client.CoreV1Api(api)
     nodes = [n.metadata.name for n in core.list_node(label_selector=LEFTOVER).items]
@@ -185,12 +185,7 @@ def sweep(api: Any, log: Callable[[str], None]) -> None:
             except client.ApiException as exc:
                 if exc.status != 404:
                     raise
-    try:
-        client.CustomObjectsApi(api).delete_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
-                                                                  KARPENTER_NODE_CLASS)
-    except client.ApiException as exc:
-        if exc.status != 404:
-            raise
+    delete_node_class(api)  # the bench's KWOKNodeClass
     if nodes or spaces:
         log(f"swept a killed bench's leftovers: {len(nodes)} nodes, namespaces {spaces}")
 

@@ -194,12 +194,17 @@ def ensure_node_class(api: client.ApiClient) -> bool:
     return True
 
 
-def delete_node_class(api: client.ApiClient, log: Callable[[str], None]) -> None:
+def delete_node_class(api: client.ApiClient, log: Callable[[str], None] | None = None) -> None:
+    """Delete the bench's KWOKNodeClass (gone already: nothing). Another API error is logged with ``log``, or
+    raised (ApiException) without it."""
     from bench.sides import KARPENTER_NODE_CLASS
 
     try:
         client.CustomObjectsApi(api).delete_cluster_custom_object("karpenter.kwok.sh", "v1alpha1", "kwoknodeclasses",
                                                                   KARPENTER_NODE_CLASS)
     except client.ApiException as exc:
-        if exc.status != 404:
-            log(f"  cleanup: KWOKNodeClass {KARPENTER_NODE_CLASS}: {exc.status} {exc.reason}")
+        if exc.status == 404:
+            return
+        if log is None:
+            raise
+        log(f"  cleanup: KWOKNodeClass {KARPENTER_NODE_CLASS}: {exc.status} {exc.reason}")
