@@ -356,6 +356,9 @@ def test_a_leader_stopped_cleanly_hands_the_lease_over_without_the_wait(lease, t
     print(f"SIGTERM of the leader -> standby holds the Lease {took:.2f}s (lease {LEASE_S}s)")
     assert active.proc.returncode == 0, active.proc.returncode
     assert "released the Lease" in active.log_path.read_text(errors="replace")
-    took_over = [ln for ln in standby.log_path.read_text(errors="replace").splitlines() if "acquired the Lease" in ln]
+    # the standby logs its acquisition just after its update returns: the Lease can show it a moment before the log
+    took_over = wait_until("the standby's log says it acquired the Lease", lambda: [
+        ln for ln in standby.log_path.read_text(errors="replace").splitlines() if "acquired the Lease" in ln],
+        timeout=5, every=0.05)
     assert len(took_over) == 1 and "(released by its last holder)" in took_over[0], took_over  # not expired
     assert lease_spec(t, lease)["transitions"] == 1
