@@ -70,8 +70,8 @@ def node_class(api: client.ApiClient) -> dict[str, str]:
             raise NotFound(f"several {kind}s ({', '.join(names)}) and none named 'default' for the run's NodePool",
                            remediation=f"set {NODE_CLASS_ENV}={group}/{kind}/<name> in the controller's environment")
     raise NotFound("no Karpenter node class (EC2NodeClass or KWOKNodeClass) in the cluster for the run's NodePool",
-                   remediation=f"create one (Karpenter's getting-started EC2NodeClass 'default'), or export "
-                   f"{NODE_CLASS_ENV}=<group>/<Kind>/<name>")
+                   remediation=f"create one (Karpenter's getting-started EC2NodeClass 'default'), or set "
+                   f"{NODE_CLASS_ENV}=<group>/<Kind>/<name> in the controller's environment")
 
 
 def template_extras() -> dict[str, Any]:

@@ -208,8 +208,9 @@ class KarpenterProvisioner(NothingExtra):
         """Claim Ready nodes of the NodePool in ``cand``'s zone until ``count`` or a verdict other than WAIT."""
         mine: dict[str, tuple[str, str]] = {}
         excluded, keep, asked_at = set(request.exclude), dict(request.keep or {}), time.time()
-        startup = {str(t["key"]) for t in api_k.template_extras().get("startup_taints", [])}  # as Karpenter's
-        watch = api_k.PoolWatch(self.api, spec.target.namespace, pool, names).start()  # Initialized: gone first
+        # the platform's declared startup taints: a node is claimed once they are gone (Karpenter's Initialized)
+        startup = {str(t["key"]) for t in api_k.template_extras().get("startup_taints", [])}
+        watch = api_k.PoolWatch(self.api, spec.target.namespace, pool, names).start()
         try:
             while True:
                 claims, views, raw, signals = watch.snapshot()
