@@ -189,7 +189,7 @@ class Harness:
     def availability(self, side: str, n: int, sequential_max: int = SEQUENTIAL_MAX) -> str:
         """'' when the side can run at this N, else the reason it is not run (:func:`bench.sides.not_run_reason`)."""
         return not_run_reason(self.api, self.core, side, n, ca_started=self.ca is not None, ca_error=self.ca_error,
-                              step_kubeconfig=self.step_kubeconfig, sequential_max=sequential_max)
+                              sequential_max=sequential_max)
 
     def run(self, side: str, n: int, repeat: int, *, dry_zones: tuple[str, ...] = (),
             zones: tuple[str, ...] = ("us-central1-a",)) -> SideRun:

@@ -26,7 +26,6 @@ CLOUD_ONLY_SIDES = ("ours_provisioning_request",)
 PROFILE_POOL = "ca-a100-bench"  # kfp_gpu_rehearsal.devcluster.ca_profile.BENCH_GROUP: us-central1-c, its own taint
 PROFILE_MAX = 512
 SEQUENTIAL_MAX = 16
-# ours' NodePool is the product's: nothing in it can ask KWOK to hold its nodes for the Injector (bench/world.py)
 KARPENTER_CLUSTER = "kfp-gpu-karpenter"  # the EKS cluster ours_karpenter's spec names (its AWS stand-in's)
 KARPENTER_NODE_CLASS = "kfp-gpu-bench"  # the bench's own KWOKNodeClass: registration at once, boot by the Injector
 
@@ -47,7 +46,7 @@ def karpenter_controller_env() -> dict[str, str]:
 
 
 def not_run_reason(api: client.ApiClient, core: client.CoreV1Api, side: str, n: int, *, ca_started: bool,
-                   ca_error: str, step_kubeconfig: str, sequential_max: int = SEQUENTIAL_MAX) -> str:
+                   ca_error: str, sequential_max: int = SEQUENTIAL_MAX) -> str:
     """'' when ``side`` can run at this ``n`` on this cluster, else the reason it is not run (it goes into the
     results as ``not_run``). ``ca_started``/``ca_error``: whether the bench's own cluster-autoscaler started.
 
